@@ -1,0 +1,19 @@
+"""Federated algorithms, one module per family, registered by name.
+
+``ALGORITHMS.get(name).factory`` is an :class:`~mmfl.algorithms.base.AlgorithmSpec`
+(server class, client class, flags); ``.params`` is its typed parameter
+dataclass (the ``[algorithm]`` table of a config).
+"""
+
+from mmfl.registry import Registry
+
+ALGORITHMS: Registry = Registry("algorithm")
+
+
+def register(name: str, params: type | None, server, client, help: str, **flags):
+    from mmfl.algorithms.base import AlgorithmSpec
+
+    ALGORITHMS.register(name, params, help=help)(AlgorithmSpec(server, client, **flags))
+
+
+from mmfl.algorithms import centralized, fedavg, fedprox, local, moon, scaffold  # noqa: E402,F401  (register)

@@ -1,0 +1,58 @@
+"""SOLO / local-only training: each client trains a model on its own data and
+never communicates (MOON's SOLO baseline).
+
+A client's model lives in its engine-held state; its first participation
+starts from the run's initial weights (the same for every client). Every
+evaluation sends each client an ``evaluate`` message; the client scores its
+own model on its evaluation set (the shared test set, as MOON does) and the
+server reports the mean and standard deviation over clients, as MOON's
+Table 1 does for SOLO. Only those small evaluation messages cross the network.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mmfl.algorithms import register
+from mmfl.algorithms.base import Client, Server
+from mmfl.engine.message import Message
+from mmfl.engine.training import evaluate_model, load_into, local_train, state_of
+
+MODEL = "model/"
+
+
+class LocalServer(Server):
+    def configure_train(self, rnd, cohort):
+        return {cid: Message() for cid in cohort}
+
+    def aggregate_train(self, rnd, replies):
+        losses = [r.scalars["train_loss"] for r in replies.values()]
+        return {"train_loss": float(np.mean(losses))}
+
+    def evaluate(self, rnd, test, transport):
+        replies = transport.send("evaluate", {cid: Message() for cid in range(transport.num_clients)})
+        acc = np.array([replies[c].scalars["accuracy"] for c in sorted(replies)])
+        loss = np.array([replies[c].scalars["test_loss"] for c in sorted(replies)])
+        return {"accuracy": float(acc.mean()), "accuracy_std": float(acc.std()),
+                "test_loss": float(loss.mean()), "client_accuracy": [float(a) for a in acc]}
+
+
+class LocalClient(Client):
+    def _model(self):
+        model = self.ctx.model("local")
+        own = {k[len(MODEL):]: v for k, v in self.ctx.state.items() if k.startswith(MODEL)}
+        return load_into(model, own if own else self.ctx.init_model().state_dict())
+
+    def train(self, msg: Message) -> Message:
+        model = self._model()
+        stats = local_train(model, self.ctx.data, self.ctx.train, self.ctx.generator())
+        self.ctx.state.update({MODEL + k: v for k, v in state_of(model).items()})
+        return Message(scalars={"num_examples": len(self.ctx.data), "train_loss": stats["train_loss"]})
+
+    def evaluate(self, msg: Message) -> Message:
+        metrics = evaluate_model(self._model(), self.ctx.test_data)
+        return Message(scalars={**metrics, "num_examples": len(self.ctx.test_data)})
+
+
+register("local", None, LocalServer, LocalClient,
+         help="SOLO: local training only, no communication; mean/std of client models' accuracy")

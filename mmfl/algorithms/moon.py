@@ -1,0 +1,100 @@
+"""MOON: model-contrastive federated learning (Li, He, Song, CVPR 2021).
+
+Local objective (Algorithm 1, lines 13-19; paper eq. 3-4):
+
+    l_sup = CE(F_w(x), y)
+    l_con = -log( exp(sim(z, z_glob)/tau) / (exp(sim(z, z_glob)/tau) + exp(sim(z, z_prev)/tau)) )
+    l     = l_sup + mu * l_con
+
+with z = R_w(x) the local model's representation (projection-head output),
+z_glob from the frozen global model w^t and z_prev from the client's own model
+after its previous participation w_i^{t-1}; sim is cosine similarity.
+
+Round 0 (and any client's first participation): there is no previous model,
+so l_con is 0 and MOON's first local update equals FedAvg's, as in the
+authors' code. The server is FedAvg's.
+
+``contrast = "l2"`` is the paper's Table 5 ablation: l_con is replaced by the
+l2 distance ||z - z_glob||_2 (batch mean), with no negative.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mmfl.algorithms import register
+from mmfl.algorithms.fedavg import FedAvgClient, FedAvgServer
+from mmfl.engine.message import Message
+from mmfl.engine.training import LossFn, load_into, state_of
+from mmfl.errors import ConfigError
+
+PREV = "prev/"  # client state: the model after the client's last local training
+
+
+@dataclass
+class MoonParams:
+    mu: float = field(default=1.0, metadata={"help": "weight of the model-contrastive term"})
+    tau: float = field(default=0.5, metadata={"help": "temperature of the model-contrastive term"})
+    contrast: Literal["cosine", "l2"] = field(
+        default="cosine", metadata={"help": "cosine: MOON's loss; l2: ||z - z_glob|| (Table 5 ablation)"})
+
+    def __post_init__(self):
+        if self.mu < 0:
+            raise ConfigError(f"algorithm.mu: must be >= 0, got {self.mu}")
+        if not self.tau > 0:
+            raise ConfigError(f"algorithm.tau: must be > 0, got {self.tau}")
+
+
+def model_contrastive_loss(z: Tensor, z_glob: Tensor, z_prev: Tensor | None, tau: float) -> Tensor:
+    """MOON's l_con (Algorithm 1, line 18; paper eq. 3), batch mean.
+
+    z, z_glob, z_prev: [B, d]. Positive pair (z, z_glob), negative (z, z_prev).
+    Without a previous model (z_prev None) the term is 0.
+    """
+    if z_prev is None:
+        return z.new_zeros(())
+    logits = torch.stack([F.cosine_similarity(z, z_glob, dim=-1),
+                          F.cosine_similarity(z, z_prev, dim=-1)], dim=1) / tau
+    return F.cross_entropy(logits, torch.zeros(z.shape[0], dtype=torch.long))
+
+
+def l2_representation_loss(z: Tensor, z_glob: Tensor) -> Tensor:
+    """||z - z_glob||_2 per sample, batch mean (MOON Table 5's l2 alternative)."""
+    return (z - z_glob).norm(dim=-1).mean()
+
+
+class MoonClient(FedAvgClient):
+    def loss_fn(self, global_arrays: dict[str, Tensor]) -> LossFn:
+        mu, tau, contrast = self.params.mu, self.params.tau, self.params.contrast
+        glob = load_into(self.ctx.model("global"), global_arrays).eval()
+        prev_state = {k[len(PREV):]: v for k, v in self.ctx.state.items() if k.startswith(PREV)}
+        prev = load_into(self.ctx.model("prev"), prev_state).eval() if prev_state else None
+
+        def loss(model, inputs, labels):
+            out = model(inputs)
+            l_sup = F.cross_entropy(out["logits"], labels)  # line 13
+            if mu == 0:
+                return l_sup
+            z = out["rep"]  # line 14
+            with torch.no_grad():
+                z_glob = glob(inputs)["rep"]  # line 15
+                z_prev = prev(inputs)["rep"] if prev is not None and contrast == "cosine" else None  # line 16
+            if contrast == "l2":
+                l_con = l2_representation_loss(z, z_glob)
+            else:
+                l_con = model_contrastive_loss(z, z_glob, z_prev, tau)  # lines 17-18
+            return l_sup + mu * l_con  # line 19
+
+        return loss
+
+    def after_train(self, model, msg: Message, stats: dict) -> None:
+        self.ctx.state.update({PREV + k: v for k, v in state_of(model).items()})
+
+
+register("moon", MoonParams, FedAvgServer, MoonClient,
+         help="MOON: FedAvg + model-contrastive local loss (Li et al. CVPR 2021)")

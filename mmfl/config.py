@@ -1,0 +1,230 @@
+"""Typed experiment configuration: TOML file + ``--set key=value`` overrides.
+
+A config has top-level run settings and one table per component::
+
+    name = "moon-fmnist"        # run folder: <output_dir>/<name>
+    seed = 0
+    rounds = 50
+    sample_fraction = 1.0       # or clients_per_round = 10
+    eval_every = 1
+
+    [data]                      # name + the data set's parameters
+    name = "fashion_mnist"
+    [partition]
+    name = "dirichlet"
+    num_clients = 10
+    beta = 0.5
+    [model]
+    name = "simple_cnn"
+    [algorithm]
+    name = "moon"
+    mu = 1.0
+    [train]                     # local training, shared by every algorithm
+    local_epochs = 10
+
+Component tables are validated against the registered parameter dataclass of
+the named entry, so a misspelt key is an error naming it.
+"""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import tomli_w
+
+from mmfl.errors import ConfigError
+from mmfl.registry import build_params
+
+COMPONENTS = ("data", "partition", "model", "algorithm")
+
+
+@dataclass
+class TrainConfig:
+    """Local training settings (MOON's code defaults)."""
+
+    local_epochs: int = field(default=10, metadata={"help": "epochs of local training per round"})
+    batch_size: int = field(default=64, metadata={"help": "mini-batch size"})
+    lr: float = field(default=0.01, metadata={"help": "learning rate"})
+    momentum: float = field(default=0.9, metadata={"help": "SGD momentum"})
+    weight_decay: float = field(default=1e-5, metadata={"help": "L2 weight decay"})
+    optimizer: Literal["sgd", "adam"] = field(default="sgd", metadata={"help": "sgd or adam"})
+
+    def __post_init__(self):
+        if self.local_epochs < 1:
+            raise ConfigError(f"train.local_epochs: must be >= 1, got {self.local_epochs}")
+        if self.batch_size < 1:
+            raise ConfigError(f"train.batch_size: must be >= 1, got {self.batch_size}")
+        if not self.lr > 0:
+            raise ConfigError(f"train.lr: must be > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"train.momentum: must be in [0, 1), got {self.momentum}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"train.weight_decay: must be >= 0, got {self.weight_decay}")
+
+
+@dataclass
+class RunConfig:
+    """Top-level run settings."""
+
+    name: str = field(default="experiment", metadata={"help": "run folder name under output_dir"})
+    seed: int = field(default=0, metadata={"help": "seed of model init, sampling and local shuffling"})
+    rounds: int = field(default=10, metadata={"help": "communication rounds"})
+    sample_fraction: float = field(default=1.0, metadata={"help": "fraction of clients sampled per round, in (0, 1]"})
+    clients_per_round: int = field(default=0, metadata={"help": "clients per round (overrides sample_fraction if > 0)"})
+    eval_every: int = field(default=1, metadata={"help": "evaluate every N rounds (and at the last round)"})
+    output_dir: str = field(default="runs", metadata={"help": "parent folder of run folders"})
+    threads: int = field(default=0, metadata={"help": "torch CPU threads (0 = torch's default)"})
+    on_nonfinite: Literal["fail", "drop"] = field(
+        default="fail", metadata={"help": "a client reply with NaN/inf: fail the run, or drop that client"})
+    keep_checkpoints: int = field(default=1, metadata={"help": "how many round checkpoints to keep (>= 1)"})
+
+    def __post_init__(self):
+        if not self.name or "/" in self.name or self.name in (".", ".."):
+            raise ConfigError(f"name: must be a plain folder name, got {self.name!r}")
+        if self.rounds < 1:
+            raise ConfigError(f"rounds: must be >= 1, got {self.rounds}")
+        if not 0 < self.sample_fraction <= 1:
+            raise ConfigError(f"sample_fraction: must be in (0, 1], got {self.sample_fraction}")
+        if self.clients_per_round < 0:
+            raise ConfigError(f"clients_per_round: must be >= 0, got {self.clients_per_round}")
+        if self.eval_every < 1:
+            raise ConfigError(f"eval_every: must be >= 1, got {self.eval_every}")
+        if self.threads < 0:
+            raise ConfigError(f"threads: must be >= 0, got {self.threads}")
+        if self.keep_checkpoints < 1:
+            raise ConfigError(f"keep_checkpoints: must be >= 1, got {self.keep_checkpoints}")
+
+
+@dataclass
+class Component:
+    """A ``[data]``/``[partition]``/``[model]``/``[algorithm]`` table: a name and raw values."""
+
+    name: str
+    values: dict[str, Any]
+    params: Any = None  # the validated params dataclass
+
+
+@dataclass
+class ExperimentConfig:
+    run: RunConfig
+    train: TrainConfig
+    data: Component
+    partition: Component
+    model: Component
+    algorithm: Component
+
+    def to_dict(self) -> dict:
+        """The resolved config (every default filled in), as TOML-able tables."""
+        out: dict[str, Any] = asdict(self.run)
+        for kind in COMPONENTS:
+            comp: Component = getattr(self, kind)
+            table = {"name": comp.name}
+            if comp.params is not None:
+                table.update(asdict(comp.params))
+            out[kind] = table
+        out["train"] = asdict(self.train)
+        return _drop_none(out)
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.to_dict())
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.output_dir) / self.run.name
+
+
+def _drop_none(d):
+    if isinstance(d, dict):
+        return {k: _drop_none(v) for k, v in d.items() if v is not None}
+    return d
+
+
+DEFAULTS: dict[str, Any] = {
+    "data": {"name": "mfeat"},
+    "partition": {"name": "dirichlet"},
+    "model": {"name": "mlp"},
+    "algorithm": {"name": "fedavg"},
+    "train": {},
+}
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``"algorithm.mu=5"`` -> (["algorithm", "mu"], 5). Values are TOML literals,
+    falling back to a plain string (``data.name=mfeat``)."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected key=value")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"--set {item!r}: empty key")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.split("."), value
+
+
+def load_raw(path: str | Path | None) -> dict:
+    if path is None:
+        return {}
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: config file not found")
+    try:
+        return tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: not valid TOML ({e})") from None
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    raw = copy.deepcopy(raw)
+    for item in overrides:
+        keys, value = parse_override(item)
+        node = raw
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item!r}: {k} is not a table")
+        node[keys[-1]] = value
+    return raw
+
+
+def resolve(raw: dict) -> ExperimentConfig:
+    """Validate a raw config dict into an :class:`ExperimentConfig`."""
+    from mmfl.algorithms import ALGORITHMS  # noqa: WPS433 (registries import their modules)
+    from mmfl.data import DATASETS, PARTITIONERS
+    from mmfl.models import MODELS
+
+    registries = {"data": DATASETS, "partition": PARTITIONERS, "model": MODELS, "algorithm": ALGORITHMS}
+    raw = copy.deepcopy(raw)
+    tables = {}
+    for kind in (*COMPONENTS, "train"):
+        table = raw.pop(kind, None)
+        if table is None:
+            table = dict(DEFAULTS[kind])
+        if not isinstance(table, dict):
+            raise ConfigError(f"{kind}: must be a table")
+        tables[kind] = table
+    run_fields = {f.name for f in fields(RunConfig)}
+    for key in raw:
+        if key not in run_fields:
+            raise ConfigError(f"{key}: unknown config key (known: {', '.join(sorted(run_fields | set(tables)))})")
+    run = build_params("run", "settings", RunConfig, raw)
+    train = build_params("train", "settings", TrainConfig, tables["train"])
+    comps = {}
+    for kind in COMPONENTS:
+        table = dict(tables[kind])
+        name = table.pop("name", DEFAULTS[kind]["name"])
+        if not isinstance(name, str):
+            raise ConfigError(f"{kind}.name: expected a string, got {name!r}")
+        params = registries[kind].params(name, table)
+        comps[kind] = Component(name, table, params)
+    return ExperimentConfig(run=run, train=train, **comps)
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:
+    return resolve(apply_overrides(load_raw(path), overrides or []))

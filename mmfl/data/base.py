@@ -1,0 +1,137 @@
+"""In-memory data containers shared by every loader, partitioner and algorithm.
+
+A sample has one tensor per *modality* (``"image"``, ``"audio"``, ``"pix"``,
+...) and an integer label. Loaders return a :class:`DatasetBundle` (train and
+test :class:`ArrayDataset` plus :class:`DatasetMeta`); partitioners split the
+train labels into per-client index lists; :class:`Federation` ties it
+together. Client sets are index views on the shared train tensors, so 10,000
+clients cost 10,000 index arrays, not 10,000 copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+@dataclass
+class ArrayDataset:
+    """Samples as tensors: ``features[m]: [N, *shape_m]``, ``labels: [N]`` (int64).
+
+    ``indices`` (optional, int64 ``[n]``) makes this a view on the rows of the
+    shared tensors: ``len(self) == n`` and :meth:`get` gathers those rows.
+    """
+
+    features: dict[str, Tensor]
+    labels: Tensor
+    indices: Tensor | None = None
+
+    def __post_init__(self):
+        n = self.labels.shape[0]
+        for m, t in self.features.items():
+            if t.shape[0] != n:
+                raise ValueError(f"modality {m!r} has {t.shape[0]} rows, labels have {n}")
+
+    def __len__(self) -> int:
+        return int(self.indices.numel()) if self.indices is not None else int(self.labels.shape[0])
+
+    @property
+    def modalities(self) -> list[str]:
+        return list(self.features)
+
+    def subset(self, idx) -> "ArrayDataset":
+        """A view on rows ``idx`` (positions within this dataset)."""
+        idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
+        base = self.indices[idx] if self.indices is not None else idx
+        return ArrayDataset(self.features, self.labels, base)
+
+    def materialize(self) -> "ArrayDataset":
+        """A copy holding only this view's rows (no ``indices``)."""
+        if self.indices is None:
+            return self
+        return ArrayDataset({m: t[self.indices] for m, t in self.features.items()}, self.labels[self.indices])
+
+    def get(self, rows: Tensor | None = None) -> tuple[dict[str, Tensor], Tensor]:
+        """Features and labels of ``rows`` (positions within this view; all if None)."""
+        if rows is None:
+            base = self.indices
+        else:
+            base = self.indices[rows] if self.indices is not None else rows
+        if base is None:
+            return dict(self.features), self.labels
+        return {m: t[base] for m, t in self.features.items()}, self.labels[base]
+
+    def label_array(self) -> np.ndarray:
+        y = self.labels if self.indices is None else self.labels[self.indices]
+        return y.numpy()
+
+    def batches(self, batch_size: int, shuffle: bool = True, generator: torch.Generator | None = None,
+                drop_last: bool = False) -> Iterator[tuple[dict[str, Tensor], Tensor]]:
+        """Mini-batches by index slicing (no DataLoader overhead)."""
+        n = len(self)
+        order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+        stop = n - (n % batch_size) if drop_last and n >= batch_size else n
+        for s in range(0, stop, batch_size):
+            yield self.get(order[s : s + batch_size])
+
+    @staticmethod
+    def concat(parts: list["ArrayDataset"]) -> "ArrayDataset":
+        mats = [p.materialize() for p in parts]
+        mods = mats[0].modalities
+        return ArrayDataset({m: torch.cat([p.features[m] for p in mats]) for m in mods},
+                            torch.cat([p.labels for p in mats]))
+
+
+@dataclass
+class DatasetMeta:
+    """What a model and the engine need to know about a data set."""
+
+    name: str
+    num_classes: int
+    modalities: dict[str, tuple[int, ...]]  # modality -> per-sample shape, e.g. {"image": (1, 28, 28)}
+    class_names: list[str] = field(default_factory=list)
+    info: dict = field(default_factory=dict)  # free-form: source path, pairing notes, ...
+
+
+@dataclass
+class DatasetBundle:
+    """What a loader returns: a train split, a test split and metadata.
+
+    ``client_ids`` (optional, int64 ``[len(train)]``) carries a natural split
+    given by the data itself (e.g. one client per speaker, or a manifest's
+    client-id column); the ``natural`` partitioner uses it.
+    ``public`` is an optional public set known to server and clients.
+    """
+
+    train: ArrayDataset
+    test: ArrayDataset
+    meta: DatasetMeta
+    client_ids: Tensor | None = None
+    public: ArrayDataset | None = None
+
+
+@dataclass
+class Federation:
+    """Clients' private sets, an optional public set, the server's test set."""
+
+    clients: list[ArrayDataset]
+    test: ArrayDataset
+    meta: DatasetMeta
+    public: ArrayDataset | None = None
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.clients)
+
+    def client_sizes(self) -> list[int]:
+        return [len(c) for c in self.clients]
+
+    def class_counts(self) -> np.ndarray:
+        """``[num_clients, num_classes]`` label counts."""
+        k = self.meta.num_classes
+        return np.stack([np.bincount(c.label_array(), minlength=k) for c in self.clients]) if self.clients \
+            else np.zeros((0, k), dtype=np.int64)

@@ -1,0 +1,1 @@
+"""The round loop, messages, client-state store, checkpoints and transports."""

@@ -1,0 +1,230 @@
+"""The round loop: build the federation, sample, deliver, evaluate, log,
+checkpoint, resume.
+
+Run folder ``<output_dir>/<name>/``:
+
+- ``config.toml``: the resolved config (every default filled in);
+- ``metrics.jsonl``: one JSON object per round (train and test metrics,
+  bytes up/down per route and per client, wall time);
+- ``checkpoints/round_NNNNN/``: the state after the last round (see
+  :mod:`mmfl.engine.checkpoint`);
+- ``summary.json`` and ``accuracy.png`` when the run finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from mmfl.config import ExperimentConfig, resolve
+from mmfl.data.base import Federation
+from mmfl.engine import checkpoint
+from mmfl.engine.simulation import SimulationTransport, derive_seed
+from mmfl.engine.state import ClientStateStore
+from mmfl.errors import ConfigError, MMFLError
+
+
+def build_federation(cfg: ExperimentConfig, pooled: bool = False) -> Federation:
+    """Load the data set and split its training part among clients."""
+    from mmfl.data import DATASETS, PARTITIONERS
+
+    bundle = DATASETS.get(cfg.data.name).factory(cfg.data.params)
+    labels = bundle.train.label_array()
+    client_ids = bundle.client_ids.numpy() if bundle.client_ids is not None else None
+    rng = np.random.default_rng(derive_seed(cfg.run.seed, "partition"))
+    parts = PARTITIONERS.get(cfg.partition.name).factory(labels, cfg.partition.params, rng, client_ids=client_ids)
+    clients = [bundle.train.subset(p) for p in parts]
+    if pooled:  # centralized upper bound: one client holding every client's data
+        clients = [bundle.train.subset(np.sort(np.concatenate(parts)))]
+    return Federation(clients=clients, test=bundle.test, meta=bundle.meta, public=bundle.public)
+
+
+def model_factory(cfg: ExperimentConfig, meta) -> Callable[[], nn.Module]:
+    """Builds the configured model with the run's initial weights (seeded)."""
+    from mmfl.models import MODELS
+
+    entry = MODELS.get(cfg.model.name)
+
+    def make() -> nn.Module:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(cfg.run.seed, "model-init"))
+            return entry.factory(cfg.model.params, meta)
+
+    return make
+
+
+def sample_cohort(cfg: ExperimentConfig, rnd: int, num_clients: int) -> list[int]:
+    """The clients of round ``rnd``: a seeded draw without replacement."""
+    k = cfg.run.clients_per_round or max(1, int(round(cfg.run.sample_fraction * num_clients)))
+    if k > num_clients:
+        raise ConfigError(f"clients_per_round: {k} exceeds the number of clients ({num_clients})")
+    if k == num_clients:
+        return list(range(num_clients))
+    rng = np.random.default_rng(derive_seed(cfg.run.seed, rnd, "cohort"))
+    return sorted(int(c) for c in rng.choice(num_clients, size=k, replace=False))
+
+
+class Experiment:
+    """One configured run. ``Experiment(cfg).run()`` does everything."""
+
+    def __init__(self, cfg: ExperimentConfig, progress: bool = True):
+        from mmfl.algorithms import ALGORITHMS
+
+        self.cfg = cfg
+        self.progress = progress
+        self.spec = ALGORITHMS.get(cfg.algorithm.name).factory
+        self.federation = build_federation(cfg, pooled=self.spec.pooled)
+        for cid, c in enumerate(self.federation.clients):
+            if len(c) == 0:
+                raise ConfigError(f"partition: client {cid} received no samples; use fewer clients")
+        self.make_model = model_factory(cfg, self.federation.meta)
+        from mmfl.algorithms.base import ServerContext
+
+        self.server = self.spec.server(cfg.algorithm.params, ServerContext(
+            meta=self.federation.meta, train=cfg.train, seed=cfg.run.seed,
+            num_clients=self.federation.num_clients, make_model=self.make_model))
+        self.store = ClientStateStore()
+        self.transport = SimulationTransport(
+            self.spec, cfg.algorithm.params, self.federation, cfg.train, cfg.run.seed,
+            self.make_model, self.store, on_nonfinite=cfg.run.on_nonfinite)
+
+    # --- run folder -----------------------------------------------------
+    @property
+    def run_dir(self) -> Path:
+        return self.cfg.run_dir
+
+    def _prepare_dir(self, resume: bool, overwrite: bool) -> int:
+        """Create or reopen the run folder; return the first round to run."""
+        d = self.run_dir
+        if resume:
+            if not (d / "config.toml").is_file():
+                raise MMFLError(f"{d}: nothing to resume (no config.toml); run without --resume")
+            saved = resolve(_load_toml(d / "config.toml"))
+            mine, theirs = self.cfg.to_dict(), saved.to_dict()
+            mine.pop("rounds"), theirs.pop("rounds")
+            if mine != theirs:
+                diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+                raise ConfigError(f"{d}: config differs from the saved run in {', '.join(diff)} "
+                                  "(only 'rounds' may change on resume)")
+            ckpt = checkpoint.latest(d / "checkpoints")
+            if ckpt is None:
+                start = 0
+            else:
+                server, clients, meta = checkpoint.load(ckpt)
+                self.server.load_state_dict(server)
+                self.store.load_state_dict(clients)
+                start = int(meta["round"]) + 1
+            _truncate_metrics(d / "metrics.jsonl", start)
+            _atomic_write(d / "config.toml", self.cfg.to_toml())
+            return start
+        if d.exists() and any(d.iterdir()):
+            if not overwrite:
+                raise MMFLError(f"{d}: run folder exists; use --resume to continue it, "
+                                "--overwrite to replace it, or --set name=<new name>")
+            shutil.rmtree(d)
+        d.mkdir(parents=True, exist_ok=True)
+        _atomic_write(d / "config.toml", self.cfg.to_toml())
+        return 0
+
+    # --- the loop -------------------------------------------------------
+    def run(self, resume: bool = False, overwrite: bool = False) -> dict:
+        cfg = self.cfg
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        start = self._prepare_dir(resume, overwrite)
+        rounds = range(start, cfg.run.rounds)
+        bar = _progress(rounds, cfg, self.progress)
+        metrics_path = self.run_dir / "metrics.jsonl"
+        for rnd in bar:
+            t0 = time.perf_counter()
+            cohort = sample_cohort(cfg, rnd, self.federation.num_clients)
+            self.transport.begin_round(rnd)
+            row: dict = {"round": rnd + 1, "clients": len(cohort)}
+            row.update(self.server.round(rnd, cohort, self.transport))
+            train_comm = self.transport.log.summary()
+            row["train_time_s"] = time.perf_counter() - t0
+            if (rnd + 1) % cfg.run.eval_every == 0 or rnd + 1 == cfg.run.rounds:
+                self.transport.log.reset()
+                row.update(self.server.evaluate(rnd, self.federation.test, self.transport))
+                ev = self.transport.log.summary()
+                if ev["bytes_down"] or ev["bytes_up"]:
+                    row["eval_bytes_down"], row["eval_bytes_up"] = ev["bytes_down"], ev["bytes_up"]
+            row.update(train_comm)
+            if self.transport.log.dropped:
+                row["dropped"] = list(self.transport.log.dropped)
+            row["wall_time_s"] = time.perf_counter() - t0
+            _check_finite(row, rnd)
+            # metrics first, then the checkpoint: a crash in between leaves a row
+            # newer than the checkpoint, which resume drops (_truncate_metrics).
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            self._checkpoint(rnd)
+            if hasattr(bar, "set_postfix") and "accuracy" in row:
+                bar.set_postfix(acc=f"{row['accuracy']:.4f}")
+        summary = self._finish()
+        return summary
+
+    def _checkpoint(self, rnd: int) -> None:
+        checkpoint.save(self.run_dir / "checkpoints", rnd, self.server.state_dict(),
+                        self.store.state_dict(), {"round": rnd}, keep=self.cfg.run.keep_checkpoints)
+
+    def _finish(self) -> dict:
+        from mmfl.report import load_metrics, plot_accuracy, summarize
+
+        rows = load_metrics(self.run_dir)
+        summary = summarize(rows, self.cfg)
+        _atomic_write(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+        plot_accuracy({self.cfg.run.name: rows}, self.run_dir / "accuracy.png")
+        return summary
+
+
+def _progress(rounds, cfg, enabled: bool):
+    if not enabled:
+        return rounds
+    from tqdm.auto import tqdm
+
+    return tqdm(rounds, desc=f"{cfg.run.name} ({cfg.algorithm.name})", unit="round",
+                initial=rounds.start, total=cfg.run.rounds, dynamic_ncols=True)
+
+
+def _check_finite(row: dict, rnd: int) -> None:
+    for k in ("train_loss", "accuracy", "test_loss"):
+        v = row.get(k)
+        if isinstance(v, float) and not np.isfinite(v):
+            raise MMFLError(f"round {rnd + 1}: {k} is {v}; training diverged (lower train.lr?)")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _load_toml(path: Path) -> dict:
+    import tomllib
+
+    return tomllib.loads(path.read_text())
+
+
+def _truncate_metrics(path: Path, start: int) -> None:
+    """Keep only rows of rounds before ``start`` (a half-written round is dropped)."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("round", 0) <= start:
+            keep.append(line)
+    _atomic_write(path, "".join(k + "\n" for k in keep))
+

@@ -1,0 +1,80 @@
+"""Local training and evaluation loops shared by the algorithms.
+
+Algorithms change *what* is minimised (a loss function of the batch) and may
+touch gradients before each step (SCAFFOLD); the loop itself lives here once.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mmfl.data.base import ArrayDataset
+
+LossFn = Callable[[nn.Module, dict[str, Tensor], Tensor], Tensor]
+
+
+def cross_entropy_loss(model: nn.Module, inputs: dict[str, Tensor], labels: Tensor) -> Tensor:
+    return F.cross_entropy(model(inputs)["logits"], labels)
+
+
+def make_optimizer(params, train) -> torch.optim.Optimizer:
+    if train.optimizer == "adam":
+        return torch.optim.Adam(params, lr=train.lr, weight_decay=train.weight_decay)
+    return torch.optim.SGD(params, lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay)
+
+
+def local_train(
+    model: nn.Module,
+    data: ArrayDataset,
+    train,
+    generator: torch.Generator,
+    loss_fn: LossFn = cross_entropy_loss,
+    before_step: Callable[[], None] | None = None,
+    epochs: int | None = None,
+) -> dict[str, float]:
+    """SGD on ``data`` for ``train.local_epochs`` epochs. Returns mean loss and step count."""
+    model.train()
+    opt = make_optimizer([p for p in model.parameters() if p.requires_grad], train)
+    total, steps = 0.0, 0
+    for _ in range(epochs or train.local_epochs):
+        for inputs, labels in data.batches(train.batch_size, shuffle=True, generator=generator):
+            if labels.shape[0] < 2 and len(data) >= 2:
+                continue  # a batch of one breaks BatchNorm; MOON's loaders drop it too
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model, inputs, labels)
+            loss.backward()
+            if before_step is not None:
+                before_step()
+            opt.step()
+            total += float(loss.detach())
+            steps += 1
+    return {"train_loss": total / max(steps, 1), "steps": steps}
+
+
+@torch.no_grad()
+def evaluate_model(model: nn.Module, data: ArrayDataset, batch_size: int = 1000) -> dict[str, float]:
+    """Top-1 accuracy and mean cross-entropy of ``model`` on ``data``."""
+    model.eval()
+    correct, loss, n = 0, 0.0, 0
+    for inputs, labels in data.batches(batch_size, shuffle=False):
+        logits = model(inputs)["logits"]
+        loss += float(F.cross_entropy(logits, labels, reduction="sum"))
+        correct += int((logits.argmax(1) == labels).sum())
+        n += labels.shape[0]
+    return {"accuracy": correct / max(n, 1), "test_loss": loss / max(n, 1)}
+
+
+def state_of(model: nn.Module) -> dict[str, Tensor]:
+    """A detached copy of the model's state dict (parameters and buffers)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def load_into(model: nn.Module, arrays: dict[str, Tensor], prefix: str = "") -> nn.Module:
+    """Load ``arrays`` (optionally those under ``prefix``) into ``model`` in place."""
+    sd = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)} if prefix else arrays
+    model.load_state_dict(sd, strict=True)
+    return model

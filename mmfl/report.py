@@ -1,0 +1,108 @@
+"""Summaries, comparison tables and plots of finished runs.
+
+Everything here is recomputed from a run folder's ``metrics.jsonl`` and
+``config.toml``, so a table or plot can always be regenerated.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mmfl.errors import MMFLError
+
+
+def load_metrics(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise MMFLError(f"{run_dir}: not a run folder (no metrics.jsonl)")
+    rows = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise MMFLError(f"{path}: line {i} is not valid JSON") from None
+    return rows
+
+
+def summarize(rows: list[dict], cfg=None) -> dict:
+    """Final and best accuracy, total bytes and time of a run."""
+    evals = [r for r in rows if "accuracy" in r]
+    out = {
+        "rounds": len(rows),
+        "final_accuracy": evals[-1]["accuracy"] if evals else None,
+        "best_accuracy": max(r["accuracy"] for r in evals) if evals else None,
+        "bytes_up": sum(r.get("bytes_up", 0) for r in rows),
+        "bytes_down": sum(r.get("bytes_down", 0) for r in rows),
+        "wall_time_s": sum(r.get("wall_time_s", 0.0) for r in rows),
+        "mean_round_time_s": (sum(r.get("train_time_s", 0.0) for r in rows) / len(rows)) if rows else None,
+    }
+    if evals and "accuracy_std" in evals[-1]:
+        out["final_accuracy_std"] = evals[-1]["accuracy_std"]
+    if cfg is not None:
+        out["algorithm"] = cfg.algorithm.name
+        out["data"] = cfg.data.name
+        out["name"] = cfg.run.name
+    return out
+
+
+def rounds_to_reach(rows: list[dict], target: float) -> int | None:
+    """First round whose test accuracy is >= target (MOON Table 2), else None."""
+    for r in rows:
+        if r.get("accuracy") is not None and r["accuracy"] >= target:
+            return int(r["round"])
+    return None
+
+
+def plot_accuracy(runs: dict[str, list[dict]], path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, rows in runs.items():
+        pts = [(r["round"], r["accuracy"]) for r in rows if "accuracy" in r]
+        if pts:
+            ax.plot(*zip(*pts), marker="o" if len(pts) < 30 else None, label=name)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy")
+    ax.grid(alpha=0.3)
+    if runs:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def compare(run_dirs: list[str | Path], plot_path: str | Path | None = None) -> str:
+    """A Markdown table comparing runs (and an accuracy plot if ``plot_path``)."""
+    import tomllib
+
+    header = "| run | algorithm | rounds | final acc | best acc | bytes up | bytes down | s/round |"
+    lines = [header, "|" + "---|" * 8]
+    curves = {}
+    for d in run_dirs:
+        d = Path(d)
+        rows = load_metrics(d)
+        cfg_path = d / "config.toml"
+        algo = tomllib.loads(cfg_path.read_text()).get("algorithm", {}).get("name", "?") if cfg_path.is_file() else "?"
+        s = summarize(rows)
+        fmt = lambda v: "-" if v is None else f"{100 * v:.2f}%"  # noqa: E731
+        lines.append(f"| {d.name} | {algo} | {s['rounds']} | {fmt(s['final_accuracy'])} | {fmt(s['best_accuracy'])} "
+                     f"| {_human_bytes(s['bytes_up'])} | {_human_bytes(s['bytes_down'])} "
+                     f"| {s['mean_round_time_s'] or 0:.2f} |")
+        curves[d.name] = rows
+    if plot_path is not None:
+        plot_accuracy(curves, plot_path)
+    return "\n".join(lines)

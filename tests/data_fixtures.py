@@ -1,0 +1,134 @@
+"""Writers of tiny data fixtures in the real released formats, for tests.
+
+Each writer returns what it wrote so tests can check values round-trip.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import pickle
+import wave
+from pathlib import Path
+
+import numpy as np
+
+_IDX_CODES = {np.dtype("uint8"): 0x08, np.dtype("int8"): 0x09, np.dtype("int16"): 0x0B,
+              np.dtype("int32"): 0x0C, np.dtype("float32"): 0x0D, np.dtype("float64"): 0x0E}
+
+
+def idx_bytes(arr: np.ndarray) -> bytes:
+    """The IDX encoding of ``arr`` (magic, big-endian dims, big-endian data)."""
+    arr = np.asarray(arr)
+    code = _IDX_CODES[arr.dtype.newbyteorder("=")]
+    header = bytes([0, 0, code, arr.ndim]) + np.asarray(arr.shape, dtype=">u4").tobytes()
+    return header + arr.astype(arr.dtype.newbyteorder(">")).tobytes()
+
+
+def write_idx(path: str | Path, arr: np.ndarray) -> Path:
+    """Write ``arr`` as IDX to ``path`` (gzip-compressed if it ends in ``.gz``)."""
+    path = Path(path)
+    data = idx_bytes(arr)
+    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+    return path
+
+
+def write_mnist_dir(root: str | Path, n_train: int, n_test: int, gz: bool = True, seed: int = 0,
+                    hw: tuple[int, int] = (28, 28), num_classes: int = 10) -> dict[str, np.ndarray]:
+    """The four standard MNIST-format files with random uint8 images; returns the arrays."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    ext = ".gz" if gz else ""
+    out = {}
+    for split, n, prefix in (("train", n_train, "train"), ("test", n_test, "t10k")):
+        x = rng.integers(0, 256, size=(n, *hw), dtype=np.uint8)
+        y = rng.integers(0, num_classes, size=n).astype(np.uint8)
+        write_idx(root / f"{prefix}-images-idx3-ubyte{ext}", x)
+        write_idx(root / f"{prefix}-labels-idx1-ubyte{ext}", y)
+        out[f"{split}_x"], out[f"{split}_y"] = x, y
+    return out
+
+
+def _pickle(path: Path, obj: dict) -> None:
+    path.write_bytes(pickle.dumps(obj, protocol=2))
+
+
+def write_cifar_fixture(root: str | Path, kind: str, n_train: int, n_test: int, seed: int = 0) -> dict:
+    """A tiny CIFAR-10 (``kind="cifar10"``) or CIFAR-100 (``"cifar100"``) release under ``root``.
+
+    Files and dict keys are those of the released python version. Returns
+    ``{"dir": Path, "train_x": uint8 [n, 3072], "train_y", "test_x", "test_y"}``
+    (CIFAR-100 adds ``"train_coarse"``, ``"test_coarse"``; ``*_y`` are fine labels).
+    """
+    rng = np.random.default_rng(seed)
+    k = 10 if kind == "cifar10" else 100
+    out: dict = {}
+    for split, n in (("train", n_train), ("test", n_test)):
+        out[f"{split}_x"] = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
+        out[f"{split}_y"] = rng.integers(0, k, size=n)
+        out[f"{split}_coarse"] = out[f"{split}_y"] // 5
+    if kind == "cifar10":
+        d = Path(root) / "cifar-10-batches-py"
+        d.mkdir(parents=True, exist_ok=True)
+        parts = np.array_split(np.arange(n_train), 5)
+        for i, rows in enumerate(parts, 1):
+            _pickle(d / f"data_batch_{i}", {b"batch_label": f"training batch {i} of 5".encode(),
+                                            b"labels": [int(v) for v in out["train_y"][rows]],
+                                            b"data": out["train_x"][rows],
+                                            b"filenames": [f"img_{j}.png".encode() for j in rows]})
+        _pickle(d / "test_batch", {b"batch_label": b"testing batch 1 of 1",
+                                   b"labels": [int(v) for v in out["test_y"]], b"data": out["test_x"],
+                                   b"filenames": [f"t_{j}.png".encode() for j in range(n_test)]})
+        names = [b"airplane", b"automobile", b"bird", b"cat", b"deer",
+                 b"dog", b"frog", b"horse", b"ship", b"truck"]
+        _pickle(d / "batches.meta", {b"label_names": names, b"num_cases_per_batch": 10000, b"num_vis": 3072})
+    else:
+        d = Path(root) / "cifar-100-python"
+        d.mkdir(parents=True, exist_ok=True)
+        for split in ("train", "test"):
+            _pickle(d / split, {b"batch_label": split.encode(), b"data": out[f"{split}_x"],
+                                b"fine_labels": [int(v) for v in out[f"{split}_y"]],
+                                b"coarse_labels": [int(v) for v in out[f"{split}_coarse"]],
+                                b"filenames": [b"x.png"] * len(out[f"{split}_y"])})
+        _pickle(d / "meta", {b"fine_label_names": [f"fine{i}".encode() for i in range(100)],
+                             b"coarse_label_names": [f"coarse{i}".encode() for i in range(20)]})
+    out["dir"] = d
+    return out
+
+
+def write_png(path: str | Path, pixels: np.ndarray) -> Path:
+    """uint8 ``[H, W]`` (L) or ``[H, W, 3]`` (RGB) -> PNG file."""
+    from PIL import Image
+
+    path = Path(path)
+    Image.fromarray(np.asarray(pixels, dtype=np.uint8)).save(path)
+    return path
+
+
+def write_wav(path: str | Path, samples: np.ndarray, rate: int, sampwidth: int = 2) -> Path:
+    """Integer PCM ``[n]`` (mono) or ``[n, channels]`` -> wav (8-bit: unsigned, else signed LE)."""
+    path = Path(path)
+    s = np.asarray(samples)
+    s2 = s[:, None] if s.ndim == 1 else s
+    dtype = {1: np.uint8, 2: "<i2", 4: "<i4"}[sampwidth]
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(s2.shape[1])
+        w.setsampwidth(sampwidth)
+        w.setframerate(rate)
+        w.writeframes(s2.astype(dtype).tobytes())
+    return path
+
+
+def write_manifest(path: str | Path, rows: list[dict]) -> Path:
+    """Rows -> ``.csv`` (header = keys of the first row) or ``.jsonl`` by extension."""
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    else:
+        with path.open("w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    return path
