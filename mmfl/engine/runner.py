@@ -150,6 +150,7 @@ class Experiment:
             row: dict = {"round": rnd + 1, "clients": len(cohort)}
             row.update(self.server.round(rnd, cohort, self.transport))
             train_comm = self.transport.log.summary()
+            dropped = list(self.transport.log.dropped)  # before the evaluation resets the log
             row["train_time_s"] = time.perf_counter() - t0
             if (rnd + 1) % cfg.run.eval_every == 0 or rnd + 1 == cfg.run.rounds:
                 self.transport.log.reset()
@@ -158,8 +159,9 @@ class Experiment:
                 if ev["bytes_down"] or ev["bytes_up"]:
                     row["eval_bytes_down"], row["eval_bytes_up"] = ev["bytes_down"], ev["bytes_up"]
             row.update(train_comm)
-            if self.transport.log.dropped:
-                row["dropped"] = list(self.transport.log.dropped)
+            dropped += [c for c in self.transport.log.dropped if c not in dropped]  # + dropped in evaluation
+            if dropped:
+                row["dropped"] = dropped
             row["wall_time_s"] = time.perf_counter() - t0
             _check_finite(row, rnd)
             # metrics first, then the checkpoint: a crash in between leaves a row
