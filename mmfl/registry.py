@@ -85,6 +85,11 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
 
 
 def _type_name(annotation: Any) -> str:
+    if typing.get_origin(annotation) is typing.Literal:
+        return " | ".join(repr(a) for a in typing.get_args(annotation))
+    if typing.get_origin(annotation) in (list, tuple):
+        args = typing.get_args(annotation)
+        return f"list of {_type_name(args[0])}" if args else "list"
     return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
 

@@ -111,7 +111,7 @@ def _bundle(name: str, d: Path, train: list[tuple], test: tuple, class_names: li
 
 def _check_root(root: str, what: str) -> None:
     if not root:
-        raise ConfigError(f"dataset.root: required for {what} (the {what} folder of the "
+        raise ConfigError(f"data.root: required for {what} (the {what} folder of the "
                           "python-pickle release; it cannot be downloaded here)")
 
 
@@ -123,7 +123,7 @@ class Cifar10Params:
         _check_root(self.root, CIFAR10_DIR)
 
 
-@DATASETS.register("cifar10", Cifar10Params, help="CIFAR-10 from its python-pickle release at dataset.root")
+@DATASETS.register("cifar10", Cifar10Params, help="CIFAR-10 from its python-pickle release at data.root")
 def cifar10(p: Cifar10Params) -> DatasetBundle:
     """CIFAR-10: 50,000 + 10,000 images ``[3, 32, 32]``, 10 classes."""
     d = _resolve(p.root, CIFAR10_DIR, "batches.meta")
@@ -141,10 +141,10 @@ class Cifar100Params:
     def __post_init__(self):
         _check_root(self.root, CIFAR100_DIR)
         if self.label_mode not in ("fine", "coarse"):
-            raise ConfigError(f"dataset.label_mode: must be 'fine' or 'coarse', got {self.label_mode!r}")
+            raise ConfigError(f"data.label_mode: must be 'fine' or 'coarse', got {self.label_mode!r}")
 
 
-@DATASETS.register("cifar100", Cifar100Params, help="CIFAR-100 from its python-pickle release at dataset.root")
+@DATASETS.register("cifar100", Cifar100Params, help="CIFAR-100 from its python-pickle release at data.root")
 def cifar100(p: Cifar100Params) -> DatasetBundle:
     """CIFAR-100: 50,000 + 10,000 images ``[3, 32, 32]``, 100 fine or 20 coarse classes."""
     d = _resolve(p.root, CIFAR100_DIR, "meta")

@@ -157,7 +157,7 @@ def load_idx_dir(root: str | Path, name: str, class_names: list[str] | None = No
 def _check_limits(p) -> None:
     for key in ("train_limit", "test_limit"):
         if getattr(p, key) < 0:
-            raise ConfigError(f"dataset.{key}: must be >= 0 (0 = all), got {getattr(p, key)}")
+            raise ConfigError(f"data.{key}: must be >= 0 (0 = all), got {getattr(p, key)}")
 
 
 @dataclass
@@ -180,7 +180,7 @@ def fashion_mnist(p: FashionMnistParams) -> DatasetBundle:
     root = Path(p.root).expanduser()
     if not root.is_dir():
         raise DataError(f"{root}: Fashion-MNIST directory not found "
-                        "(apt-get install dataset-fashion-mnist, or set dataset.root)")
+                        "(apt-get install dataset-fashion-mnist, or set data.root)")
     return load_idx_dir(root, "fashion_mnist", FASHION_CLASSES, p.train_limit, p.test_limit, p.seed)
 
 
@@ -195,12 +195,12 @@ class MnistIdxParams:
 
     def __post_init__(self):
         if not self.root:
-            raise ConfigError("dataset.root: required for mnist_idx (a directory of MNIST-format IDX files)")
+            raise ConfigError("data.root: required for mnist_idx (a directory of MNIST-format IDX files)")
         _check_limits(self)
 
 
 @DATASETS.register("mnist_idx", MnistIdxParams,
-                   help="any data set in the MNIST IDX format (four standard files in dataset.root)")
+                   help="any data set in the MNIST IDX format (four standard files in data.root)")
 def mnist_idx(p: MnistIdxParams) -> DatasetBundle:
     """An MNIST-format directory: image ``[N, 1, H, W]``, classes 0..max label."""
     return load_idx_dir(p.root, "mnist_idx", None, p.train_limit, p.test_limit, p.seed)

@@ -36,30 +36,8 @@ import torch
 
 from mmfl.data import DATASETS
 from mmfl.data.base import ArrayDataset, DatasetBundle, DatasetMeta
+from mmfl.data.split import check_fraction, stratified_split  # noqa: F401  (re-exported)
 from mmfl.errors import ConfigError, DataError
-
-
-def stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded stratified split of ``range(len(labels))`` -> (train idx, test idx), both sorted.
-
-    Each class puts ``round(n_c * test_fraction)`` rows into test, at least one
-    and at most ``n_c - 1`` when it has two or more rows (singletons stay in train).
-    """
-    rng = np.random.default_rng(seed)
-    test = []
-    for c in np.unique(labels):
-        idx = np.flatnonzero(labels == c)
-        k = min(max(int(round(len(idx) * test_fraction)), 1), len(idx) - 1) if len(idx) >= 2 else 0
-        test.append(rng.permutation(idx)[:k])
-    test_idx = np.sort(np.concatenate(test)) if test else np.zeros(0, dtype=np.int64)
-    mask = np.ones(len(labels), dtype=bool)
-    mask[test_idx] = False
-    return np.flatnonzero(mask), test_idx.astype(np.int64)
-
-
-def check_fraction(value: float, key: str = "test_fraction") -> None:
-    if not 0.0 < value < 1.0:
-        raise ConfigError(f"dataset.{key}: must be in (0, 1), got {value}")
 
 
 @dataclass
@@ -86,16 +64,16 @@ class ManifestParams:
 
     def __post_init__(self):
         if not self.root:
-            raise ConfigError("dataset.root: required for manifest (the directory holding the manifest)")
+            raise ConfigError("data.root: required for manifest (the directory holding the manifest)")
         check_fraction(self.test_fraction)
         for key in ("image_size", "audio_sample_rate"):
             if getattr(self, key) < 0:
-                raise ConfigError(f"dataset.{key}: must be >= 0, got {getattr(self, key)}")
+                raise ConfigError(f"data.{key}: must be >= 0, got {getattr(self, key)}")
         for key in ("audio_length", "text_max_tokens"):
             if getattr(self, key) < 1:
-                raise ConfigError(f"dataset.{key}: must be >= 1, got {getattr(self, key)}")
+                raise ConfigError(f"data.{key}: must be >= 1, got {getattr(self, key)}")
         if self.image_mode not in ("L", "RGB"):
-            raise ConfigError(f"dataset.image_mode: must be 'L' or 'RGB', got {self.image_mode!r}")
+            raise ConfigError(f"data.image_mode: must be 'L' or 'RGB', got {self.image_mode!r}")
 
 
 # ---- readers: fn(path, params, state) -> np.ndarray | str; `state` is per-column (ends up in meta.info)
@@ -133,7 +111,7 @@ def read_wav(path: Path, p: ManifestParams, state: dict) -> np.ndarray:
         first = state.setdefault("sample_rate", rate)
         if rate != first:
             raise DataError(f"sample rate {rate} Hz differs from {first} Hz of earlier files "
-                            "(set dataset.audio_sample_rate to resample)")
+                            "(set data.audio_sample_rate to resample)")
     if target:
         state["sample_rate"] = target
     out = np.zeros((1, p.audio_length), dtype=np.float32)
@@ -329,7 +307,7 @@ def load_manifest(p: ManifestParams) -> DatasetBundle:
                 raise DataError(f"{where(n, m)}: a {kind} value, but earlier rows hold {first} values")
             if kind != "text" and values[m] and val.shape != values[m][0].shape:
                 raise DataError(f"{where(n, m)}: ragged shapes: {tuple(val.shape)} here, "
-                                f"{tuple(values[m][0].shape)} in row 1 (for images set dataset.image_size)")
+                                f"{tuple(values[m][0].shape)} in row 1 (for images set data.image_size)")
             values[m].append(val)
 
     if p.split_column in cols:

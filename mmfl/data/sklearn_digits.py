@@ -13,7 +13,7 @@ import torch
 
 from mmfl.data import DATASETS
 from mmfl.data.base import ArrayDataset, DatasetBundle, DatasetMeta
-from mmfl.data.manifest import check_fraction, stratified_split
+from mmfl.data.split import check_fraction, stratified_split
 from mmfl.errors import DataError
 
 

@@ -56,7 +56,10 @@ def latest(ckpt_root: Path) -> Path | None:
     if not pointer.is_file():
         return None
     path = ckpt_root / pointer.read_text().strip()
-    return path if (path / "meta.json").is_file() else None
+    if not (path / "meta.json").is_file():
+        raise MMFLError(f"{pointer}: points to {path.name}, which is missing or incomplete; "
+                        "the run's checkpoints are damaged (start over with --overwrite)")
+    return path
 
 
 def load(path: Path) -> tuple[dict[str, Tensor], dict[str, Tensor], dict]:
