@@ -74,16 +74,16 @@ class FedAvgClient(Client):
         """The local objective; FedAvg: cross-entropy."""
         return cross_entropy_loss
 
-    def gradient_hook(self, model, msg: Message) -> Callable[[], None] | None:
-        """A function called between backward and each optimizer step, or None
-        (SCAFFOLD corrects the gradients here)."""
+    def step_hook(self, model, msg: Message) -> Callable[[], None] | None:
+        """A function called after each optimizer step, or None (SCAFFOLD
+        applies its drift correction here)."""
         return None
 
     def train(self, msg: Message) -> Message:
         model = load_into(self.ctx.model("local"), msg.arrays)
-        hook = self.gradient_hook(model, msg)
+        hook = self.step_hook(model, msg)
         stats = local_train(model, self.ctx.data, self.ctx.train, self.ctx.generator(),
-                            loss_fn=self.loss_fn(msg.arrays), before_step=hook)
+                            loss_fn=self.loss_fn(msg.arrays), after_step=hook)
         self.after_train(model, msg, stats)
         return Message(arrays=state_of(model),
                        scalars={"num_examples": len(self.ctx.data), "train_loss": stats["train_loss"],

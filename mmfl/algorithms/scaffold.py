@@ -3,6 +3,10 @@
 Server state: global model x and server control variate c (zeros at start).
 Client state: its control variate c_i (zeros at first participation).
 Local step (SCAFFOLD Algorithm 1, line 10):   y <- y - lr * (g_i(y) - c_i + c)
+  implemented as the optimizer's step on g_i(y) followed by y <- y - lr * (c - c_i),
+  as the MOON authors' code does: with plain SGD this is line 10 exactly; with
+  momentum the correction stays outside the momentum buffer (adding it to the
+  gradient instead amplifies it by 1/(1 - momentum) and diverges at 0.9).
 After K local steps (line 12, option II):     c_i+ = c_i - c + (x - y) / (K * lr)
 Server (lines 16-17, global step size 1):     x <- x + mean_S(y - x)
                                               c <- c + |S|/N * mean_S(c_i+ - c_i)
@@ -75,21 +79,22 @@ class ScaffoldClient(FedAvgClient):
         c_i = {k: self.ctx.state.get(C + k, torch.zeros_like(c[k])) for k in names}
         return c, c_i
 
-    def gradient_hook(self, model, msg: Message) -> Callable[[], None]:
+    def step_hook(self, model, msg: Message) -> Callable[[], None]:
         names = param_names(model)
         c, c_i = self._variates(self._full, names)
-        correction = {k: c[k] - c_i[k] for k in names}  # g - c_i + c   (Alg. 1, line 10)
+        lr = self.ctx.train.lr
+        correction = {k: lr * (c[k] - c_i[k]) for k in names}  # the -lr (c - c_i) of Alg. 1, line 10
         params = dict(model.named_parameters())
 
+        @torch.no_grad()
         def hook():
             for k in names:
-                if params[k].grad is not None:
-                    params[k].grad.add_(correction[k])
+                params[k].sub_(correction[k])
 
         return hook
 
     def train(self, msg: Message) -> Message:
-        self._full = msg  # the model part goes to FedAvg's loop, the variates to gradient_hook
+        self._full = msg  # the model part goes to FedAvg's loop, the variates to step_hook
         reply = super().train(Message({k: v for k, v in msg.arrays.items() if not k.startswith(C)}, msg.scalars))
         names = [k[len(C):] for k in msg.arrays if k.startswith(C)]
         c, c_i = self._variates(msg, names)

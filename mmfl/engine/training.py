@@ -33,10 +33,11 @@ def local_train(
     train,
     generator: torch.Generator,
     loss_fn: LossFn = cross_entropy_loss,
-    before_step: Callable[[], None] | None = None,
+    after_step: Callable[[], None] | None = None,
     epochs: int | None = None,
 ) -> dict[str, float]:
-    """SGD on ``data`` for ``train.local_epochs`` epochs. Returns mean loss and step count."""
+    """SGD on ``data`` for ``train.local_epochs`` epochs; ``after_step()`` runs after every
+    optimizer step. Returns the mean loss and the number of steps."""
     model.train()
     opt = make_optimizer([p for p in model.parameters() if p.requires_grad], train)
     total, steps = 0.0, 0
@@ -47,9 +48,9 @@ def local_train(
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model, inputs, labels)
             loss.backward()
-            if before_step is not None:
-                before_step()
             opt.step()
+            if after_step is not None:
+                after_step()
             total += float(loss.detach())
             steps += 1
     return {"train_loss": total / max(steps, 1), "steps": steps}
