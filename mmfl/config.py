@@ -81,6 +81,11 @@ class RunConfig:
     on_nonfinite: Literal["fail", "drop"] = field(
         default="fail", metadata={"help": "a client reply with NaN/inf: fail the run, or drop that client"})
     keep_checkpoints: int = field(default=1, metadata={"help": "how many round checkpoints to keep (>= 1)"})
+    reply_timeout: float = field(
+        default=600.0, metadata={"help": "Flower: seconds to wait for the replies of one send (> 0)"})
+    on_missing_reply: Literal["fail", "drop"] = field(
+        default="drop", metadata={"help": "Flower: a client whose SuperNode did not reply in time or died: "
+                                          "fail the run, or drop that client"})
 
     def __post_init__(self):
         if not self.name or "/" in self.name or self.name in (".", ".."):
@@ -97,6 +102,8 @@ class RunConfig:
             raise ConfigError(f"threads: must be >= 0, got {self.threads}")
         if self.keep_checkpoints < 1:
             raise ConfigError(f"keep_checkpoints: must be >= 1, got {self.keep_checkpoints}")
+        if not self.reply_timeout > 0:
+            raise ConfigError(f"reply_timeout: must be > 0, got {self.reply_timeout}")
 
 
 @dataclass
@@ -213,7 +220,7 @@ def resolve(raw: dict) -> ExperimentConfig:
     for key in raw:
         if key not in run_fields:
             raise ConfigError(f"{key}: unknown config key (known: {', '.join(sorted(run_fields | set(tables)))})")
-    run = build_params("run", "settings", RunConfig, raw)
+    run = build_params("", "settings", RunConfig, raw)
     train = build_params("train", "settings", TrainConfig, tables["train"])
     comps = {}
     for kind in COMPONENTS:

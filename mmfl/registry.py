@@ -78,6 +78,8 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         return float(value)
     if annotation is str:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # `--set name=2024` reads 2024 as a TOML integer
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected a string, got {value!r}")
         return value
@@ -107,11 +109,12 @@ def build_params(kind: str, name: str, cls: type | None, values: dict[str, Any])
     known = {f.name: f for f in fields(cls) if f.init}
     kwargs = {}
     for key, value in values.items():
+        where = f"{kind}.{key}" if kind else key
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else f" (known: {', '.join(sorted(known)) or 'none'})"
-            raise ConfigError(f"{kind}.{key}: unknown key for {kind} '{name}'{hint}")
-        kwargs[key] = _coerce(f"{kind}.{key}", value, hints.get(key, Any))
+            raise ConfigError(f"{where}: unknown key for {kind or 'run settings'} '{name}'{hint}")
+        kwargs[key] = _coerce(where, value, hints.get(key, Any))
     try:
         return cls(**kwargs)
     except ConfigError:

@@ -17,12 +17,15 @@ def load_metrics(run_dir: str | Path) -> list[dict]:
     if not path.is_file():
         raise MMFLError(f"{run_dir}: not a run folder (no metrics.jsonl)")
     rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
+            if i == len(lines):  # torn by a crash mid-write; resume drops it too
+                break
             raise MMFLError(f"{path}: line {i} is not valid JSON") from None
     return rows
 

@@ -238,7 +238,7 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
         assert summary["final_accuracy"] > 0.5
         assert (d / "accuracy.png").read_bytes()[:8] == PNG_MAGIC
         assert f'name = "{algo}"' in (d / "config.toml").read_text()
-        assert (d / "checkpoints" / "LATEST").read_text().strip() == "round_00001"
-        assert (d / "checkpoints" / "round_00001" / "server.safetensors").is_file()
+        assert (d / "checkpoints" / "LATEST").read_text().strip() == "round_00002"  # rounds completed
+        assert (d / "checkpoints" / "round_00002" / "server.safetensors").is_file()
         assert f"| demo-{algo} | {algo} | 2 |" in out
     assert (tmp_path / "demo.png").read_bytes()[:8] == PNG_MAGIC

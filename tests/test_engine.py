@@ -112,16 +112,16 @@ def test_half_written_round_is_not_trusted(tmp_path):
     with open(d / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"round": 3, "clients": 3, "accuracy": 0.999, "bogus": True}) + "\n")
         f.write('{"round": 4, "accur')  # and a torn line
-    (d / "checkpoints" / "round_00002.tmp").mkdir()
-    (d / "checkpoints" / "round_00002.tmp" / "server.safetensors").write_bytes(b"garbage")
-    assert checkpoint.latest(d / "checkpoints").name == "round_00001"
+    (d / "checkpoints" / "round_00003.tmp").mkdir()
+    (d / "checkpoints" / "round_00003.tmp" / "server.safetensors").write_bytes(b"garbage")
+    assert checkpoint.latest(d / "checkpoints").name == "round_00002"
     run_exp(tmp_path, "crashed", rounds=3, resume=True)
     rows = read_rows(d)
     assert [r["round"] for r in rows] == [1, 2, 3]
     assert "bogus" not in rows[2]
     assert timeless(rows) == timeless(read_rows(clean.run_dir))
-    assert not (d / "checkpoints" / "round_00002.tmp").exists()
-    assert (d / "checkpoints" / "LATEST").read_text().strip() == "round_00002"
+    assert not (d / "checkpoints" / "round_00003.tmp").exists()
+    assert (d / "checkpoints" / "LATEST").read_text().strip() == "round_00003"
 
 
 def test_resume_of_a_finished_run_runs_nothing(tmp_path):
@@ -206,7 +206,7 @@ def test_nonfinite_reply_dropped(tmp_path):
     plain.transport.begin_round(0)
     replies = plain.transport.send("train", plain.server.configure_train(0, [0, 2]))
     expected = plain.server.aggregate(0, replies)
-    server, _, _ = checkpoint.load(exp.run_dir / "checkpoints" / "round_00000")
+    server, _, _ = checkpoint.load(exp.run_dir / "checkpoints" / "round_00001")
     for k, v in expected.items():
         assert torch.allclose(server["model/" + k], v, rtol=0, atol=1e-7), k
 
@@ -216,22 +216,22 @@ def test_nonfinite_reply_dropped(tmp_path):
 def test_keep_checkpoints(tmp_path):
     exp = run_exp(tmp_path, "keep1", rounds=3)
     root = exp.run_dir / "checkpoints"
-    assert sorted(p.name for p in root.iterdir()) == ["LATEST", "round_00002"]
-    assert (root / "LATEST").read_text().strip() == "round_00002"
-    assert checkpoint.latest(root) == root / "round_00002"
-    server, clients, meta = checkpoint.load(root / "round_00002")
-    assert meta == {"round": 2}
+    assert sorted(p.name for p in root.iterdir()) == ["LATEST", "round_00003"]  # named by rounds completed
+    assert (root / "LATEST").read_text().strip() == "round_00003"
+    assert checkpoint.latest(root) == root / "round_00003"
+    server, clients, meta = checkpoint.load(root / "round_00003")
+    assert meta == {"round": 3}
     for k, v in exp.server.state_dict().items():
         assert torch.equal(server[k], v)
     exp2 = run_exp(tmp_path, "keep2", "keep_checkpoints=2", rounds=3)
     root2 = exp2.run_dir / "checkpoints"
-    assert sorted(p.name for p in root2.iterdir()) == ["LATEST", "round_00001", "round_00002"]
-    assert (root2 / "LATEST").read_text().strip() == "round_00002"
+    assert sorted(p.name for p in root2.iterdir()) == ["LATEST", "round_00002", "round_00003"]
+    assert (root2 / "LATEST").read_text().strip() == "round_00003"
 
 
 def test_corrupt_checkpoint_is_a_user_error(tmp_path):
     exp = run_exp(tmp_path, "corrupt", rounds=1)
-    (exp.run_dir / "checkpoints" / "round_00000" / "server.safetensors").write_bytes(b"not safetensors")
+    (exp.run_dir / "checkpoints" / "round_00001" / "server.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(MMFLError, match="unreadable"):
         run_exp(tmp_path, "corrupt", rounds=2, resume=True)
 

@@ -52,7 +52,7 @@ class ServerContext:
 class ClientContext:
     cid: int
     rnd: int  # 0-based round index
-    seed: int  # derived from (run seed, round, cid): use for every random choice
+    seed: int  # derived from (run seed, round, cid, route, message index): use for every random choice
     data: ArrayDataset  # the client's private training data
     test_data: ArrayDataset | None  # where the client evaluates a local model
     meta: DatasetMeta

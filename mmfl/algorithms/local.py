@@ -15,6 +15,7 @@ import numpy as np
 
 from mmfl.algorithms import register
 from mmfl.algorithms.base import Client, Server
+from mmfl.algorithms.fedavg import weighted_mean_scalar
 from mmfl.engine.message import Message
 from mmfl.engine.training import evaluate_model, load_into, local_train, state_of
 
@@ -26,8 +27,7 @@ class LocalServer(Server):
         return {cid: Message() for cid in cohort}
 
     def aggregate_train(self, rnd, replies):
-        losses = [r.scalars["train_loss"] for r in replies.values()]
-        return {"train_loss": float(np.mean(losses))}
+        return {"train_loss": weighted_mean_scalar(replies, "train_loss")}
 
     def evaluate(self, rnd, test, transport):
         replies = transport.send("evaluate", {cid: Message() for cid in range(transport.num_clients)})

@@ -234,7 +234,12 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
             return list(cols), rows
         with path.open(newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)
-            rows = [dict(r) for r in reader]
+            rows = []
+            for r in reader:
+                if None in r:  # more cells than header columns: an unquoted comma, e.g. a list
+                    raise DataError(f"{path}: line {reader.line_num}: {len(reader.fieldnames) + len(r[None])} cells "
+                                    f"but {len(reader.fieldnames)} header columns (quote cells that contain commas)")
+                rows.append(dict(r))
             return list(reader.fieldnames or []), rows
     except (UnicodeDecodeError, csv.Error) as e:
         raise DataError(f"{path}: cannot parse manifest ({e})") from None

@@ -26,6 +26,7 @@ from torch import nn
 
 from mmfl.config import ExperimentConfig, resolve
 from mmfl.data.base import Federation
+from mmfl.algorithms.base import Transport
 from mmfl.engine import checkpoint
 from mmfl.engine.simulation import SimulationTransport, derive_seed
 from mmfl.engine.state import ClientStateStore
@@ -42,8 +43,8 @@ def build_federation(cfg: ExperimentConfig, pooled: bool = False) -> Federation:
     rng = np.random.default_rng(derive_seed(cfg.run.seed, "partition"))
     parts = PARTITIONERS.get(cfg.partition.name).factory(labels, cfg.partition.params, rng, client_ids=client_ids)
     clients = [bundle.train.subset(p) for p in parts]
-    if pooled:  # centralized upper bound: one client holding every client's data
-        clients = [bundle.train.subset(np.sort(np.concatenate(parts)))]
+    if pooled:  # centralized upper bound: one client holding the whole training split
+        clients = [bundle.train]
     return Federation(clients=clients, test=bundle.test, meta=bundle.meta, public=bundle.public)
 
 
@@ -75,7 +76,11 @@ def sample_cohort(cfg: ExperimentConfig, rnd: int, num_clients: int) -> list[int
 class Experiment:
     """One configured run. ``Experiment(cfg).run()`` does everything."""
 
-    def __init__(self, cfg: ExperimentConfig, progress: bool = True):
+    def __init__(self, cfg: ExperimentConfig, progress: bool = True,
+                 transport: Callable[["Experiment"], Transport] | None = None):
+        """``transport`` builds the transport from this experiment (its spec,
+        federation, store, ...); default: the in-process simulation. The round
+        loop is the same for every transport (see :mod:`mmfl.flower`)."""
         from mmfl.algorithms import ALGORITHMS
 
         self.cfg = cfg
@@ -92,9 +97,12 @@ class Experiment:
             meta=self.federation.meta, train=cfg.train, seed=cfg.run.seed,
             num_clients=self.federation.num_clients, make_model=self.make_model))
         self.store = ClientStateStore()
-        self.transport = SimulationTransport(
-            self.spec, cfg.algorithm.params, self.federation, cfg.train, cfg.run.seed,
-            self.make_model, self.store, on_nonfinite=cfg.run.on_nonfinite)
+        if transport is not None:
+            self.transport = transport(self)
+        else:
+            self.transport = SimulationTransport(
+                self.spec, cfg.algorithm.params, self.federation, cfg.train, cfg.run.seed,
+                self.make_model, self.store, on_nonfinite=cfg.run.on_nonfinite)
 
     # --- run folder -----------------------------------------------------
     @property
@@ -121,7 +129,7 @@ class Experiment:
                 server, clients, meta = checkpoint.load(ckpt)
                 self.server.load_state_dict(server)
                 self.store.load_state_dict(clients)
-                start = int(meta["round"]) + 1
+                start = int(meta["round"])  # rounds completed = index of the next round
             _truncate_metrics(d / "metrics.jsonl", start)
             _atomic_write(d / "config.toml", self.cfg.to_toml())
             return start
@@ -175,8 +183,9 @@ class Experiment:
         return summary
 
     def _checkpoint(self, rnd: int) -> None:
-        checkpoint.save(self.run_dir / "checkpoints", rnd, self.server.state_dict(),
-                        self.store.state_dict(), {"round": rnd}, keep=self.cfg.run.keep_checkpoints)
+        # named by rounds completed, like the metrics rows: round_00003 holds the state after round 3
+        checkpoint.save(self.run_dir / "checkpoints", rnd + 1, self.server.state_dict(),
+                        self.store.state_dict(), {"round": rnd + 1}, keep=self.cfg.run.keep_checkpoints)
 
     def _finish(self) -> dict:
         from mmfl.report import load_metrics, plot_accuracy, summarize
