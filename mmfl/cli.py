@@ -5,6 +5,7 @@
     mmfl list [KIND]               algorithms, datasets, partitioners, models + parameters
     mmfl partition [CONFIG]        per-client class counts of a config's partition
     mmfl report RUN [RUN ...]      comparison table (+ plot) of finished runs
+    mmfl flower ...                the same config on Flower (simulate, submit, loopback; docs/flower.md)
 
 A user error (bad path, unknown name, invalid value, corrupt file) prints one
 line ``mmfl: error: ...`` and exits with code 2.
@@ -69,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="compare finished runs: table and accuracy plot")
     p.add_argument("runs", nargs="+", help="run folders")
     p.add_argument("--plot", metavar="PNG", help="write the accuracy-per-round plot here")
+
+    from mmfl.flower.cli import add_flower_parser  # imports no Flower: cheap
+
+    add_flower_parser(sub)
     return parser
 
 
@@ -154,10 +159,16 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_flower(args) -> int:
+    from mmfl.flower.cli import main as flower_main
+
+    return flower_main(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"run": cmd_run, "demo": cmd_demo, "list": cmd_list,
-               "partition": cmd_partition, "report": cmd_report}[args.command]
+               "partition": cmd_partition, "report": cmd_report, "flower": cmd_flower}[args.command]
     try:
         return handler(args)
     except MMFLError as e:

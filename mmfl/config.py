@@ -86,6 +86,14 @@ class RunConfig:
     on_missing_reply: Literal["fail", "drop"] = field(
         default="drop", metadata={"help": "Flower: a client whose SuperNode did not reply in time or died: "
                                           "fail the run, or drop that client"})
+    batch_clients: bool = field(
+        default=False, metadata={"help": "train a round's clients together (vmap over stacked parameters) "
+                                         "where the algorithm and model allow it; equal to sequential "
+                                         "training within float tolerance, not bit for bit"})
+    state_store: Literal["auto", "memory", "disk"] = field(
+        default="auto", metadata={"help": "where persistent client state lives between rounds: memory, "
+                                          "disk (memory-mapped files in the run folder), or auto "
+                                          "(disk from 1,000 clients on)"})
 
     def __post_init__(self):
         if not self.name or "/" in self.name or self.name in (".", ".."):

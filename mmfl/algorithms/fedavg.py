@@ -14,10 +14,12 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from mmfl.algorithms import register
 from mmfl.algorithms.base import Client, Server
+from mmfl.engine.batched import BatchedClient, BatchedTask
 from mmfl.engine.message import Message
 from mmfl.engine.training import LossFn, cross_entropy_loss, load_into, local_train, state_of
 
@@ -69,7 +71,7 @@ class FedAvgServer(Server):
         return {} if loss is None else {"train_loss": loss}
 
 
-class FedAvgClient(Client):
+class FedAvgClient(Client, BatchedClient):
     def loss_fn(self, global_arrays: dict[str, Tensor]) -> LossFn:
         """The local objective; FedAvg: cross-entropy."""
         return cross_entropy_loss
@@ -84,6 +86,10 @@ class FedAvgClient(Client):
         hook = self.step_hook(model, msg)
         stats = local_train(model, self.ctx.data, self.ctx.train, self.ctx.generator(),
                             loss_fn=self.loss_fn(msg.arrays), after_step=hook)
+        return self.finish_train(model, msg, stats)
+
+    def finish_train(self, model, msg: Message, stats: dict) -> Message:
+        """The reply after local training ended at ``model`` (sequential or batched)."""
         self.after_train(model, msg, stats)
         return Message(arrays=state_of(model),
                        scalars={"num_examples": len(self.ctx.data), "train_loss": stats["train_loss"],
@@ -91,6 +97,16 @@ class FedAvgClient(Client):
 
     def after_train(self, model, msg: Message, stats: dict) -> None:
         """Update ``self.ctx.state`` after local training (MOON keeps the model here)."""
+
+    # --- batched training (mmfl.engine.batched): the same objective for one client of a stack
+    def batched_task(self, route: str, msg: Message) -> BatchedTask | None:
+        return BatchedTask(start=msg.arrays) if route == "train" else None
+
+    def batched_loss(self, forward, params, inputs, labels, extras, shared) -> Tensor:
+        return F.cross_entropy(forward(params, inputs)["logits"], labels, reduction="none")
+
+    def batched_finish(self, route: str, msg: Message, state: dict[str, Tensor], stats: dict) -> Message:
+        return self.finish_train(load_into(self.ctx.model("local"), state), msg, stats)
 
 
 register("fedavg", None, FedAvgServer, FedAvgClient,

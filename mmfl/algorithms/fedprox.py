@@ -43,6 +43,23 @@ class FedProxClient(FedAvgClient):
 
         return loss
 
+    def batched_task(self, route, msg):
+        task = super().batched_task(route, msg)
+        if task is not None and self.params.mu != 0:
+            names = param_names(self.ctx.model("local"))
+            task.shared = {"anchor": {n: msg.arrays[n].detach() for n in names}}
+        return task
+
+    def batched_penalty(self, params, extras, shared):
+        if self.params.mu == 0:
+            return None
+        anchor = shared["anchor"]  # mu/2 * ||w - w^t||^2, FedProx eq. 2
+        return self.params.mu / 2 * sum(((params[n] - a) ** 2).sum() for n, a in anchor.items())
+
+
+def param_names(model: nn.Module) -> list[str]:
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
 
 register("fedprox", FedProxParams, FedAvgServer, FedProxClient,
          help="FedProx: FedAvg + proximal term mu/2 ||w - w_global||^2 (Li et al. 2020)")

@@ -95,6 +95,37 @@ class MoonClient(FedAvgClient):
     def after_train(self, model, msg: Message, stats: dict) -> None:
         self.ctx.state.update({PREV + k: v for k, v in state_of(model).items()})
 
+    # --- batched training: the previous model is a per-client extra; clients with and
+    # without one train in separate groups (the latter have no l_con, as above)
+    def batched_task(self, route, msg):
+        task = super().batched_task(route, msg)
+        if task is None:
+            return None
+        prev = {k[len(PREV):]: v for k, v in self.ctx.state.items() if k.startswith(PREV)}
+        use_prev = bool(prev) and self.params.contrast == "cosine"
+        task.shared = {"global": {k: v.detach() for k, v in msg.arrays.items()}}
+        task.extras = {"prev": prev} if use_prev else {}
+        task.group = use_prev
+        return task
+
+    def batched_loss(self, forward, params, inputs, labels, extras, shared):
+        mu, tau = self.params.mu, self.params.tau
+        out = forward(params, inputs)
+        l_sup = F.cross_entropy(out["logits"], labels, reduction="none")  # line 13
+        if mu == 0:
+            return l_sup
+        z = out["rep"]  # line 14
+        z_glob = forward(shared["global"], inputs)["rep"].detach()  # line 15
+        if self.params.contrast == "l2":
+            return l_sup + mu * (z - z_glob).norm(dim=-1)
+        if "prev" not in extras:  # no previous model: l_con = 0
+            return l_sup
+        z_prev = forward(extras["prev"], inputs)["rep"].detach()  # line 16
+        logits = torch.stack([F.cosine_similarity(z, z_glob, dim=-1),
+                              F.cosine_similarity(z, z_prev, dim=-1)], dim=1) / tau  # line 17
+        l_con = F.cross_entropy(logits, torch.zeros(z.shape[0], dtype=torch.long), reduction="none")  # line 18
+        return l_sup + mu * l_con  # line 19
+
 
 register("moon", MoonParams, FedAvgServer, MoonClient,
          help="MOON: FedAvg + model-contrastive local loss (Li et al. CVPR 2021)")

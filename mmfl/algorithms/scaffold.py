@@ -95,7 +95,10 @@ class ScaffoldClient(FedAvgClient):
 
     def train(self, msg: Message) -> Message:
         self._full = msg  # the model part goes to FedAvg's loop, the variates to step_hook
-        reply = super().train(Message({k: v for k, v in msg.arrays.items() if not k.startswith(C)}, msg.scalars))
+        return self._update_variates(msg, super().train(_model_part(msg)))
+
+    def _update_variates(self, msg: Message, reply: Message) -> Message:
+        """c_i+ into the client's state and dc_i = c_i+ - c_i into the reply (Alg. 1, lines 12-13)."""
         names = [k[len(C):] for k in msg.arrays if k.startswith(C)]
         c, c_i = self._variates(msg, names)
         steps = int(reply.scalars["steps"])
@@ -106,6 +109,27 @@ class ScaffoldClient(FedAvgClient):
         self.ctx.state.update({C + k: v for k, v in new_c_i.items()})
         reply.arrays.update({DC + k: new_c_i[k] - c_i[k] for k in names})
         return reply
+
+    # --- batched training: the correction lr * (c - c_i) is a per-client extra
+    def batched_task(self, route, msg):
+        task = super().batched_task(route, _model_part(msg))
+        if task is not None:
+            names = [k[len(C):] for k in msg.arrays if k.startswith(C)]
+            c, c_i = self._variates(msg, names)
+            lr = self.ctx.train.lr
+            task.extras = {"correction": {k: lr * (c[k] - c_i[k]) for k in names}}
+        return task
+
+    def batched_step_hook(self, params, extras):
+        for k, corr in extras["correction"].items():  # y <- y - lr (c - c_i), after the step (Alg. 1, line 10)
+            params[k].sub_(corr)
+
+    def batched_finish(self, route, msg, state, stats):
+        return self._update_variates(msg, super().batched_finish(route, _model_part(msg), state, stats))
+
+
+def _model_part(msg: Message) -> Message:
+    return Message({k: v for k, v in msg.arrays.items() if not k.startswith(C)}, msg.scalars)
 
 
 register("scaffold", None, ScaffoldServer, ScaffoldClient,

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Callable
 
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
@@ -30,8 +32,10 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save(ckpt_root: Path, rnd: int, server: dict[str, Tensor], clients: dict[str, Tensor],
-         meta: dict, keep: int = 1) -> Path:
+def save(ckpt_root: Path, rnd: int, server: dict[str, Tensor],
+         clients: dict[str, Tensor] | Callable[[str], None], meta: dict, keep: int = 1) -> Path:
+    """``clients``: the client-state tensors, or a function writing them to the path it is
+    given (a disk-backed store streams its changes without holding them in memory)."""
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"round_{rnd:05d}"
     tmp = ckpt_root / f"round_{rnd:05d}.tmp"
@@ -39,7 +43,10 @@ def save(ckpt_root: Path, rnd: int, server: dict[str, Tensor], clients: dict[str
         shutil.rmtree(tmp)
     tmp.mkdir()
     save_file({k: v.contiguous() for k, v in server.items()}, str(tmp / "server.safetensors"))
-    save_file({k: v.contiguous() for k, v in clients.items()}, str(tmp / "clients.safetensors"))
+    if callable(clients):
+        clients(str(tmp / "clients.safetensors"))
+    else:
+        save_file({k: v.contiguous() for k, v in clients.items()}, str(tmp / "clients.safetensors"))
     _atomic_write_text(tmp / "meta.json", json.dumps(meta))
     if final.exists():
         shutil.rmtree(final)
@@ -62,11 +69,15 @@ def latest(ckpt_root: Path) -> Path | None:
     return path
 
 
-def load(path: Path) -> tuple[dict[str, Tensor], dict[str, Tensor], dict]:
+def load(path: Path, lazy_clients: bool = False) -> tuple[dict[str, Tensor], Mapping[str, Tensor], dict]:
+    """``lazy_clients``: the client part as a mapping that reads one tensor per access."""
+    from mmfl.engine.state import LazyTensors
+
     try:
         meta = json.loads((path / "meta.json").read_text())
         server = load_file(str(path / "server.safetensors"))
-        clients = load_file(str(path / "clients.safetensors"))
+        cpath = str(path / "clients.safetensors")
+        clients = LazyTensors(cpath) if lazy_clients else load_file(cpath)
     except (OSError, ValueError, SafetensorError) as e:
         raise MMFLError(f"{path}: checkpoint is unreadable ({e})") from None
     return server, clients, meta

@@ -29,7 +29,7 @@ from mmfl.data.base import Federation
 from mmfl.algorithms.base import Transport
 from mmfl.engine import checkpoint
 from mmfl.engine.simulation import SimulationTransport, derive_seed
-from mmfl.engine.state import ClientStateStore
+from mmfl.engine.state import make_store
 from mmfl.errors import ConfigError, MMFLError
 
 
@@ -96,13 +96,14 @@ class Experiment:
         self.server = self.spec.server(cfg.algorithm.params, ServerContext(
             meta=self.federation.meta, train=cfg.train, seed=cfg.run.seed,
             num_clients=self.federation.num_clients, make_model=self.make_model))
-        self.store = ClientStateStore()
+        self.store = make_store(cfg.run.state_store, self.federation.num_clients, cfg.run_dir / "client_state")
         if transport is not None:
             self.transport = transport(self)
         else:
             self.transport = SimulationTransport(
                 self.spec, cfg.algorithm.params, self.federation, cfg.train, cfg.run.seed,
-                self.make_model, self.store, on_nonfinite=cfg.run.on_nonfinite)
+                self.make_model, self.store, on_nonfinite=cfg.run.on_nonfinite,
+                batch_clients=cfg.run.batch_clients)
 
     # --- run folder -----------------------------------------------------
     @property
@@ -126,7 +127,7 @@ class Experiment:
             if ckpt is None:
                 start = 0
             else:
-                server, clients, meta = checkpoint.load(ckpt)
+                server, clients, meta = checkpoint.load(ckpt, lazy_clients=True)
                 self.server.load_state_dict(server)
                 self.store.load_state_dict(clients)
                 start = int(meta["round"])  # rounds completed = index of the next round
@@ -157,6 +158,7 @@ class Experiment:
             self.transport.begin_round(rnd)
             row: dict = {"round": rnd + 1, "clients": len(cohort)}
             row.update(self.server.round(rnd, cohort, self.transport))
+            row.update(getattr(self.transport, "batch_info", None) or {})  # batched clients, or why not
             train_comm = self.transport.log.summary()
             dropped = list(self.transport.log.dropped)  # before the evaluation resets the log
             row["train_time_s"] = time.perf_counter() - t0
@@ -185,7 +187,8 @@ class Experiment:
     def _checkpoint(self, rnd: int) -> None:
         # named by rounds completed, like the metrics rows: round_00003 holds the state after round 3
         checkpoint.save(self.run_dir / "checkpoints", rnd + 1, self.server.state_dict(),
-                        self.store.state_dict(), {"round": rnd + 1}, keep=self.cfg.run.keep_checkpoints)
+                        self.store.write_checkpoint, {"round": rnd + 1}, keep=self.cfg.run.keep_checkpoints)
+        self.store.commit()  # a disk store moves the round's changes into its files (see mmfl.engine.state)
 
     def _finish(self) -> dict:
         from mmfl.report import load_metrics, plot_accuracy, summarize

@@ -17,6 +17,7 @@ from torch import nn
 from mmfl.algorithms.base import AlgorithmSpec, ClientContext
 from mmfl.config import TrainConfig
 from mmfl.data.base import Federation
+from mmfl.engine.client_runtime import run_client
 from mmfl.engine.message import Message
 from mmfl.engine.state import ClientStateStore
 from mmfl.errors import MMFLError
@@ -66,7 +67,7 @@ class SimulationTransport:
 
     def __init__(self, spec: AlgorithmSpec, params, federation: Federation, train: TrainConfig,
                  seed: int, make_model: Callable[[], nn.Module], store: ClientStateStore,
-                 on_nonfinite: str = "fail"):
+                 on_nonfinite: str = "fail", batch_clients: bool = False):
         self.spec = spec
         self.params = params
         self.federation = federation
@@ -75,6 +76,8 @@ class SimulationTransport:
         self.make_model = make_model
         self.store = store
         self.on_nonfinite = on_nonfinite
+        self.batch_clients = batch_clients  # train a send's clients together (mmfl.engine.batched)
+        self.batch_info: dict = {}  # this round: clients trained batched, or why not
         self.num_clients = federation.num_clients
         self.log = CommLog()
         self.rnd = 0
@@ -85,26 +88,31 @@ class SimulationTransport:
         self.rnd = rnd
         self.log.reset()
         self._calls.clear()
+        self.batch_info = {}
 
     def _model(self, key: str) -> nn.Module:
         if key not in self._pool:
             self._pool[key] = self.make_model()
         return self._pool[key]
 
+    def _send_batched(self, route: str, messages: dict[int, Message]) -> tuple[dict[int, Message], dict[int, Message]]:
+        """Replies of the messages trained batched, and the messages left to deliver one by one."""
+        from mmfl.engine.batched import send_batched
+
+        return send_batched(self, route, messages)
+
     def send(self, route: str, messages: dict[int, Message]) -> dict[int, Message]:
-        replies: dict[int, Message] = {}
+        replies, messages = self._send_batched(route, messages)
         fed = self.federation
         for cid in sorted(messages):
             msg = messages[cid]
             call = self._calls[cid]
             self._calls[cid] += 1
-            ctx = ClientContext(
-                cid=cid, rnd=self.rnd, seed=derive_seed(self.seed, self.rnd, cid, route, call),
+            reply, state = run_client(
+                self.spec, self.params, cid=cid, rnd=self.rnd, route=route, call=call, msg=msg,
                 data=fed.clients[cid], test_data=fed.test, meta=fed.meta, train=self.train,
-                state=self.store.load(cid), model_pool=self._model, init_model=self.make_model,
+                seed=self.seed, state=self.store.load(cid), model_pool=self._model, init_model=self.make_model,
             )
-            torch.manual_seed(ctx.seed)  # dropout and any other torch-global randomness
-            reply = self.spec.client(self.params, ctx).handle(route, msg)
             bad = reply.nonfinite_key()
             self.log.record(route, cid, msg.nbytes(), reply.nbytes())
             if bad is not None:
@@ -113,6 +121,6 @@ class SimulationTransport:
                                     f"(round {self.rnd + 1}, route {route}); set on_nonfinite = \"drop\" to skip such clients")
                 self.log.dropped.append(cid)
                 continue  # its state is not saved either: the round never happened for it
-            self.store.save(cid, ctx.state)
+            self.store.save(cid, state)
             replies[cid] = reply
         return replies

@@ -1,0 +1,95 @@
+"""Target 2: batched clients (``batch_clients = true``) vs the plain PyTorch loop.
+
+    .venv/bin/python benchmarks/perf/batched.py                          # FedAvg, iid, 3 repeats
+    .venv/bin/python benchmarks/perf/batched.py --algorithm moon --partition dirichlet
+
+Times, interleaved: mmfl with batched clients, mmfl sequential and the plain loop
+(:func:`common.plain_fedavg`, FedAvg only) on the issue's workload, and checks that
+the batched run ends within float tolerance of the sequential one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (Timer, interleaved, load_average, memo_federation, paired_ratios, plain_fedavg,  # noqa: E402
+                    plain_inputs, summary, update_results, workload)
+
+from mmfl.config import load_config  # noqa: E402
+from mmfl.engine.runner import Experiment  # noqa: E402
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--per-round", type=int, default=10)
+    ap.add_argument("--algorithm", default="fedavg")
+    ap.add_argument("--partition", default="iid")
+    ap.add_argument("--no-plain", action="store_true", help="skip the plain loop (it is FedAvg only)")
+    ap.add_argument("--no-write", action="store_true")
+    a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    memo_federation()
+    extra = ["algorithm.mu=1.0"] if a.algorithm in ("moon",) else []
+    cfgs = {mode: load_config(None, workload(f"batched-{mode}", f"batch_clients={'true' if mode == 'batched' else 'false'}",
+                                             *extra, rounds=a.rounds, per_round=a.per_round,
+                                             partition=a.partition, algorithm=a.algorithm))
+            for mode in ("batched", "sequential")}
+    probe = Experiment(cfgs["sequential"], progress=False)
+    print(f"workload: {a.algorithm}, {a.partition}, {a.per_round} clients/round, {a.rounds} rounds; "
+          f"threads {torch.get_num_threads()}, load average {load_average():.1f}")
+    last = {}
+
+    def run(mode):
+        def f():
+            exp = Experiment(cfgs[mode], progress=False)
+            with Timer() as t:
+                exp.run(overwrite=True)
+            last[mode] = exp
+            return t
+        return f
+
+    variants = {"batched": run("batched"), "sequential": run("sequential")}
+    if a.algorithm == "fedavg" and not a.no_plain:
+        inputs = plain_inputs(probe)
+        variants["plain"] = lambda: plain_fedavg(**inputs)
+    print("warm-up ...", flush=True)
+    for f in variants.values():
+        f()
+    times = interleaved(variants, a.repeats)
+    b, s = last["batched"].server.state_dict(), last["sequential"].server.state_dict()
+    diff = max(float((b[k] - s[k]).abs().max()) for k in b)
+    res = {m: summary(t) for m, t in times.items()}
+    res["batched_vs_sequential"] = paired_ratios(times["sequential"], times["batched"])
+    if "plain" in times:
+        res["batched_vs_plain"] = paired_ratios(times["plain"], times["batched"])
+    res.update(final_model_max_abs_diff_vs_sequential=diff, threads=torch.get_num_threads(), repeats=a.repeats,
+               algorithm=a.algorithm, partition=a.partition, load_average=load_average(),
+               command="python benchmarks/perf/batched.py " + " ".join(argv if argv is not None else sys.argv[1:]))
+    for m in times:
+        print(f"{m:>10s}: wall min {res[m]['wall_min']:.2f} s median {res[m]['wall_median']:.2f} s; "
+              f"cpu min {res[m]['cpu_min']:.2f} s median {res[m]['cpu_median']:.2f} s")
+    for key in ("batched_vs_sequential", "batched_vs_plain"):
+        if key in res:
+            r = res[key]
+            print(f"speed-up {key}: wall {r['wall_median_of_pairs']:.2f}x (median of pairs), "
+                  f"{r['wall_min_over_min']:.2f}x (min/min); cpu {r['cpu_median_of_pairs']:.2f}x, "
+                  f"{r['cpu_min_over_min']:.2f}x")
+    print(f"batched vs sequential final model: max |diff| = {diff:.2e}")
+    if not a.no_write and "batched_vs_plain" in res:
+        r = res["batched_vs_plain"]
+        key = r["cpu_median_of_pairs"] if torch.get_num_threads() == 1 else r["wall_median_of_pairs"]
+        update_results({"batched_speedup": round(key, 3)}, f"batched_{a.algorithm}_{a.partition}", res)
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Shared pieces of the performance benchmarks: the issue's workload, the plain
+PyTorch reference loop, interleaved timing and the results file.
+
+The workload (issue 8): 100 clients, 10 per round, MOON's simple CNN on
+Fashion-MNIST (all 60,000 training images), 1 local epoch, 5 rounds, batch 64,
+SGD lr 0.01 momentum 0.9 (weight decay 1e-5, mmfl's default).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE.parent / "results"
+
+
+def workload(name: str, *extra: str, rounds: int = 5, clients: int = 100, per_round: int = 10,
+             partition: str = "iid", algorithm: str = "fedavg", out: str = "/tmp/mmfl-perf") -> list[str]:
+    """``--set`` overrides of the issue's workload."""
+    return ["data.name=fashion_mnist", f"partition.name={partition}", f"partition.num_clients={clients}",
+            f"clients_per_round={per_round}", "model.name=simple_cnn", f"algorithm.name={algorithm}",
+            "train.local_epochs=1", "train.batch_size=64", "train.lr=0.01", "train.momentum=0.9",
+            f"rounds={rounds}", f"eval_every={rounds}", f"output_dir={out}", f"name={name}", *extra]
+
+
+def plain_fedavg(X: torch.Tensor, Y: torch.Tensor, parts: list[torch.Tensor], cohorts: list[list[int]],
+                 seeds: list[dict[int, int]], make_model: Callable[[], torch.nn.Module], Xt: torch.Tensor,
+                 Yt: torch.Tensor, lr: float, momentum: float, weight_decay: float, batch: int, epochs: int):
+    """The reference: FedAvg written directly in PyTorch, no framework.
+
+    X, Y: all training images/labels; parts[c]: client c's row indices; cohorts[r]:
+    round r's clients; seeds[r][c]: the shuffling seed of client c in round r (the
+    same seeds mmfl derives, so both do exactly the same arithmetic). Returns the
+    final global model and its test accuracy.
+    """
+    glob, local = make_model(), make_model()
+    for rnd, cohort in enumerate(cohorts):
+        g_state = {k: v.clone() for k, v in glob.state_dict().items()}
+        total = sum(len(parts[c]) for c in cohort)
+        avg = {k: torch.zeros_like(v) for k, v in g_state.items()}
+        for cid in cohort:
+            local.load_state_dict(g_state)
+            local.train()
+            opt = torch.optim.SGD(local.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+            idx = parts[cid]
+            gen = torch.Generator().manual_seed(seeds[rnd][cid])
+            for _ in range(epochs):
+                perm = torch.randperm(len(idx), generator=gen)
+                for s in range(0, len(idx), batch):
+                    rows = idx[perm[s:s + batch]]
+                    if len(rows) < 2:
+                        continue
+                    opt.zero_grad(set_to_none=True)
+                    loss = F.cross_entropy(local({"image": X[rows]})["logits"], Y[rows])
+                    loss.backward()
+                    opt.step()
+            w = len(idx) / total
+            for k, v in local.state_dict().items():
+                avg[k] += w * v
+        glob.load_state_dict(avg)
+    glob.eval()
+    correct = 0
+    with torch.no_grad():
+        for s in range(0, len(Yt), 1000):
+            correct += int((glob({"image": Xt[s:s + 1000]})["logits"].argmax(1) == Yt[s:s + 1000]).sum())
+    return glob, correct / len(Yt)
+
+
+def plain_inputs(exp) -> dict:
+    """What :func:`plain_fedavg` needs, taken from an mmfl Experiment (outside any timing)."""
+    from mmfl.engine.runner import sample_cohort
+    from mmfl.engine.simulation import derive_seed
+
+    cfg, fed = exp.cfg, exp.federation
+    base = fed.clients[0]
+    parts = [c.indices for c in fed.clients]
+    cohorts = [sample_cohort(cfg, r, fed.num_clients) for r in range(cfg.run.rounds)]
+    seeds = [{c: derive_seed(cfg.run.seed, r, c, "train", 0) for c in cohorts[r]} for r in range(cfg.run.rounds)]
+    tr = cfg.train
+    return dict(X=base.features["image"], Y=base.labels, parts=parts, cohorts=cohorts, seeds=seeds,
+                make_model=exp.make_model, Xt=fed.test.features["image"], Yt=fed.test.labels, lr=tr.lr,
+                momentum=tr.momentum, weight_decay=tr.weight_decay, batch=tr.batch_size, epochs=tr.local_epochs)
+
+
+class Timer:
+    """Wall and CPU seconds of a block (CPU time is robust to other processes on a shared machine
+    when running one thread)."""
+
+    def __enter__(self):
+        self.w, self.c = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall, self.cpu = time.perf_counter() - self.w, time.process_time() - self.c
+
+
+def interleaved(variants: dict[str, Callable[[], None]], repeats: int) -> dict[str, list[tuple[float, float]]]:
+    """Run every variant ``repeats`` times, alternating the order each repeat; (wall, cpu) per run."""
+    names = list(variants)
+    out: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+    for r in range(repeats):
+        for n in (names if r % 2 == 0 else names[::-1]):
+            with Timer() as t:
+                inner = variants[n]()
+            if isinstance(inner, Timer):  # the variant timed its own core (setup excluded)
+                t = inner
+            out[n].append((t.wall, t.cpu))
+            print(f"  repeat {r + 1}: {n:>10s} wall {t.wall:7.2f} s  cpu {t.cpu:7.2f} s", flush=True)
+    return out
+
+
+def summary(times: list[tuple[float, float]]) -> dict:
+    walls, cpus = [w for w, _ in times], [c for _, c in times]
+    return {"wall_min": min(walls), "wall_median": statistics.median(walls),
+            "cpu_min": min(cpus), "cpu_median": statistics.median(cpus)}
+
+
+def paired_ratios(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> dict:
+    """a/b per repeat (adjacent runs share the machine's load), then the median; and min(a)/min(b)."""
+    wall = [x[0] / y[0] for x, y in zip(a, b)]
+    cpu = [x[1] / y[1] for x, y in zip(a, b)]
+    return {"wall_median_of_pairs": statistics.median(wall), "cpu_median_of_pairs": statistics.median(cpu),
+            "wall_min_over_min": min(x[0] for x in a) / min(y[0] for y in b),
+            "cpu_min_over_min": min(x[1] for x in a) / min(y[1] for y in b)}
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def update_results(key_values: dict, section: str, details: dict) -> Path:
+    """Merge figures into benchmarks/results/perf.json (keys of the issue + a details section)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / "perf.json"
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    for k in ("overhead_ratio", "batched_speedup", "peak_rss_gb_10k_clients", "public_agg_peak_extra_gb",
+              "flower_sim_ratio"):
+        data.setdefault(k, None)
+    data.update(key_values)
+    data.setdefault("details", {})[section] = details
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def memo_federation():
+    """Make Experiment reuse one loaded federation (read-only tensors), so a benchmark can
+    build a fresh Experiment per repeat without timing the data set's decoding."""
+    import mmfl.engine.runner as runner
+
+    if getattr(runner.build_federation, "_memo", False):
+        return
+    orig, cache = runner.build_federation, {}
+
+    def build(cfg, pooled=False):
+        key = (json.dumps(cfg.to_dict()["data"], sort_keys=True), json.dumps(cfg.to_dict()["partition"],
+                                                                               sort_keys=True), cfg.run.seed, pooled)
+        if key not in cache:
+            cache[key] = orig(cfg, pooled)
+        return cache[key]
+
+    build._memo = True
+    runner.build_federation = build

@@ -1,0 +1,88 @@
+"""Terms over a public set, computed in row chunks so memory stays bounded.
+
+CreamFL's global-local contrastive aggregation (GCA; Yu et al., ICLR 2023,
+section 3.3) scores each client's representation of public sample k by how well
+it matches the *other* modality's global representation of the same sample
+against all other public samples, then averages the clients' representations
+with softmax-over-clients weights:
+
+    s^(k,c) = log softmax_j( i_local^(k,c) . t_global^(j) ) [j = k]     (eq. 4, as the authors' code computes it)
+    alpha^(k,.) = softmax_c( s^(k,1), ..., s^(k,C) )                     (eq. 5)
+    i^(k) = sum_c alpha^(k,c) i_local^(k,c)                              (eq. 6)
+
+and symmetrically for text (local text against global images). The authors'
+code takes ``diag(log_softmax(local_img @ global_txt.T))`` over the full
+``|P| x |P|`` matrix (50,000^2 floats = 10 GB; their issue #10 is the OOM);
+here each client's rows go through in chunks, so the extra memory is about
+``2 * chunk * |P|`` floats whatever ``|P|`` is. ``exclude_positive=True`` gives
+the paper's printed eq. 4, whose denominator sums over ``j != k`` only.
+
+All functions are pure: tensors in, tensors out.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+DEFAULT_CHUNK = 1024  # rows per chunk: 2 x 1024 x 50,000 floats = 410 MB of temporaries
+
+
+def global_local_contrastive_scores(local: Tensor, global_other: Tensor, chunk: int = DEFAULT_CHUNK,
+                                    exclude_positive: bool = False) -> Tensor:
+    """s^(k,c) of eq. 4.
+
+    local: ``[C, P, d]`` client representations of the public set (one modality);
+    global_other: ``[P, d]`` the server's representations of the other modality.
+    Returns ``[C, P]`` (float32). Memory: ``chunk x P`` logits (plus as much for
+    the exponentials) at a time.
+    """
+    C, P, d = local.shape
+    if global_other.shape != (P, d):
+        raise ValueError(f"global_other: expected shape {(P, d)}, got {tuple(global_other.shape)}")
+    out = torch.empty(C, P, dtype=torch.float32)
+    g_t = global_other.t()
+    for c in range(C):
+        for s in range(0, P, chunk):
+            e = min(P, s + chunk)
+            rows = local[c, s:e]
+            logits = rows @ g_t  # [chunk, P]
+            positive = (rows * global_other[s:e]).sum(-1)  # the diagonal, i_local^(k) . t_global^(k)
+            if exclude_positive:
+                logits[torch.arange(e - s), torch.arange(s, e)] = float("-inf")
+            out[c, s:e] = positive - torch.logsumexp(logits, dim=1)
+            del logits
+    return out
+
+
+def global_local_contrastive_weights(scores: Tensor) -> Tensor:
+    """alpha of eq. 5: softmax over clients of ``scores [C, P]``; returns ``[C, P]``."""
+    return torch.softmax(scores, dim=0)
+
+
+def aggregate_representations(local: Tensor, weights: Tensor, chunk: int = 8192) -> Tensor:
+    """Eq. 6: ``sum_c weights[c, k] * local[c, k]``; local ``[C, P, d]``, weights ``[C, P]`` -> ``[P, d]``."""
+    C, P, d = local.shape
+    out = torch.empty(P, d, dtype=local.dtype)
+    for s in range(0, P, chunk):
+        e = min(P, s + chunk)
+        out[s:e] = torch.einsum("cp,cpd->pd", weights[:, s:e].to(local.dtype), local[:, s:e])
+    return out
+
+
+def global_local_contrastive_aggregation(local_img: Tensor, global_txt: Tensor, local_txt: Tensor | None = None,
+                                         global_img: Tensor | None = None, chunk: int = DEFAULT_CHUNK,
+                                         exclude_positive: bool = False) -> tuple[Tensor, Tensor | None]:
+    """CreamFL's GCA for both modalities: image reps scored against global text, text reps
+    against global images (eq. 4-6). local_*: ``[C, P, d]`` (the clients holding that
+    modality); global_*: ``[P, d]``. Returns ``(aggregated images [P, d], aggregated texts [P, d] or None)``.
+    """
+    img = aggregate_representations(local_img, global_local_contrastive_weights(
+        global_local_contrastive_scores(local_img, global_txt, chunk, exclude_positive)))
+    txt = None
+    if local_txt is not None:
+        if global_img is None:
+            raise ValueError("local_txt needs global_img")
+        txt = aggregate_representations(local_txt, global_local_contrastive_weights(
+            global_local_contrastive_scores(local_txt, global_img, chunk, exclude_positive)))
+    return img, txt

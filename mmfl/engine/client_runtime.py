@@ -1,0 +1,59 @@
+"""Running one client message: the code every transport shares.
+
+The in-process :class:`~mmfl.engine.simulation.SimulationTransport` and the
+Flower ``ClientApp`` (:mod:`mmfl.flower.client_app`) both deliver a message by
+calling :func:`run_client`, so a client computes the same reply, from the same
+seed, on either transport. The caller owns what differs: where the client's
+data, model pool and persistent state come from, and where the new state goes
+(the engine's store in simulation, Flower's ``context.state`` on a SuperNode).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from mmfl.algorithms.base import AlgorithmSpec, ClientContext
+from mmfl.config import TrainConfig
+from mmfl.data.base import ArrayDataset, DatasetMeta
+from mmfl.engine.message import Message
+
+
+def run_client(
+    spec: AlgorithmSpec,
+    params,
+    *,
+    cid: int,
+    rnd: int,
+    route: str,
+    call: int,
+    msg: Message,
+    data: ArrayDataset,
+    test_data: ArrayDataset | None,
+    meta: DatasetMeta,
+    train: TrainConfig,
+    seed: int,
+    state: dict[str, Tensor],
+    model_pool: Callable[[str], nn.Module],
+    init_model: Callable[[], nn.Module],
+) -> tuple[Message, dict[str, Tensor]]:
+    """Deliver ``msg`` on ``route`` to client ``cid``; return ``(reply, new_state)``.
+
+    ``seed`` is the run seed; the client's seed is derived from it and the
+    message's coordinates (round, client, route, ``call`` = how many messages
+    this client already received this round), so it does not depend on the
+    transport or on which process runs the client. The caller decides whether
+    to keep ``new_state`` (neither transport keeps it for a rejected reply).
+    """
+    from mmfl.engine.simulation import derive_seed  # lazy: simulation imports this module
+
+    ctx = ClientContext(
+        cid=cid, rnd=rnd, seed=derive_seed(seed, rnd, cid, route, call),
+        data=data, test_data=test_data, meta=meta, train=train,
+        state=state, model_pool=model_pool, init_model=init_model,
+    )
+    torch.manual_seed(ctx.seed)  # dropout and any other torch-global randomness
+    reply = spec.client(params, ctx).handle(route, msg)
+    return reply, ctx.state

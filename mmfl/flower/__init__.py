@@ -1,0 +1,19 @@
+"""mmfl on Flower (``pip install "mmfl[flower]"``, flwr 1.41).
+
+- :mod:`mmfl.flower.records`: mmfl messages <-> Flower ``RecordDict``;
+- :mod:`mmfl.flower.transport`: ``FlowerTransport``, the engine's transport over a Flower ``Grid``;
+- :mod:`mmfl.flower.server_app` / :mod:`mmfl.flower.client_app`: the ``ServerApp`` (the
+  :class:`~mmfl.engine.runner.Experiment` round loop) and the ``ClientApp``;
+- :mod:`mmfl.flower.simulation`: Flower's simulation engine (Ray);
+- :mod:`mmfl.flower.deploy`: ``flwr run`` submission and a loopback deployment;
+- ``app/``: the Flower app folder ``flwr run`` takes.
+
+See docs/flower.md.
+"""
+
+import os
+
+# Flower phones home (telemetry, update checks) unless told not to; mmfl opts out
+# unless the user set these variables.
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")

@@ -1,0 +1,162 @@
+"""``mmfl flower ...``: run an mmfl config on Flower (see docs/flower.md).
+
+    mmfl flower simulate CONFIG [--set k=v] [--num-supernodes N]    Flower's simulation engine (Ray)
+    mmfl flower submit CONFIG --superlink HOST:PORT [--root-certificates CA | --insecure]
+                                                                     a run on a real deployment
+    mmfl flower loopback CONFIG [--num-supernodes N]                 SuperLink + SuperNodes on 127.0.0.1
+    mmfl flower run-config CONFIG -o FILE                            the --run-config file of `flwr run`
+    mmfl flower app                                                  the Flower app folder `flwr run` takes
+
+This module imports nothing heavy: Flower is imported when a command runs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from mmfl.errors import MMFLError
+
+
+def add_flower_parser(sub) -> None:
+    p = sub.add_parser("flower", help="run a config on Flower: simulation engine, loopback or real deployment",
+                       description="Run an mmfl config, unchanged, on Flower (needs mmfl[flower]); see docs/flower.md.")
+    fsub = p.add_subparsers(dest="flower_command", required=True)
+
+    def config_args(q):
+        q.add_argument("config", help="experiment config (TOML), as for `mmfl run`")
+        q.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config value (repeatable)")
+
+    q = fsub.add_parser("simulate", help="Flower's simulation engine (Ray backend) in this process")
+    config_args(q)
+    q.add_argument("--num-supernodes", type=int, default=0, help="virtual SuperNodes (default: one per client)")
+    q.add_argument("--ray-cpus", type=int, default=0, help="CPUs Ray may use (default: all)")
+    q.add_argument("--cpus-per-client", type=float, default=1.0, help="CPUs per ClientApp actor (default 1)")
+    q.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    q.add_argument("--verbose", action="store_true", help="Flower's and Ray's logs")
+
+    q = fsub.add_parser("submit", help="submit a run to a SuperLink (flwr run of mmfl's Flower app)")
+    config_args(q)
+    q.add_argument("--superlink", metavar="HOST:PORT", help="the SuperLink's address")
+    q.add_argument("--root-certificates", metavar="CA.crt", help="CA certificate that signed the SuperLink's TLS cert")
+    q.add_argument("--insecure", action="store_true", help="no TLS (loopback tests only)")
+    q.add_argument("--connection", metavar="NAME",
+                   help="use this SuperLink connection of your Flower configuration ($FLWR_HOME/config.toml) "
+                        "instead of --superlink")
+    q.add_argument("--overwrite", action="store_true", help="replace an existing run folder on the SuperLink side")
+    q.add_argument("--no-wait", action="store_true", help="return once the run started")
+
+    q = fsub.add_parser("loopback", help="start a SuperLink and SuperNodes on 127.0.0.1, run, stop them")
+    config_args(q)
+    q.add_argument("--num-supernodes", type=int, default=0, help="SuperNodes (default: one per client)")
+    q.add_argument("--workdir", help="where the processes' logs go (default: a temporary folder)")
+    q.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+
+    q = fsub.add_parser("run-config", help="write the --run-config file for `flwr run <app folder> ...`")
+    config_args(q)
+    q.add_argument("-o", "--output", required=True, help="file to write")
+    q.add_argument("--overwrite", action="store_true", help="the run replaces an existing run folder")
+
+    fsub.add_parser("app", help="print the Flower app folder (for `flwr run`)")
+
+
+def _cfg(args):
+    from mmfl.config import load_config
+
+    return load_config(args.config, args.overrides)
+
+
+def _check_fresh(cfg, overwrite: bool) -> None:
+    d = cfg.run_dir
+    if d.exists() and any(d.iterdir()) and not overwrite:
+        raise MMFLError(f"{d}: run folder exists; use --overwrite to replace it, or --set name=<new name>")
+
+
+def main(args) -> int:
+    import mmfl.flower  # noqa: F401  (Flower's telemetry off unless asked for)
+
+    try:
+        import flwr  # noqa: F401
+    except ImportError:
+        raise MMFLError('Flower is not installed: pip install -e ".[flower]" (flwr[simulation]==1.41.0)') from None
+    from mmfl.flower import deploy
+
+    cmd = args.flower_command
+    if cmd == "app":
+        print(deploy.APP_DIR)
+        return 0
+    cfg = _cfg(args)
+    if cmd == "run-config":
+        deploy.write_run_config(cfg, Path(args.output), args.overwrite)
+        print(f"run config: {args.output}\nsubmit: flwr run {deploy.APP_DIR} <connection> --run-config {args.output}")
+        return 0
+    if cmd == "simulate":
+        from mmfl.flower.simulation import simulate
+
+        _check_fresh(cfg, args.overwrite)
+        summary = simulate(cfg, num_supernodes=args.num_supernodes or None, overwrite=args.overwrite,
+                           ray_cpus=args.ray_cpus or None, cpus_per_client=args.cpus_per_client, verbose=args.verbose)
+        print(json.dumps(summary, indent=2))
+        print(f"results: {cfg.run_dir}")
+        return 0
+    if cmd == "loopback":
+        return _loopback(args, cfg, deploy)
+    return _submit(args, cfg, deploy)
+
+
+def _loopback(args, cfg, deploy) -> int:
+    from mmfl.config import apply_overrides, resolve
+    from mmfl.flower.simulation import count_clients
+
+    cfg = resolve(apply_overrides(cfg.to_dict(), [f"output_dir={json.dumps(str(Path(cfg.run.output_dir).resolve()))}"]))
+    _check_fresh(cfg, args.overwrite)
+    n = args.num_supernodes or count_clients(cfg)
+    tmp = None if args.workdir else tempfile.mkdtemp(prefix="mmfl-flower-")
+    workdir = Path(args.workdir or tmp)
+    try:
+        with deploy.LocalDeployment(n, workdir) as dep:
+            run_id = dep.submit(cfg, overwrite=args.overwrite)
+            print(f"run {run_id}: {n} SuperNodes on 127.0.0.1:{dep.port} (logs in {workdir})", flush=True)
+            status = dep.wait(run_id, done_file=cfg.run_dir / "summary.json")
+            if status != "finished:completed":
+                print(dep.run_log(run_id)[-3000:], file=sys.stderr)
+                raise MMFLError(f"run {run_id} {status} (SuperLink log: {workdir / 'superlink.log'})")
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print((cfg.run_dir / "summary.json").read_text())
+    print(f"results: {cfg.run_dir}")
+    return 0
+
+
+def _submit(args, cfg, deploy) -> int:
+    import os
+
+    if args.connection:
+        home = Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
+        conn, tmp = args.connection, None
+    else:
+        if not args.superlink:
+            raise MMFLError("submit: give --superlink HOST:PORT (or --connection NAME)")
+        if not args.insecure and not args.root_certificates:
+            raise MMFLError("submit: give --root-certificates CA.crt (TLS), or --insecure for a loopback test")
+        tmp = tempfile.mkdtemp(prefix="mmfl-flwr-home-")
+        home, conn = Path(tmp), "mmfl"
+        deploy.write_connection(home, conn, args.superlink, args.insecure, args.root_certificates)
+    try:
+        run_id = deploy.submit(cfg, conn, home, overwrite=args.overwrite)
+        print(f"run {run_id} started; results go to {cfg.run_dir} on the SuperLink's machine", flush=True)
+        if args.no_wait:
+            return 0
+        status = deploy.wait(run_id, conn, home)
+        print(deploy.run_log(run_id, conn, home)[-4000:])
+        if status != "finished:completed":
+            raise MMFLError(f"run {run_id} {status}")
+        return 0
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)

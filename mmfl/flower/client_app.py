@@ -1,0 +1,177 @@
+"""The mmfl ``ClientApp``: runs an algorithm's client part on a SuperNode.
+
+Which clients a SuperNode hosts comes from its ``--node-config``:
+
+- ``partition-id=K num-partitions=P``: the mmfl clients ``c`` with
+  ``c % P == K`` (one client per SuperNode when ``P`` equals the run's
+  ``partition.num_clients``; Flower's simulation engine sets these keys too);
+- or ``client-ids="3,7,9"``: exactly those clients;
+- ``data.<key>=<value>`` / ``partition.<key>=<value>``: override that value of
+  the run's config on this node only (e.g. ``data.root="/mnt/fmnist"``, where
+  this machine keeps the data set).
+
+The SuperNode builds its clients' data itself, from the run's ``[data]`` and
+``[partition]`` config and seed (the same deterministic split the server and
+the simulator make); no client data ever comes from the server. Persistent
+client state (``ctx.state``) lives in Flower's ``context.state``, one
+``ArrayRecord`` per hosted client. Every message is delivered by
+:func:`mmfl.engine.client_runtime.run_client`, as in the simulator.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from flwr.app import ConfigRecord, Context, Message as FlowerMessage, RecordDict
+from flwr.clientapp import ClientApp
+from torch import nn
+
+from mmfl.config import ExperimentConfig, apply_overrides, resolve
+from mmfl.engine.client_runtime import run_client
+from mmfl.errors import MMFLError
+from mmfl.flower.records import decode, encode, record_to_state, state_to_record
+
+CONFIG_KEY = "mmfl-config"  # run config: the resolved mmfl config, as TOML text
+STATE = "mmfl.state."  # context.state: one ArrayRecord per client (+ ".odd" config of viewed dtypes)
+
+
+@dataclass
+class RunEnv:
+    """What the clients of a run need on this machine (built once per process and run)."""
+
+    cfg: ExperimentConfig
+    spec: object
+    federation: object
+    make_model: Callable[[], nn.Module]
+    pool: dict[str, nn.Module] = field(default_factory=dict)
+
+    def model(self, key: str) -> nn.Module:
+        if key not in self.pool:
+            self.pool[key] = self.make_model()
+        return self.pool[key]
+
+
+@dataclass
+class NodeEnv:
+    """A run's environment and the clients this SuperNode hosts."""
+
+    run: RunEnv
+    cids: list[int]
+
+
+_RUNS: dict[str, RunEnv] = {}  # one entry: a process serves one run at a time (a Ray actor, many nodes)
+
+
+def node_overrides(node_config: dict) -> list[str]:
+    """``data.*``/``partition.*`` node-config entries as ``--set`` overrides."""
+    return [f"{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in sorted(node_config.items())
+            if k.split(".", 1)[0] in ("data", "partition") and "." in k]
+
+
+def hosted_clients(node_config: dict, num_clients: int) -> list[int]:
+    if "client-ids" in node_config:
+        raw = str(node_config["client-ids"]).replace(",", " ").split()
+        try:
+            return sorted({int(c) for c in raw})
+        except ValueError:
+            raise MMFLError(f"node config client-ids={node_config['client-ids']!r}: expected ids like \"0,3,7\"") from None
+    if "partition-id" not in node_config:
+        raise MMFLError("node config has no partition-id (start the SuperNode with "
+                        "--node-config \"partition-id=K num-partitions=P\")")
+    k = int(node_config["partition-id"])
+    p = int(node_config.get("num-partitions", num_clients))
+    if not 0 <= k < p:
+        raise MMFLError(f"node config partition-id={k} is not in [0, num-partitions={p})")
+    return [c for c in range(num_clients) if c % p == k]
+
+
+def node_env(config_text: str, node_config: dict) -> NodeEnv:
+    """This node's environment for a run (the data set is built once per process)."""
+    overrides = node_overrides(node_config)
+    key = hashlib.sha256((config_text + repr(overrides)).encode()).hexdigest()
+    if key not in _RUNS:
+        from mmfl.algorithms import ALGORITHMS
+        from mmfl.engine.runner import build_federation, model_factory
+
+        cfg = resolve(apply_overrides(tomllib.loads(config_text), overrides))
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        spec = ALGORITHMS.get(cfg.algorithm.name).factory
+        fed = build_federation(cfg, pooled=spec.pooled)
+        _RUNS.clear()
+        _RUNS[key] = RunEnv(cfg, spec, fed, model_factory(cfg, fed.meta))
+    run = _RUNS[key]
+    return NodeEnv(run, hosted_clients(node_config, run.federation.num_clients))
+
+
+def load_state(state: RecordDict, cid: int) -> dict:
+    rec = state.array_records.get(f"{STATE}{cid}")
+    if rec is None:
+        return {}
+    odd = state.config_records.get(f"{STATE}{cid}.odd")
+    return record_to_state(rec, list(odd["odd"]) if odd else None)
+
+
+def save_state(state: RecordDict, cid: int, tensors: dict) -> None:
+    for k in (f"{STATE}{cid}", f"{STATE}{cid}.odd"):
+        if k in state:
+            del state[k]
+    if tensors:
+        rec, odd = state_to_record(tensors)
+        state[f"{STATE}{cid}"] = rec
+        if odd:
+            state[f"{STATE}{cid}.odd"] = ConfigRecord({"odd": odd})
+
+
+def handle(msg: FlowerMessage, context: Context, config_text: str | None = None) -> FlowerMessage:
+    """Deliver one Flower message (the mmfl messages of one or more hosted clients)."""
+    from mmfl.flower.transport import fingerprint
+
+    text = context.run_config.get(CONFIG_KEY) or config_text
+    if not text:
+        raise MMFLError(f"the run config has no {CONFIG_KEY!r} (submit with `mmfl flower submit`)")
+    env = node_env(text, dict(context.node_config))
+    run = env.run
+    fed, cfg = run.federation, run.cfg
+    if msg.metadata.message_type.startswith("query."):  # hello: which clients live here
+        fps = [x for c in env.cids for x in fingerprint(fed.clients[c])]
+        info = ConfigRecord({"cids": env.cids, "fingerprints": fps})
+        return FlowerMessage(RecordDict({"mmfl": info}), reply_to=msg)
+    messages, meta = decode(msg.content)
+    route, rnd = str(meta["route"]), int(meta["rnd"])
+    replies = {}
+    for cid, call in zip(messages, meta["calls"]):
+        if cid not in env.cids:
+            raise MMFLError(f"this SuperNode does not host client {cid} (it hosts {env.cids})")
+        reply, new_state = run_client(
+            run.spec, cfg.algorithm.params, cid=cid, rnd=rnd, route=route, call=int(call), msg=messages[cid],
+            data=fed.clients[cid], test_data=fed.test, meta=fed.meta, train=cfg.train,
+            seed=cfg.run.seed, state=load_state(context.state, cid), model_pool=run.model,
+            init_model=run.make_model)
+        if reply.nonfinite_key() is None:  # as in the simulator: a rejected reply keeps no state
+            save_state(context.state, cid, new_state)
+        replies[cid] = reply
+    return FlowerMessage(encode(replies, route=route, rnd=rnd), reply_to=msg)
+
+
+class MMFLClientApp(ClientApp):
+    """A ClientApp that accepts every ``train.*``/``evaluate.*``/``query.*`` message
+    type (mmfl routes are open-ended) and hands it to :func:`handle`."""
+
+    def __init__(self, config_text: str | None = None):
+        super().__init__()
+        self.config_text = config_text
+
+    def __call__(self, message: FlowerMessage, context: Context) -> FlowerMessage:
+        return handle(message, context, self.config_text)
+
+
+def make_client_app(config_text: str | None = None) -> ClientApp:
+    """The ClientApp; ``config_text`` is used when the run config carries none
+    (Flower's Python simulation API has no run config)."""
+    return MMFLClientApp(config_text)

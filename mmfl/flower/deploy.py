@@ -1,0 +1,246 @@
+"""Submitting runs to a Flower deployment, and a loopback deployment on 127.0.0.1.
+
+:func:`submit` is ``flwr run`` of mmfl's Flower app (:data:`APP_DIR`) with the
+mmfl config in the run config. :class:`LocalDeployment` starts a SuperLink and
+SuperNodes as real processes on this machine (insecure: loopback only); the
+tests and the benchmark use it, and so does ``mmfl flower loopback``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import tomli_w
+
+from mmfl.config import ExperimentConfig
+from mmfl.errors import MMFLError
+from mmfl.flower.client_app import CONFIG_KEY
+from mmfl.flower.server_app import OVERWRITE_KEY
+
+APP_DIR = Path(__file__).resolve().parent / "app"
+BIN = Path(sys.executable).parent  # flwr, flower-superlink, flower-supernode live beside python
+
+
+def flower_env(flwr_home: str | Path | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    env.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+    env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")  # start a ClientApp/ServerApp task sooner (default 1s)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    if flwr_home is not None:
+        env["FLWR_HOME"] = str(flwr_home)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_run_config(cfg: ExperimentConfig, path: Path, overwrite: bool = False) -> Path:
+    """The ``--run-config`` file of ``flwr run``: the resolved mmfl config as text."""
+    path.write_text(tomli_w.dumps({CONFIG_KEY: cfg.to_toml(), OVERWRITE_KEY: bool(overwrite)}))
+    return path
+
+
+def write_connection(flwr_home: Path, name: str, address: str, insecure: bool,
+                     root_certificates: str | None = None) -> None:
+    """A Flower configuration (``$FLWR_HOME/config.toml``) with one SuperLink connection."""
+    conn: dict = {"address": address}
+    if insecure:
+        conn["insecure"] = True
+    elif root_certificates:
+        conn["root-certificates"] = str(Path(root_certificates).resolve())
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    (flwr_home / "config.toml").write_text(tomli_w.dumps({"superlink": {"default": name, name: conn}}))
+
+
+def _flwr(args: list[str], env: dict, timeout: float = 120) -> str:
+    proc = subprocess.run([str(BIN / "flwr"), *args], env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-5:]
+        raise MMFLError(f"flwr {args[0]} failed: {' '.join(tail)}")
+    return proc.stdout
+
+
+def submit(cfg: ExperimentConfig, connection: str, flwr_home: Path, overwrite: bool = False) -> int:
+    """Start ``cfg`` on the SuperLink of ``connection``; the Flower run id."""
+    env = flower_env(flwr_home)
+    with tempfile.TemporaryDirectory() as tmp:
+        rc = write_run_config(cfg, Path(tmp) / "run_config.toml", overwrite)
+        out = _flwr(["run", str(APP_DIR), connection, "--run-config", str(rc), "--format", "json"], env)
+    try:
+        res = json.loads(out[out.index("{"):])
+    except ValueError:
+        raise MMFLError(f"flwr run: unexpected output {out.strip()[-300:]!r}") from None
+    if not res.get("success") or res.get("run-id") is None:
+        why = " ".join(str(res.get("error-message", res)).split())
+        raise MMFLError(f"flwr run failed: {why}")
+    return int(res["run-id"])
+
+
+def run_status(run_id: int, connection: str, flwr_home: Path) -> str:
+    """``flwr ls --run-id`` in this process (a ``flwr`` process per poll costs a second of CPU)."""
+    import contextlib
+    import io
+
+    from flwr.cli.flower_config import read_superlink_connection
+    from flwr.cli.utils import init_http_client_from_connection
+    from flwr.common.serde import run_from_proto
+    from flwr.proto.control_pb2 import ListRunsRequest
+
+    old = os.environ.get("FLWR_HOME")
+    os.environ["FLWR_HOME"] = str(flwr_home)
+    client = None
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # it announces the connection
+            client = init_http_client_from_connection(read_superlink_connection(connection))
+        res = client.ListRuns(ListRunsRequest(run_id=run_id))
+    except Exception as e:  # noqa: BLE001 - any failure to ask is reported the same way
+        raise MMFLError(f"cannot get the status of run {run_id} from SuperLink {connection!r}: {e}") from None
+    finally:
+        if client is not None:
+            client.close()
+        if old is None:
+            os.environ.pop("FLWR_HOME", None)
+        else:
+            os.environ["FLWR_HOME"] = old
+    runs = [run_from_proto(p) for p in res.run_dict.values()]
+    if not runs:
+        return "unknown"
+    st = runs[0].status
+    return f"{st.status}:{st.sub_status}" if st.sub_status else st.status
+
+
+def run_log(run_id: int, connection: str, flwr_home: Path) -> str:
+    try:
+        return _flwr(["log", str(run_id), connection, "--show"], flower_env(flwr_home), timeout=60)
+    except (MMFLError, subprocess.TimeoutExpired) as e:
+        return f"(no log: {e})"
+
+
+def wait(run_id: int, connection: str, flwr_home: Path, timeout: float = 24 * 3600, poll: float = 2.0,
+         done_file: Path | None = None) -> str:
+    """Block until the run finishes; its final status (``finished:completed`` on success).
+
+    The SuperLink is asked every ``poll`` seconds; with ``done_file`` (the run's
+    summary.json, when the SuperLink writes to this machine) it is also asked as
+    soon as that file appears.
+    """
+    deadline = time.monotonic() + timeout
+    next_ask = 0.0
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        if now >= next_ask or (done_file is not None and done_file.is_file()):
+            status = run_status(run_id, connection, flwr_home)
+            if status.startswith("finished"):
+                return status
+            next_ask = now + poll
+        time.sleep(0.2)
+    raise MMFLError(f"run {run_id} did not finish within {timeout:.0f}s")
+
+
+class LocalDeployment:
+    """A SuperLink and ``num_supernodes`` SuperNodes on 127.0.0.1 (insecure), as
+    real processes in their own process groups; :meth:`stop` ends them all."""
+
+    def __init__(self, num_supernodes: int, workdir: Path, num_partitions: int | None = None,
+                 node_configs: list[str] | None = None):
+        self.workdir = Path(workdir).resolve()
+        self.home = self.workdir / "flwr_home"
+        self.port = free_port()
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.env = flower_env(self.home)
+        p = num_partitions or num_supernodes
+        self.node_configs = node_configs or [f"partition-id={k} num-partitions={p}" for k in range(num_supernodes)]
+        write_connection(self.home, "loopback", f"127.0.0.1:{self.port}", insecure=True)
+
+    def _start(self, name: str, cmd: list[str]) -> None:
+        log = open(self.workdir / f"{name}.log", "w")
+        self.procs[name] = subprocess.Popen(cmd, cwd=self.workdir, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+
+    def start(self) -> "LocalDeployment":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._start("superlink", [str(BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1",
+                                  "--port", str(self.port), "--disable-runtime-dependency-installation"])
+        self._wait_port(self.port, "superlink")
+        for k, nc in enumerate(self.node_configs):
+            self.start_node(k, nc)
+        return self
+
+    def start_node(self, k: int, node_config: str) -> None:
+        self._start(f"supernode{k}", [str(BIN / "flower-supernode"), "--insecure",
+                                      "--superlink", f"127.0.0.1:{self.port}", "--port", str(free_port()),
+                                      "--node-config", node_config])
+
+    def _wait_port(self, port: int, name: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.procs[name].poll() is not None:
+                raise MMFLError(f"{name} exited: {self.log(name)[-500:]}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            time.sleep(0.2)
+        raise MMFLError(f"{name} did not open port {port} within {timeout:.0f}s")
+
+    def log(self, name: str) -> str:
+        p = self.workdir / f"{name}.log"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def submit(self, cfg: ExperimentConfig, overwrite: bool = False) -> int:
+        return submit(cfg, "loopback", self.home, overwrite)
+
+    def wait(self, run_id: int, timeout: float = 24 * 3600, poll: float = 2.0, done_file: Path | None = None) -> str:
+        return wait(run_id, "loopback", self.home, timeout, poll, done_file)
+
+    def run_log(self, run_id: int) -> str:
+        return run_log(run_id, "loopback", self.home)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to a process and its children: SIGKILL is a crash, SIGTERM a shutdown."""
+        proc = self.procs.get(name)
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.procs.values())):  # terminate politely: nodes first, then the link
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        for name, proc in self.procs.items():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group is left
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def __enter__(self) -> "LocalDeployment":
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

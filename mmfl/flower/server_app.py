@@ -1,0 +1,71 @@
+"""The mmfl ``ServerApp``: the round loop of :class:`mmfl.engine.runner.Experiment`
+with a :class:`~mmfl.flower.transport.FlowerTransport`.
+
+The run config (``flwr run --run-config``, see :mod:`mmfl.flower.deploy`) has
+
+- ``mmfl-config``: the resolved mmfl config as TOML text (the same file
+  ``mmfl run`` would take, every default filled in);
+- ``mmfl-overwrite``: replace an existing run folder (default false).
+
+The run folder (metrics, checkpoints, summary) is written where the ServerApp
+runs, i.e. on the SuperLink's machine, at the config's ``output_dir/name``
+(a relative ``output_dir`` is relative to the SuperLink's working directory).
+The server holds the test set and the data set's metadata; it builds the same
+partition as the SuperNodes only to check that every node's slice matches.
+Client state lives on the SuperNodes, so checkpoints hold only the server's
+state and a Flower run cannot be resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tomllib
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from mmfl.config import resolve
+from mmfl.errors import MMFLError
+from mmfl.flower.client_app import CONFIG_KEY
+
+OVERWRITE_KEY = "mmfl-overwrite"
+log = logging.getLogger("mmfl.flower")
+
+
+def run_server(grid: Grid, config_text: str, overwrite: bool = False,
+               wait_for_nodes_s: float | None = None, announce: bool = True) -> dict:
+    """Run the experiment of ``config_text`` with its clients behind ``grid``; its summary."""
+    from mmfl.engine.runner import Experiment
+    from mmfl.flower.transport import FlowerTransport
+
+    cfg = resolve(tomllib.loads(config_text))
+    exp = Experiment(cfg, progress=False, transport=lambda e: FlowerTransport(
+        grid, e.federation, cfg.run, wait_for_nodes_s=wait_for_nodes_s))
+    log.info("mmfl: %s (%s) on %d clients, %d SuperNodes", cfg.run.name, cfg.algorithm.name,
+             exp.federation.num_clients, len(set(exp.transport.node_of.values())))
+    summary = exp.run(overwrite=overwrite)
+    if announce:  # into the run's log (flwr log RUN_ID)
+        print(f"mmfl: results in {cfg.run_dir.resolve()}", flush=True)
+        print("mmfl: summary " + json.dumps(summary), flush=True)
+    return summary
+
+
+def make_server_app(config_text: str | None = None, overwrite: bool = False, announce: bool = True) -> ServerApp:
+    """The ServerApp; ``config_text``/``overwrite`` apply when the run config has none."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        text = context.run_config.get(CONFIG_KEY) or config_text
+        if not text:
+            raise MMFLError(f"the run config has no {CONFIG_KEY!r}: submit the run with "
+                            "`mmfl flower submit CONFIG` (or flwr run --run-config FILE with that key)")
+        over = bool(context.run_config.get(OVERWRITE_KEY, overwrite))
+        try:
+            run_server(grid, text, overwrite=over, announce=announce)
+        except MMFLError as e:
+            print(f"mmfl: error: {e}", flush=True)
+            raise
+
+    return app

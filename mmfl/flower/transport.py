@@ -1,0 +1,223 @@
+"""The Flower transport: ``send(route, {cid: Message})`` through a Flower ``Grid``.
+
+mmfl client ids map to Flower node ids through each SuperNode's answer to a
+``query.mmfl_hello`` message: the ClientApp replies with the client ids it
+hosts (derived from its ``--node-config``, see :mod:`mmfl.flower.client_app`)
+and a fingerprint of each client's data slice, which must equal the server's.
+A send groups the messages by node (one Flower message per node, holding the
+messages of all its clients) with message type ``train.<route>`` (or
+``evaluate.<route>`` for routes named ``evaluate*``) and the route, round,
+client ids and call indices in the ``"mmfl"`` config record, so multi-phase
+algorithms work through routes with no special case.
+
+Replies that do not arrive within ``reply_timeout`` seconds, from a node that
+left the federation meanwhile, or that report an unavailable node, are dropped
+or fail the run, per ``on_missing_reply``. A node that missed a reply is not
+used again until Flower has seen it leave; if it comes back (restarted), it
+answers a new hello at the start of a round and its clients rejoin. A
+ClientApp that raised fails the run, as the same exception does in the simulator.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+
+import numpy as np
+from flwr.app import ConfigRecord, Message as FlowerMessage, RecordDict
+from flwr.common.constant import ErrorCode
+
+from mmfl.engine.message import Message
+from mmfl.engine.simulation import CommLog
+from mmfl.errors import MMFLError
+from mmfl.flower.records import decode, encode
+
+log = logging.getLogger("mmfl.flower")
+HELLO = "query.mmfl_hello"
+POLL_S = 0.1  # between pulls of replies
+ONLINE_CHECK_S = 1.0  # between checks that the SuperNodes still owing a reply are online
+_UNAVAILABLE = {ErrorCode.NODE_UNAVAILABLE, getattr(ErrorCode, "MESSAGE_UNAVAILABLE", -1)}
+
+
+def message_type(route: str) -> str:
+    if not route.isidentifier():
+        raise MMFLError(f"route {route!r}: Flower needs routes that are Python identifiers")
+    return f"{'evaluate' if route.startswith('evaluate') else 'train'}.{route}"
+
+
+def fingerprint(data) -> list[int]:
+    """Size and label checksum of a client's data slice (server and node must agree)."""
+    y = data.label_array().astype(np.int64)
+    return [int(y.size), int(y.sum()), int((y * (1 + np.arange(y.size) % 7)).sum())]
+
+
+class FlowerTransport:
+    """A :class:`~mmfl.algorithms.base.Transport` over a Flower ``Grid``."""
+
+    def __init__(self, grid, federation, run_cfg, wait_for_nodes_s: float | None = None):
+        self.grid = grid
+        self.federation = federation
+        self.num_clients = federation.num_clients
+        self.timeout = float(run_cfg.reply_timeout)
+        self.on_missing = run_cfg.on_missing_reply
+        self.on_nonfinite = run_cfg.on_nonfinite
+        self.wait_for_nodes_s = self.timeout if wait_for_nodes_s is None else wait_for_nodes_s
+        self.log = CommLog()
+        self.rnd = 0
+        self.node_of: dict[int, int] = {}  # mmfl client id -> Flower node id
+        self.dead: set[int] = set()  # node ids that missed a reply: not used while Flower lists them online
+        self.known: set[int] = set()  # node ids that answered a hello
+        self._calls: dict[int, int] = defaultdict(int)
+        self.discover(wait=True)
+
+    # --- node discovery ---------------------------------------------------------
+    def discover(self, wait: bool = False) -> None:
+        """Say hello to SuperNodes not seen yet; with ``wait``, until every client has one."""
+        deadline = time.monotonic() + (self.wait_for_nodes_s if wait else 0.0)
+        while True:
+            online = set(self.grid.get_node_ids())
+            for n in [n for n in self.dead if n not in online]:  # gone for good: if it comes back
+                self.dead.discard(n)                             # (restarted), it gets a new hello
+                self.known.discard(n)
+                self.node_of = {c: m for c, m in self.node_of.items() if m != n}
+            new = [n for n in online if n not in self.known and n not in self.dead]
+            if new:
+                self._hello(new)
+            missing = [c for c in range(self.num_clients) if self.node_of.get(c) in (None, *self.dead)]
+            if not missing or not wait or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        if wait and missing:
+            text = f"{len(missing)} of {self.num_clients} clients have no SuperNode (e.g. {missing[:5]}) " \
+                   f"after {self.wait_for_nodes_s:.0f}s"
+            if self.on_missing == "fail":
+                raise MMFLError(text + "; start a flower-supernode for each partition-id "
+                                "(or set on_missing_reply = \"drop\")")
+            log.warning("%s; they are dropped", text)
+
+    def _hello(self, nodes: list[int]) -> None:
+        msgs = [FlowerMessage(RecordDict({"mmfl": ConfigRecord({"hello": 1})}), dst_node_id=n,
+                              message_type=HELLO, ttl=self.timeout + 60) for n in nodes]
+        replies, silent = self._exchange(msgs, self.timeout)
+        self.dead.update(silent)  # not asked again until Flower saw it leave (see discover)
+        for node, rep in replies.items():
+            if rep.has_error():
+                raise MMFLError(f"SuperNode {node} could not start the mmfl ClientApp: {rep.error.reason}")
+            info = rep.content["mmfl"]
+            for cid, fp in zip(info["cids"], _chunks(list(info["fingerprints"]), 3)):
+                if not 0 <= cid < self.num_clients:
+                    raise MMFLError(f"SuperNode {node} hosts client {cid}, but the run has "
+                                    f"{self.num_clients} clients (check num-partitions/client-ids)")
+                if cid in self.node_of and self.node_of[cid] != node and self.node_of[cid] not in self.dead:
+                    raise MMFLError(f"client {cid} is hosted by two SuperNodes ({self.node_of[cid]} and {node}); "
+                                    "give each SuperNode its own partition-id")
+                mine = fingerprint(self.federation.clients[cid])
+                if list(fp) != mine:
+                    raise MMFLError(f"client {cid} on SuperNode {node} has a different data slice "
+                                    f"(size/checksums {list(fp)}, server expects {mine}): the node's data set "
+                                    "or [data]/[partition] config differs from the server's")
+                self.node_of[cid] = node
+            self.known.add(node)
+
+    # --- the transport interface -------------------------------------------------
+    def begin_round(self, rnd: int) -> None:
+        self.rnd = rnd
+        self.log.reset()
+        self._calls.clear()
+        if any(self.node_of.get(c) in (None, *self.dead) for c in range(self.num_clients)):
+            self.discover()  # a SuperNode may have (re)joined
+
+    def send(self, route: str, messages: dict[int, Message]) -> dict[int, Message]:
+        mtype = message_type(route)
+        by_node: dict[int, list[int]] = defaultdict(list)
+        missing: list[int] = []
+        calls: dict[int, int] = {}
+        for cid in sorted(messages):
+            calls[cid] = self._calls[cid]
+            self._calls[cid] += 1
+            node = self.node_of.get(cid)
+            if node is None or node in self.dead:
+                missing.append(cid)
+            else:
+                by_node[node].append(cid)
+        out = []
+        for node, cids in by_node.items():
+            content = encode({c: messages[c] for c in cids}, route=route, rnd=self.rnd,
+                             calls=[calls[c] for c in cids])
+            out.append(FlowerMessage(content, dst_node_id=node, message_type=mtype,
+                                     group_id=str(self.rnd + 1), ttl=self.timeout + 60))
+        got, _ = self._exchange(out, self.timeout)
+        decoded: dict[int, Message] = {}
+        for node, cids in by_node.items():
+            rep = got.get(node)
+            if rep is None or (rep.has_error() and rep.error.code in _UNAVAILABLE):
+                self.dead.add(node)
+                missing.extend(cids)
+                continue
+            if rep.has_error():
+                raise MMFLError(f"client(s) {cids} on SuperNode {node} failed on route {route} "
+                                f"(round {self.rnd + 1}): {rep.error.reason}")
+            msgs, _ = decode(rep.content)
+            decoded.update(msgs)
+        if missing:
+            self._missing(route, sorted(missing), messages)
+        replies: dict[int, Message] = {}
+        for cid in sorted(decoded):
+            reply = decoded[cid]
+            self.log.record(route, cid, messages[cid].nbytes(), reply.nbytes())
+            bad = reply.nonfinite_key()
+            if bad is not None:
+                if self.on_nonfinite == "fail":
+                    raise MMFLError(f"client {cid} sent a non-finite value in '{bad}' (round {self.rnd + 1}, "
+                                    f"route {route}); set on_nonfinite = \"drop\" to skip such clients")
+                self.log.dropped.append(cid)  # the ClientApp did not keep its state either
+                continue
+            replies[cid] = reply
+        return replies
+
+    def _missing(self, route: str, cids: list[int], messages: dict[int, Message]) -> None:
+        if self.on_missing == "fail":
+            raise MMFLError(f"no reply from client(s) {cids} on route {route} (round {self.rnd + 1}) within "
+                            f"{self.timeout:g}s: their SuperNode is down or too slow; raise reply_timeout or "
+                            "set on_missing_reply = \"drop\" to continue without them")
+        log.warning("round %d, route %s: no reply from client(s) %s; dropped", self.rnd + 1, route, cids)
+        for cid in cids:
+            self.log.record(route, cid, messages[cid].nbytes(), 0)  # sent, never answered
+            self.log.dropped.append(cid)
+
+    def _exchange(self, msgs: list[FlowerMessage], timeout: float) -> tuple[dict[int, FlowerMessage], list[int]]:
+        """Push ``msgs`` and pull replies until all arrived, ``timeout`` passed, or the
+        nodes still owing one left the federation; ``{node: reply}`` and the silent nodes.
+
+        A SuperNode that stops (shutdown, SIGTERM) leaves at once, one that crashes
+        when Flower's heartbeat expires (about a minute): either ends the wait for it.
+        """
+        if not msgs:
+            return {}, []
+        ids = list(self.grid.push_messages(msgs))
+        pending = {mid: m.metadata.dst_node_id for mid, m in zip(ids, msgs) if mid}
+        silent = [m.metadata.dst_node_id for mid, m in zip(ids, msgs) if not mid]
+        replies: dict[int, FlowerMessage] = {}
+        deadline = time.monotonic() + timeout
+        next_check, gone = time.monotonic() + ONLINE_CHECK_S, set()
+        while pending:
+            for rep in self.grid.pull_messages(list(pending)):
+                node = pending.pop(rep.metadata.reply_to_message_id, None)
+                if node is not None:
+                    replies[node] = rep
+            for mid in [m for m, n in pending.items() if n in gone]:  # left, and nothing came in a last pull
+                silent.append(pending.pop(mid))
+            now = time.monotonic()
+            if not pending or now >= deadline:
+                break
+            if now >= next_check:
+                online = set(self.grid.get_node_ids())
+                gone = {n for n in pending.values() if n not in online}
+                next_check = now + ONLINE_CHECK_S
+            time.sleep(POLL_S)
+        return replies, silent + list(pending.values())
+
+
+def _chunks(xs: list, n: int) -> list[list]:
+    return [xs[i:i + n] for i in range(0, len(xs), n)]

@@ -1,0 +1,262 @@
+"""mmfl on Flower: record round trips, the transport against an in-process grid,
+and REAL Flower processes on 127.0.0.1 (a SuperLink and three SuperNodes, free
+ports, always stopped) plus the Ray simulation engine; each run must end with
+the same global model as the in-process simulator for the same seed."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+flwr = pytest.importorskip("flwr", reason='Flower not installed (pip install -e ".[flower]")')
+
+from flwr.app import Context, Message as FlowerMessage, RecordDict  # noqa: E402
+from flwr.common.serde import recorddict_from_proto, recorddict_to_proto  # noqa: E402
+from flwr.serverapp import Grid  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+from mmfl.cli import main as cli_main  # noqa: E402
+from mmfl.config import load_config  # noqa: E402
+from mmfl.engine.message import Message  # noqa: E402
+from mmfl.engine.runner import Experiment  # noqa: E402
+from mmfl.errors import MMFLError  # noqa: E402
+from mmfl.flower.client_app import CONFIG_KEY, handle  # noqa: E402
+from mmfl.flower.deploy import LocalDeployment  # noqa: E402
+from mmfl.flower.records import decode, encode  # noqa: E402
+from mmfl.flower.transport import FlowerTransport  # noqa: E402
+
+# mfeat: six feature views per digit (multimodal), no download; 3 clients, tiny MLP.
+BASE = ["data.name=mfeat", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
+        "train.local_epochs=1", "train.batch_size=64", "train.lr=0.05", "threads=1", "rounds=2"]
+
+
+def cfg_of(tmp_path, name, *over):
+    return load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", *over])
+
+
+def simulator_run(tmp_path, name, *over) -> Path:
+    cfg = cfg_of(tmp_path / "sim", name, *over)
+    Experiment(cfg, progress=False).run()
+    return cfg.run_dir
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def timeless(rs: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rs]
+
+
+def final_server_state(run_dir: Path) -> dict:
+    ckpt = run_dir / "checkpoints" / (run_dir / "checkpoints" / "LATEST").read_text().strip()
+    return load_file(str(ckpt / "server.safetensors"))
+
+
+def max_abs_diff(a: dict, b: dict) -> float:
+    assert sorted(a) == sorted(b)
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a if a[k].numel())
+
+
+def assert_same_run(flower_dir: Path, sim_dir: Path) -> None:
+    """Same metrics (accuracy, losses, bytes per route and client) and the same final model.
+    Both transports run the same client code on the same data with the same seeds,
+    one thread, and messages cross Flower bit for bit, so the model is equal exactly."""
+    assert timeless(rows(flower_dir)) == timeless(rows(sim_dir))
+    assert max_abs_diff(final_server_state(flower_dir), final_server_state(sim_dir)) == 0.0
+
+
+# ----------------------------------------------------------------------------- records
+
+def test_message_records_round_trip_exactly():
+    arrays = {"w": torch.randn(3, 4), "i": torch.arange(5), "h": torch.randn(2, dtype=torch.float16),
+              "bf": torch.randn(3, dtype=torch.bfloat16), "scalar": torch.tensor(2.5, dtype=torch.float64),
+              "mask": torch.tensor([True, False]), "empty": torch.zeros(0, 7), "t": torch.randn(4, 3).t()}
+    scalars = {"n": 7, "loss": 0.25, "one": 1.0, "flag": True, "tag": "é"}
+    msg = Message(arrays=arrays, scalars=scalars)
+    rd = recorddict_from_proto(recorddict_to_proto(encode({4: msg, 9: Message()}, route="train", rnd=3)))
+    out, meta = decode(rd)
+    assert sorted(out) == [4, 9] and meta["route"] == "train" and meta["rnd"] == 3
+    got = out[4]
+    for k, t in arrays.items():
+        assert got.arrays[k].dtype == t.dtype and got.arrays[k].shape == t.shape and torch.equal(got.arrays[k], t), k
+    assert got.scalars == scalars and all(type(got.scalars[k]) is type(v) for k, v in scalars.items())
+    assert got.nbytes() == msg.nbytes()  # bookkeeping travels outside the message: same byte count
+    assert out[9].arrays == {} and out[9].scalars == {}
+
+
+# ----------------------------------------------------------------------------- in-process grid
+
+class InProcessGrid(Grid):
+    """A Grid whose nodes run the mmfl ClientApp handler in this process; ``dead``
+    nodes never answer (a SuperNode that died after it registered)."""
+
+    def __init__(self, config_text: str, node_configs: dict[int, dict], dead=()):
+        from flwr.supercore.task_identity import TaskIdentity
+
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # who sends (Flower sets these)
+        self.text, self.dead = config_text, set(dead)
+        self.ctx = {n: Context(run_id=1, node_id=n, node_config=nc, state=RecordDict(),
+                               run_config={CONFIG_KEY: config_text}) for n, nc in node_configs.items()}
+        self.inbox: dict[str, FlowerMessage] = {}
+
+    def set_run(self, run):
+        pass
+
+    @property
+    def run(self):
+        return None
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+        return FlowerMessage(content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id)
+
+    def get_node_ids(self):
+        return list(self.ctx)
+
+    def push_messages(self, messages):
+        ids = []
+        for m in messages:
+            m.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            self.inbox[m.metadata.message_id] = m
+            ids.append(m.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids):
+        out = []
+        for mid in list(message_ids):
+            m = self.inbox.get(mid)
+            if m is None or m.metadata.dst_node_id in self.dead:
+                continue
+            del self.inbox[mid]
+            wire = FlowerMessage(recorddict_from_proto(recorddict_to_proto(m.content)), reply_to=m)
+            wire.metadata.__dict__.update(m.metadata.__dict__)
+            out.append(handle(wire, self.ctx[m.metadata.dst_node_id]))
+        return out
+
+    def send_and_receive(self, messages, *, timeout=None):
+        return self.pull_messages(self.push_messages(messages))
+
+
+def grid_run(tmp_path, name, node_configs, *over, dead=()) -> Path:
+    cfg = cfg_of(tmp_path / "grid", name, *over)
+    grid = InProcessGrid(cfg.to_toml(), node_configs, dead)
+    Experiment(cfg, progress=False, transport=lambda e: FlowerTransport(grid, e.federation, cfg.run,
+                                                                       wait_for_nodes_s=0)).run()
+    return cfg.run_dir
+
+
+@pytest.mark.parametrize("algo", ["moon", "local"])
+def test_transport_with_state_and_several_clients_per_node_equals_simulator(tmp_path, algo):
+    # two nodes host three clients (partition-id k of 2: clients c % 2 == k); MOON keeps its
+    # previous model per client in the node's context.state; SOLO ("local") keeps its whole
+    # model there and answers a second route, "evaluate", sent to every client
+    over = [f"algorithm.name={algo}"]
+    nodes = {11: {"partition-id": 0, "num-partitions": 2}, 22: {"partition-id": 1, "num-partitions": 2}}
+    assert_same_run(grid_run(tmp_path, algo, nodes, *over), simulator_run(tmp_path, algo, *over))
+
+
+def test_missing_replies_are_dropped_or_fail_as_configured(tmp_path):
+    nodes = {10 + k: {"partition-id": k, "num-partitions": 3} for k in range(3)}
+    over = ["reply_timeout=0.5", "rounds=1"]
+    run = grid_run(tmp_path, "drop", nodes, *over, "on_missing_reply=drop", dead=[12])
+    (row,) = rows(run)  # client 2's node never answered its hello: the round runs with clients 0 and 1
+    assert row["dropped"] == [2] and row["clients_replied"] == 2 and row["bytes_per_client"]["2"]["up"] == 0
+    with pytest.raises(MMFLError, match=r"1 of 3 clients have no SuperNode.*partition-id"):
+        grid_run(tmp_path, "fail", nodes, *over, "on_missing_reply=fail", dead=[12])
+
+
+def test_a_node_with_a_different_data_slice_is_refused(tmp_path):
+    # the node splits with another Dirichlet beta than the server: its clients' data differ
+    nodes = {1: {"partition-id": 0, "num-partitions": 1, "partition.beta": 5.0}}
+    with pytest.raises(MMFLError, match="client 0 on SuperNode 1 has a different data slice"):
+        grid_run(tmp_path, "mismatch", nodes, "partition.num_clients=2", "partition.beta=0.5")
+
+
+# ----------------------------------------------------------------------------- real processes
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    """flower-superlink --insecure + 3 flower-supernode on 127.0.0.1; stopped even on failure."""
+    dep = LocalDeployment(3, tmp_path_factory.mktemp("flower"))
+    try:
+        dep.start()
+        yield dep
+    finally:
+        dep.stop()
+
+
+def finished(dep, run_id: int, cfg) -> Path:
+    status = dep.wait(run_id, timeout=300, done_file=cfg.run_dir / "summary.json")
+    assert status == "finished:completed", dep.run_log(run_id)[-3000:] + dep.log("superlink")[-2000:]
+    return cfg.run_dir
+
+
+@pytest.fixture(scope="module")
+def two_runs(deployment, tmp_path_factory):
+    """FedAvg and SCAFFOLD submitted together: the SuperLink runs both at once on the
+    same SuperNodes (each run has its own context.state on every node)."""
+    tmp = tmp_path_factory.mktemp("loopback")
+    cfgs = {"fedavg": cfg_of(tmp / "flower", "fedavg"),
+            "scaffold": cfg_of(tmp / "flower", "scaffold", "algorithm.name=scaffold")}
+    ids = {name: deployment.submit(cfg) for name, cfg in cfgs.items()}
+    return tmp, {name: finished(deployment, ids[name], cfg) for name, cfg in cfgs.items()}
+
+
+def test_loopback_fedavg_equals_simulator(two_runs):
+    tmp, runs = two_runs
+    run = runs["fedavg"]
+    assert [r["round"] for r in rows(run)] == [1, 2] and all("accuracy" in r for r in rows(run))
+    assert (run / "summary.json").is_file()
+    assert_same_run(run, simulator_run(tmp, "fedavg"))
+
+
+def test_loopback_scaffold_client_state_equals_simulator(two_runs):
+    # SCAFFOLD's control variates live in each SuperNode's context.state between rounds
+    tmp, runs = two_runs
+    assert_same_run(runs["scaffold"], simulator_run(tmp, "scaffold", "algorithm.name=scaffold"))
+
+
+def test_loopback_killed_supernode_is_dropped(deployment, two_runs, tmp_path):
+    # after the runs above (it kills a node of the shared deployment): SuperNode 2 (client 2)
+    # answers the run's hello, then is killed (SIGTERM: it leaves the federation) before it
+    # answers round 1, which completes without it, long before reply_timeout. (A crash, where
+    # no reply ever comes and the node does not say goodbye, is the in-process test above.)
+    cfg = cfg_of(tmp_path / "flower", "kill", "rounds=1", "on_missing_reply=drop")
+    seen = len(deployment.log("supernode2"))  # its log of the earlier runs
+    run_id = deployment.submit(cfg)
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline:
+        new = deployment.log("supernode2")[seen:]
+        hello = new.find("Sending: query.mmfl_hello")
+        if hello >= 0 and "Sent successfully" in new[hello:]:
+            break
+        time.sleep(0.1)
+    deployment.kill("supernode2", signal.SIGTERM)
+    (r1,) = rows(finished(deployment, run_id, cfg))
+    assert r1["clients_replied"] == 2 and r1["dropped"] == [2] and "accuracy" in r1
+    assert r1["bytes_per_client"]["2"]["up"] == 0 and r1["bytes_per_client"]["0"]["up"] > 0
+    assert r1["train_time_s"] < cfg.run.reply_timeout / 2
+
+
+def test_ray_simulation_equals_simulator(tmp_path, capsys):
+    # four clients on two virtual SuperNodes (clients c % 2 == k on node k), via the CLI
+    over = ["partition.num_clients=4", "algorithm.name=moon", f"output_dir={tmp_path / 'ray'}", "name=ray"]
+    argv = ["flower", "simulate", str(Path(__file__).with_name("flower_tiny.toml")), "--num-supernodes", "2",
+            "--ray-cpus", "2"]
+    for o in [*BASE, *over]:
+        argv += ["--set", o]
+    assert cli_main(argv) == 0, capsys.readouterr().err
+    assert_same_run(tmp_path / "ray" / "ray", simulator_run(tmp_path, "ray", *over[:2]))
+
+
+def test_flower_cli_errors_are_one_line(tmp_path, capsys):
+    cfg = Path(__file__).with_name("flower_tiny.toml")
+    assert cli_main(["flower", "submit", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mmfl: error: ") and "--superlink" in err[0]
