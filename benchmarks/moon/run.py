@@ -22,6 +22,7 @@ import numpy as np
 
 from mmfl.config import apply_overrides, resolve
 from mmfl.engine.runner import Experiment
+from mmfl.errors import MMFLError
 from mmfl.report import load_metrics, rounds_to_reach
 
 HERE = Path(__file__).resolve().parent
@@ -90,15 +91,20 @@ def plan(s: dict) -> list[tuple[str, list[str]]]:
     return runs
 
 
-def execute(s: dict, raw_dir: Path) -> None:
-    todo = plan(s)
+def execute(s: dict, raw_dir: Path, groups: list[str], extra: list[str]) -> None:
+    todo = [(n, o) for n, o in plan(s) if not groups or n.split("-")[0] in groups]
     for i, (name, over) in enumerate(todo, 1):
         run_dir = raw_dir / name
-        if (run_dir / "summary.json").is_file():
+        if (run_dir / "summary.json").is_file() or (run_dir / "failed.json").is_file():
             continue
-        cfg = resolve(apply_overrides(base_config(s), [*over, f"name={name}", f"output_dir={raw_dir}"]))
+        cfg = resolve(apply_overrides(base_config(s), [*extra, *over, f"name={name}", f"output_dir={raw_dir}"]))
         t0 = time.perf_counter()
-        Experiment(cfg, progress=False).run(overwrite=True)
+        try:
+            Experiment(cfg, progress=False).run(overwrite=True)
+        except MMFLError as e:  # e.g. a diverged run: record it, report it, go on
+            (run_dir / "failed.json").write_text(json.dumps({"error": str(e)}))
+            print(f"[{i}/{len(todo)}] {name}: FAILED: {e}", flush=True)
+            continue
         print(f"[{i}/{len(todo)}] {name}: {time.perf_counter() - t0:.1f}s", flush=True)
 
 
@@ -106,6 +112,11 @@ def execute(s: dict, raw_dir: Path) -> None:
 def _final(raw: Path, name: str) -> dict | None:
     p = raw / name / "summary.json"
     return json.loads(p.read_text()) if p.is_file() else None
+
+
+def _failed(raw: Path, names: list[str]) -> str:
+    n = sum((raw / x / "failed.json").is_file() for x in names)
+    return f" ({n} of {len(names)} diverged)" if n else ""
 
 
 def _ms(vals: list[float]) -> str:
@@ -125,7 +136,7 @@ def table1(s, raw) -> list[str]:
                 stds = [r.get("final_accuracy_std", 0) for seed in s["seeds"] if (r := _final(raw, f"t1-b{b}-{m}-s{seed}"))]
                 cells.append(f"{100 * np.mean(accs):.1f} ± {100 * np.mean(stds):.1f}" if accs else "n/a")
             else:
-                cells.append(_ms(accs))
+                cells.append(_ms(accs) + _failed(raw, [f"t1-b{b}-{m}-s{seed}" for seed in s["seeds"]]))
         p4 = "/".join(f"{v}" for v in PAPER_T4[m])
         out.append(f"| {LABEL[m]} | " + " | ".join(cells) + f" | {PAPER_T1[m]} | {p4} |")
     cen = [r["final_accuracy"] for seed in s["seeds"] if (r := _final(raw, f"t1-centralized-s{seed}"))]
@@ -217,15 +228,19 @@ def table11(s, raw) -> list[str]:
 
 
 def write_report(s, raw, path: Path, elapsed: float | None, quick: bool) -> None:
-    cmd = ".venv/bin/python benchmarks/moon/run.py" + (" --quick" if quick else "")
+    cmd = ".venv/bin/python benchmarks/moon/run.py" + (" --quick" if quick else "") + "".join(
+        f" --group {g}" for g in s.get("groups", [])) + (
+        " --betas " + " ".join(map(str, s["betas"])) if s["betas"] != FULL["betas"] and not quick else "") + "".join(f" --set {e}" for e in s.get("extra", [])) + (
+        f" --tag {s['tag']}" if s.get("tag") else "")
     lines = [
         "# MOON benchmark on Fashion-MNIST", "",
-        f"Regenerate: `{cmd}` (runs in `benchmarks/results/raw/moon/`, resumable; tables recomputed from them).", "",
+        f"Regenerate: `{cmd}` (runs in `benchmarks/results/raw/`, resumable; tables recomputed from them).", "",
         "## Setting", "",
         f"Fashion-MNIST (Debian `dataset-fashion-mnist`), a seeded random subset of {s['train_limit']:,} training images, "
         "the full 10,000-image test set; MOON's simple CNN with its 2-layer projection head (out_dim 256); "
         f"10 clients, Dirichlet(β) label skew (MOON/NIID-Bench partitioner, min 10 samples per client); "
         f"{s['rounds']} rounds of {s['epochs']} local epochs; SGD lr 0.01, momentum 0.9, weight decay 1e-5, batch 64; "
+        + (f"overrides for every run: {', '.join(s['extra'])}; " if s.get("extra") else "") +
         f"MOON μ = 1, τ = 0.5; FedProx μ = 0.01; seeds {s['seeds']}; one torch thread per run. "
         "The paper uses CIFAR-10/100 and Tiny-ImageNet (not available offline here), 100 rounds and 10 local epochs: "
         "compare orderings, not absolute values.", "",
@@ -246,7 +261,8 @@ def write_report(s, raw, path: Path, elapsed: float | None, quick: bool) -> None
     lines += table5(s, raw)
     lines += ["", "## Table 11: training time per round", "",
               f"β = 0.5, seed 0, {s['t11_rounds']} rounds; local training + aggregation, no evaluation; "
-              "dedicated runs executed one after another with nothing else running on the machine.", ""]
+              "dedicated runs executed one after another at the end of the benchmark. Other jobs were running "
+              "on the machine at the same time, so the ratios are approximate.", ""]
     lines += table11(s, raw)
     lines += ["", "## Comparison with the paper", "", "<!-- analysis -->", ""]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -262,15 +278,24 @@ def main(argv=None) -> int:
     ap.add_argument("--raw", type=Path, help="folder of the runs (default benchmarks/results/raw/moon[-quick])")
     ap.add_argument("--out", type=Path, help="the Markdown table (default benchmarks/results/moon[-quick].md)")
     ap.add_argument("--tables-only", action="store_true", help="do not run; rebuild the tables from finished runs")
+    ap.add_argument("--group", action="append", default=[], choices=["t1", "t3", "ep", "t5", "t11"],
+                    help="run only these groups of runs (repeatable; default all)")
+    ap.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override applied to every run (e.g. train.lr=0.05); use with --tag")
+    ap.add_argument("--betas", type=float, nargs="+", help="only these Dirichlet betas (default 0.1 0.5 5)")
+    ap.add_argument("--tag", default="", help="suffix of the raw folder and the table file (moon-<tag>.md)")
     args = ap.parse_args(argv)
-    s = QUICK if args.quick else FULL
-    suffix = "-quick" if args.quick else ""
+    s = dict(QUICK if args.quick else FULL)
+    if args.betas:
+        s["betas"] = args.betas
+    suffix = ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else "")
     raw = args.raw or ROOT / "benchmarks" / "results" / "raw" / f"moon{suffix}"
     out = args.out or ROOT / "benchmarks" / "results" / f"moon{suffix}.md"
     if not args.tables_only:
-        execute(s, raw)
+        execute(s, raw, args.group, args.extra)
     # the benchmark is resumable, so its cost is the sum of its runs' wall times
     done = [r for name, _ in plan(s) if (r := _final(raw, name))]
+    s = {**s, "extra": args.extra, "groups": args.group, "tag": args.tag}
     elapsed = sum(r["wall_time_s"] for r in done) if done else None
     write_report(s, raw, out, elapsed, args.quick)
     print(f"wrote {out}")
