@@ -248,22 +248,25 @@ def write_report(s, raw, path: Path, elapsed: float | None, quick: bool) -> None
     if elapsed is not None:
         lines += [f"Cost: the runs' wall times add up to {elapsed / 60:.1f} min on this machine (2 CPU cores), "
                   "measured while other jobs were also running on it, so it is an upper bound.", ""]
-    lines += ["## Table 1 and 4: top-1 test accuracy (%), mean ± std over seeds", "",
-              "SOLO: mean ± std over the 10 parties (std averaged over seeds), as in the paper.", ""]
-    lines += table1(s, raw)
-    lines += ["", "## Table 2: rounds to reach FedAvg's final accuracy (β = 0.5, mean curve over seeds)", ""]
-    lines += table2(s, raw)
-    lines += ["", f"## Table 3: more clients, 20% sampled per round (β = 0.5, seed 0)", ""]
-    lines += table3(s, raw)
-    lines += ["", f"## Local epochs (β = 0.5, seed 0, {s['epoch_rounds']} rounds, {s['epoch_train_limit']:,} training images)", ""]
-    lines += epoch_table(s, raw)
-    lines += ["", "## Table 5: the second term of the local objective (β = 0.5)", ""]
-    lines += table5(s, raw)
-    lines += ["", "## Table 11: training time per round", "",
-              f"β = 0.5, seed 0, {s['t11_rounds']} rounds; local training + aggregation, no evaluation; "
-              "dedicated runs executed one after another at the end of the benchmark. Other jobs were running "
-              "on the machine at the same time, so the ratios are approximate.", ""]
-    lines += table11(s, raw)
+    sections = {
+        "t1": [["## Table 1 and 4: top-1 test accuracy (%), mean ± std over seeds", "",
+                "SOLO: mean ± std over the 10 parties (std averaged over seeds), as in the paper.", ""],
+               table1(s, raw),
+               ["", "## Table 2: rounds to reach FedAvg's final accuracy (β = 0.5, mean curve over seeds)", ""],
+               table2(s, raw)],
+        "t3": [["", "## Table 3: more clients, 20% sampled per round (β = 0.5, seed 0)", ""], table3(s, raw)],
+        "ep": [["", f"## Local epochs (β = 0.5, seed 0, {s['epoch_rounds']} rounds, "
+                    f"{s['epoch_train_limit']:,} training images)", ""], epoch_table(s, raw)],
+        "t5": [["", "## Table 5: the second term of the local objective (β = 0.5)", ""], table5(s, raw)],
+        "t11": [["", "## Table 11: training time per round", "",
+                 f"β = 0.5, seed 0, {s['t11_rounds']} rounds; local training + aggregation, no evaluation; "
+                 "dedicated runs executed one after another at the end of the benchmark. Other jobs were running "
+                 "on the machine at the same time, so the ratios are approximate.", ""], table11(s, raw)],
+    }
+    for group, parts in sections.items():
+        if not s.get("groups") or group in s["groups"]:
+            for part in parts:
+                lines += part
     lines += ["", "## Comparison with the paper", "", "<!-- analysis -->", ""]
     path.parent.mkdir(parents=True, exist_ok=True)
     old = path.read_text() if path.is_file() else ""
