@@ -155,3 +155,22 @@ def test_batched_run_resumes_exactly(tmp_path, mnist_root):
         assert torch.equal(v, resumed.server.state_dict()[k]), k
     for k, v in full.store.state_dict().items():
         assert torch.equal(v, resumed.store.state_dict()[k]), k
+
+
+def test_a_subclass_that_changes_training_without_batched_methods_is_not_batched(tmp_path, mnist_root):
+    # the engine test's NaN client overrides train(): batching it with FedAvg's batched
+    # methods would silently drop the override, so it trains sequentially (and is dropped)
+    from test_engine import NAN_ALGO  # registers the algorithm
+
+    from mmfl.algorithms import ALGORITHMS
+    from mmfl.algorithms.moon import MoonClient
+    from mmfl.engine.batched import capability_blocker
+
+    assert "overrides train" in capability_blocker(ALGORITHMS.get(NAN_ALGO).factory.client)
+    assert capability_blocker(MoonClient) is None
+    exp = Experiment(cnn_cfg(tmp_path, mnist_root, "nan", f"algorithm.name={NAN_ALGO}", "on_nonfinite=drop",
+                             "clients_per_round=4", "batch_clients=true", rounds=1),
+                     progress=False)
+    exp.run()
+    row = rows_of(exp)[0]
+    assert row["dropped"] == [1] and "overrides train" in row["batched_fallback"]

@@ -150,6 +150,19 @@ def update_results(key_values: dict, section: str, details: dict) -> Path:
     return path
 
 
+def record_run(key: str, value: float, section: str, details: dict) -> float:
+    """Append one run's figure to ``details[section]["runs"]`` of perf.json and set ``key`` to the
+    median over all recorded runs (every run counts, none is picked); returns that median."""
+    path = RESULTS / "perf.json"
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    prev = data.get("details", {}).get(section, {})
+    runs = prev.get("runs", []) if isinstance(prev, dict) else []
+    runs.append({"value": value, **details})
+    med = statistics.median(r["value"] for r in runs)
+    update_results({key: round(med, 3)}, section, {"runs": runs, "median": med})
+    return med
+
+
 def memo_federation():
     """Make Experiment reuse one loaded federation (read-only tensors), so a benchmark can
     build a fresh Experiment per repeat without timing the data set's decoding."""
@@ -168,3 +181,9 @@ def memo_federation():
 
     build._memo = True
     runner.build_federation = build
+
+
+def json_runs(section: str) -> list[dict]:
+    path = RESULTS / "perf.json"
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    return data.get("details", {}).get(section, {}).get("runs", [])

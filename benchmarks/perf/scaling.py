@@ -56,15 +56,17 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--cohorts", type=int, nargs="+", default=[10, 50, 100])
+    ap.add_argument("--cohorts", type=int, nargs="*", default=[10, 50, 100])
     ap.add_argument("--totals", type=int, nargs="+", default=[100, 1000, 10000])
     ap.add_argument("--algorithm", default="moon")
     ap.add_argument("--batch-clients", action="store_true")
+    ap.add_argument("--state-store", default="auto", choices=["auto", "memory", "disk"])
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    common = [f"batch_clients={'true' if a.batch_clients else 'false'}", "data.test_limit=1000"]
+    common = [f"batch_clients={'true' if a.batch_clients else 'false'}", "data.test_limit=1000",
+              f"state_store={a.state_store}"]
     res = {"cohort": {}, "total": {}}
     print(f"{a.algorithm}, {a.rounds} rounds, {torch.get_num_threads()} thread(s), load {os.getloadavg()[0]:.1f}")
     for k in a.cohorts:
@@ -92,8 +94,8 @@ def main(argv=None) -> dict:
     res.update(algorithm=a.algorithm, threads=torch.get_num_threads(), load_average=os.getloadavg()[0],
                command="python benchmarks/perf/scaling.py " + " ".join(argv if argv is not None else sys.argv[1:]))
     if not a.no_write:
-        plot(res, RESULTS / "scaling.png")
-        update_results({}, "scaling", res)
+        plot(res, RESULTS / ("scaling.png" if a.state_store == "auto" else f"scaling-{a.state_store}.png"))
+        update_results({}, "scaling" if a.state_store == "auto" else f"scaling_{a.state_store}", res)
     return res
 
 
@@ -110,6 +112,8 @@ def plot(res: dict, path: Path) -> None:
     axes[0].set_ylabel("seconds per round")
     axes[0].set_title("cohort size")
     t = sorted(res["total"])
+    if not c:
+        axes[0].set_visible(False)
     axes[1].plot(t, [res["total"][n]["per_round_s"] for n in t], marker="o")
     axes[1].set_xscale("log")
     axes[1].set_ylim(bottom=0)

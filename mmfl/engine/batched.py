@@ -305,10 +305,27 @@ def send_batched(transport, route: str, messages: dict[int, Message]) -> tuple[d
     return replies, {}
 
 
+# methods whose override changes what local training does; a subclass that overrides one of
+# them without also providing batched_* methods would be batched with its parent's objective
+_TRAINING_METHODS = ("handle", "train", "loss_fn", "step_hook", "after_train", "finish_train")
+
+
+def capability_blocker(cls: type) -> str | None:
+    """Why ``cls`` (a client class) cannot be batched, or None."""
+    if not issubclass(cls, BatchedClient):
+        return f"{cls.__name__} does not declare the BatchedClient capability"
+    for klass in cls.__mro__:
+        if any(k.startswith("batched_") for k in vars(klass)):
+            return None
+        changed = [m for m in _TRAINING_METHODS if m in vars(klass)]
+        if changed:
+            return (f"{klass.__name__} overrides {', '.join(changed)} but not the batched_* methods "
+                    "of BatchedClient")
+    return f"{cls.__name__} does not implement the BatchedClient methods"
+
+
 def _blocker(transport, route: str, messages) -> str | None:
-    if not issubclass(transport.spec.client, BatchedClient):
-        return f"{transport.spec.client.__name__} does not declare the BatchedClient capability"
-    return model_blocker(transport._model("batched"), transport.train)
+    return capability_blocker(transport.spec.client) or model_blocker(transport._model("batched"), transport.train)
 
 
 def _fallback(transport, reason: str) -> None:
