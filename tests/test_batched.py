@@ -137,7 +137,6 @@ def test_fallback_is_automatic_and_visible(tmp_path, mnist_root, caplog):
     adam.run()
     assert "adam" in rows_of(adam)[0]["batched_fallback"]
     from mmfl.engine.batched import model_blocker
-    from mmfl.models.resnet import BasicBlock  # noqa: F401  (a BatchNorm model)
     bn = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
     assert "buffers" in model_blocker(bn, TrainConfig())
 

@@ -48,7 +48,6 @@ from torch.func import functional_call, vmap
 
 from mmfl.engine.message import Message
 from mmfl.engine.training import seed_torch
-from mmfl.errors import MMFLError
 
 log = logging.getLogger("mmfl")
 
@@ -289,13 +288,7 @@ def send_batched(transport, route: str, messages: dict[int, Message]) -> tuple[d
         state, stats = results[j]
         seed_torch(ctxs[j].seed)  # as sequential delivery does before the client runs
         reply = clients[j].batched_finish(route, msg, state, stats)
-        bad = reply.nonfinite_key()
-        transport.log.record(route, cid, msg.nbytes(), reply.nbytes())
-        if bad is not None:
-            if transport.on_nonfinite == "fail":
-                raise MMFLError(f"client {cid} sent a non-finite value in '{bad}' "
-                                f"(round {transport.rnd + 1}, route {route}); set on_nonfinite = \"drop\" to skip such clients")
-            transport.log.dropped.append(cid)
+        if not transport.log.admit(route, cid, msg, reply, transport.on_nonfinite, transport.rnd):
             continue
         transport.store.save(cid, ctxs[j].state)
         replies[cid] = reply

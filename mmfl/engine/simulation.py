@@ -11,10 +11,9 @@ import hashlib
 from collections import defaultdict
 from typing import Callable
 
-import torch
 from torch import nn
 
-from mmfl.algorithms.base import AlgorithmSpec, ClientContext
+from mmfl.algorithms.base import AlgorithmSpec
 from mmfl.config import TrainConfig
 from mmfl.data.base import Federation
 from mmfl.engine.client_runtime import run_client
@@ -51,6 +50,23 @@ class CommLog:
         self.up[cid] += up
         self.by_route[route][0] += down
         self.by_route[route][1] += up
+
+    def admit(self, route: str, cid: int, msg: Message, reply: Message, on_nonfinite: str, rnd: int) -> bool:
+        """Count a delivered message and its reply; decide whether the reply is used.
+
+        A reply holding NaN/inf fails the run (``on_nonfinite = "fail"``) or is
+        dropped (``"drop"``: listed in ``dropped``, and its client keeps no new
+        state). Every transport applies this same rule. Returns True to accept.
+        """
+        self.record(route, cid, msg.nbytes(), reply.nbytes())
+        bad = reply.nonfinite_key()
+        if bad is None:
+            return True
+        if on_nonfinite == "fail":
+            raise MMFLError(f"client {cid} sent a non-finite value in '{bad}' (round {rnd + 1}, route {route}); "
+                            "set on_nonfinite = \"drop\" to skip such clients")
+        self.dropped.append(cid)
+        return False
 
     def summary(self) -> dict:
         return {
@@ -113,13 +129,7 @@ class SimulationTransport:
                 data=fed.clients[cid], test_data=fed.test, meta=fed.meta, train=self.train,
                 seed=self.seed, state=self.store.load(cid), model_pool=self._model, init_model=self.make_model,
             )
-            bad = reply.nonfinite_key()
-            self.log.record(route, cid, msg.nbytes(), reply.nbytes())
-            if bad is not None:
-                if self.on_nonfinite == "fail":
-                    raise MMFLError(f"client {cid} sent a non-finite value in '{bad}' "
-                                    f"(round {self.rnd + 1}, route {route}); set on_nonfinite = \"drop\" to skip such clients")
-                self.log.dropped.append(cid)
+            if not self.log.admit(route, cid, msg, reply, self.on_nonfinite, self.rnd):
                 continue  # its state is not saved either: the round never happened for it
             self.store.save(cid, state)
             replies[cid] = reply

@@ -165,14 +165,8 @@ class FlowerTransport:
         replies: dict[int, Message] = {}
         for cid in sorted(decoded):
             reply = decoded[cid]
-            self.log.record(route, cid, messages[cid].nbytes(), reply.nbytes())
-            bad = reply.nonfinite_key()
-            if bad is not None:
-                if self.on_nonfinite == "fail":
-                    raise MMFLError(f"client {cid} sent a non-finite value in '{bad}' (round {self.rnd + 1}, "
-                                    f"route {route}); set on_nonfinite = \"drop\" to skip such clients")
-                self.log.dropped.append(cid)  # the ClientApp did not keep its state either
-                continue
+            if not self.log.admit(route, cid, messages[cid], reply, self.on_nonfinite, self.rnd):
+                continue  # the ClientApp did not keep its state either
             replies[cid] = reply
         return replies
 
