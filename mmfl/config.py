@@ -14,6 +14,8 @@ A config has top-level run settings and one table per component::
     name = "dirichlet"
     num_clients = 10
     beta = 0.5
+    [modalities]                # who holds which modality (default: everyone, all)
+    name = "all"
     [model]
     name = "simple_cnn"
     [algorithm]
@@ -39,7 +41,7 @@ import tomli_w
 from mmfl.errors import ConfigError
 from mmfl.registry import build_params
 
-COMPONENTS = ("data", "partition", "model", "algorithm")
+COMPONENTS = ("data", "partition", "modalities", "model", "algorithm")
 
 
 @dataclass
@@ -129,6 +131,7 @@ class ExperimentConfig:
     train: TrainConfig
     data: Component
     partition: Component
+    modalities: Component
     model: Component
     algorithm: Component
 
@@ -161,6 +164,7 @@ def _drop_none(d):
 DEFAULTS: dict[str, Any] = {
     "data": {"name": "mfeat"},
     "partition": {"name": "dirichlet"},
+    "modalities": {"name": "all"},
     "model": {"name": "mlp"},
     "algorithm": {"name": "fedavg"},
     "train": {},
@@ -208,14 +212,38 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
+def apply_case(raw: dict) -> dict:
+    """Expand a top-level ``case = "A".."D"`` (FedCMI's settings, :data:`mmfl.data.modality.CASES`)
+    into the ``[partition]`` and ``[modalities]`` tables. A table that names a different
+    entry than the case is an error; other keys in the tables are kept."""
+    if "case" not in raw:
+        return raw
+    from mmfl.data.modality import CASES
+
+    case = raw.pop("case")
+    if case not in CASES:
+        raise ConfigError(f"case: must be one of {', '.join(CASES)}, got {case!r}")
+    for kind, preset in CASES[case].items():
+        table = raw.setdefault(kind, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"{kind}: must be a table")
+        if "name" in table and table["name"] != preset["name"]:
+            raise ConfigError(f"{kind}.name: case {case} needs {preset['name']!r}, got {table['name']!r}")
+        for k, v in preset.items():
+            table.setdefault(k, v)
+    return raw
+
+
 def resolve(raw: dict) -> ExperimentConfig:
     """Validate a raw config dict into an :class:`ExperimentConfig`."""
     from mmfl.algorithms import ALGORITHMS  # noqa: WPS433 (registries import their modules)
     from mmfl.data import DATASETS, PARTITIONERS
+    from mmfl.data.modality import MODALITY_ASSIGNERS
     from mmfl.models import MODELS
 
-    registries = {"data": DATASETS, "partition": PARTITIONERS, "model": MODELS, "algorithm": ALGORITHMS}
-    raw = copy.deepcopy(raw)
+    registries = {"data": DATASETS, "partition": PARTITIONERS, "modalities": MODALITY_ASSIGNERS,
+                  "model": MODELS, "algorithm": ALGORITHMS}
+    raw = apply_case(copy.deepcopy(raw))
     tables = {}
     for kind in (*COMPONENTS, "train"):
         table = raw.pop(kind, None)
@@ -227,7 +255,8 @@ def resolve(raw: dict) -> ExperimentConfig:
     run_fields = {f.name for f in fields(RunConfig)}
     for key in raw:
         if key not in run_fields:
-            raise ConfigError(f"{key}: unknown config key (known: {', '.join(sorted(run_fields | set(tables)))})")
+            known = sorted(run_fields | set(tables) | {"case"})
+            raise ConfigError(f"{key}: unknown config key (known: {', '.join(known)})")
     run = build_params("", "settings", RunConfig, raw)
     train = build_params("train", "settings", TrainConfig, tables["train"])
     comps = {}

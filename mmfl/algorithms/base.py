@@ -46,6 +46,10 @@ class ServerContext:
     seed: int
     num_clients: int
     make_model: Callable[[], nn.Module]  # a fresh model, initialised from ``seed``
+    client_modalities: list[tuple[str, ...]] | None = None  # what each client holds (None: all, every client)
+
+    def modalities_of(self, cid: int) -> tuple[str, ...]:
+        return tuple(self.meta.modalities) if self.client_modalities is None else self.client_modalities[cid]
 
 
 @dataclass
@@ -60,6 +64,7 @@ class ClientContext:
     state: dict[str, Tensor]  # persistent between rounds; the engine saves it after the reply
     model_pool: Callable[[str], nn.Module]  # reusable model instance per key (load weights before use!)
     init_model: Callable[[], nn.Module] = None  # a fresh model with the run's initial weights
+    modalities: tuple[str, ...] = ()  # the modalities this client holds (its data and models carry only these)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def model(self, key: str = "local") -> nn.Module:
@@ -95,7 +100,7 @@ class Server:
     # --- evaluation -----------------------------------------------------
     def evaluate(self, rnd: int, test: ArrayDataset, transport: Transport) -> dict[str, float]:
         """Accuracy and loss of the global model on the server's test set."""
-        return evaluate_model(self.model, test)
+        return evaluate_model(self.model, test, num_classes=self.ctx.meta.num_classes)
 
     # --- checkpointing --------------------------------------------------
     def state_dict(self) -> dict[str, Tensor]:

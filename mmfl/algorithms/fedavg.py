@@ -24,26 +24,65 @@ from mmfl.engine.message import Message
 from mmfl.engine.training import LossFn, cross_entropy_loss, load_into, local_train, state_of
 
 
-def weighted_average(states: list[dict[str, Tensor]], weights: list[float]) -> dict[str, Tensor]:
-    """sum_k weights[k] * states[k] / sum(weights), key by key (MOON Alg. 1, line 7).
+MODULE_WEIGHT = "examples/"  # reply scalar "examples/<key prefix>": the data weight of that module
 
-    states: K dicts of same-shaped tensors. Floating tensors are averaged in
-    float64 and cast back; integer tensors (BatchNorm's ``num_batches_tracked``)
-    take the maximum.
+
+def weighted_average(states: list[dict[str, Tensor]], weights: list[float | dict[str, float]],
+                     previous: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+    """Average the states key by key, each key over the states that carry it (aggregation by module).
+
+    MOON Alg. 1, line 7 (``sum_k w_k * state_k / sum w``) when every state carries
+    every key. Otherwise (clients holding only some modalities build and upload
+    only those modules) each key is averaged over the states holding it, with
+    weights renormalised over them; a key in no state keeps its value from
+    ``previous`` (omitted from the result when ``previous`` is None).
+
+    ``weights[k]`` is a number, or ``{key prefix: weight}`` (a module's own data
+    size, e.g. ``{"encoders.image.": 120, "": 200}``): a key takes the weight of
+    the longest prefix it starts with. Floating tensors are averaged in float64
+    and cast back; integer tensors (BatchNorm's ``num_batches_tracked``) take
+    the maximum.
     """
-    total = float(sum(weights))
-    if total <= 0:
-        raise ValueError("weights must sum to a positive number")
-    out = {}
-    for key, ref in states[0].items():
+    per_key: dict[str, list[tuple[Tensor, float]]] = {}
+    for state, w in zip(states, weights):
+        for key, t in state.items():
+            per_key.setdefault(key, []).append((t, _weight_for(key, w)))
+    out = dict(previous) if previous is not None else {}
+    for key, pairs in per_key.items():
+        ref = pairs[0][0]
         if ref.is_floating_point():
+            total = float(sum(w for _, w in pairs))
+            if total <= 0:
+                if previous is not None and key in previous:
+                    continue  # nobody with data for this module: it keeps its value
+                raise ValueError(f"weights of '{key}' must sum to a positive number")
             acc = torch.zeros_like(ref, dtype=torch.float64)
-            for s, w in zip(states, weights):
-                acc.add_(s[key].to(torch.float64), alpha=w / total)
+            for t, w in pairs:
+                acc.add_(t.to(torch.float64), alpha=w / total)
             out[key] = acc.to(ref.dtype)
         else:
-            out[key] = torch.stack([s[key] for s in states]).max(0).values
+            out[key] = torch.stack([t for t, _ in pairs]).max(0).values
     return out
+
+
+def _weight_for(key: str, w: float | dict[str, float]) -> float:
+    if not isinstance(w, dict):
+        return float(w)
+    best, found = -1, 0.0
+    for prefix, v in w.items():
+        if key.startswith(prefix) and len(prefix) > best:
+            best, found = len(prefix), float(v)
+    if best < 0:
+        raise ValueError(f"no weight for '{key}' (prefixes: {sorted(w)})")
+    return found
+
+
+def reply_weights(reply: Message) -> float | dict[str, float]:
+    """The aggregation weight of a reply: ``num_examples``, refined per module by its
+    ``examples/<prefix>`` scalars (e.g. the samples that hold that module's modality)."""
+    n = float(reply.scalars["num_examples"])
+    mods = {k[len(MODULE_WEIGHT):]: float(v) for k, v in reply.scalars.items() if k.startswith(MODULE_WEIGHT)}
+    return {"": n, **mods} if mods else n
 
 
 def weighted_mean_scalar(replies: dict[int, Message], key: str) -> float | None:
@@ -60,10 +99,12 @@ class FedAvgServer(Server):
         return {cid: msg for cid in cohort}
 
     def aggregate(self, rnd: int, replies: dict[int, Message]) -> dict[str, Tensor]:
-        """The new global state from the clients' models (their ``arrays``)."""
+        """The new global state from the clients' models (their ``arrays``), module by
+        module: a module only some replies carry is averaged over those, one none
+        carries keeps its value (see :func:`weighted_average`)."""
         cids = sorted(replies)
-        return weighted_average([replies[c].arrays for c in cids],
-                                [float(replies[c].scalars["num_examples"]) for c in cids])
+        return weighted_average([replies[c].arrays for c in cids], [reply_weights(replies[c]) for c in cids],
+                                previous=dict(self.model.state_dict()))
 
     def aggregate_train(self, rnd: int, replies: dict[int, Message]) -> dict[str, float]:
         self.model.load_state_dict(self.aggregate(rnd, replies))

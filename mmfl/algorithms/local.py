@@ -51,7 +51,8 @@ class LocalClient(Client):
 
     def evaluate(self, msg: Message) -> Message:
         metrics = evaluate_model(self._model(), self.ctx.test_data)
-        return Message(scalars={**metrics, "num_examples": len(self.ctx.test_data)})
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, float)}  # not the class-wise lists
+        return Message(scalars={**scalars, "num_examples": len(self.ctx.test_data)})
 
 
 register("local", None, LocalServer, LocalClient,

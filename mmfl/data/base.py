@@ -17,6 +17,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+PRESENT = "present/"  # features["present/<m>"]: bool [N], False where a sample lacks modality m
+
+
+def is_modality(key: str) -> bool:
+    """True for a modality key, False for a per-sample mask key (``present/<m>``)."""
+    return not key.startswith(PRESENT)
+
 
 @dataclass
 class ArrayDataset:
@@ -41,7 +48,12 @@ class ArrayDataset:
 
     @property
     def modalities(self) -> list[str]:
-        return list(self.features)
+        """The modalities this set holds (mask keys ``present/<m>`` excluded)."""
+        return [k for k in self.features if is_modality(k)]
+
+    def with_features(self, keys) -> "ArrayDataset":
+        """The same rows with only the feature tensors named in ``keys`` (no copy)."""
+        return ArrayDataset({k: self.features[k] for k in keys}, self.labels, self.indices)
 
     def subset(self, idx) -> "ArrayDataset":
         """A view on rows ``idx`` (positions within this dataset)."""
@@ -81,8 +93,8 @@ class ArrayDataset:
     @staticmethod
     def concat(parts: list["ArrayDataset"]) -> "ArrayDataset":
         mats = [p.materialize() for p in parts]
-        mods = mats[0].modalities
-        return ArrayDataset({m: torch.cat([p.features[m] for p in mats]) for m in mods},
+        keys = list(mats[0].features)
+        return ArrayDataset({m: torch.cat([p.features[m] for p in mats]) for m in keys},
                             torch.cat([p.labels for p in mats]))
 
 
@@ -122,6 +134,14 @@ class Federation:
     test: ArrayDataset
     meta: DatasetMeta
     public: ArrayDataset | None = None
+    # the modalities each client holds (None: every client holds every modality);
+    # clients[k] then carries only those modalities (+ their present/<m> masks)
+    client_modalities: list[tuple[str, ...]] | None = None
+
+    def modalities_of(self, cid: int) -> tuple[str, ...]:
+        if self.client_modalities is None:
+            return tuple(self.meta.modalities)
+        return self.client_modalities[cid]
 
     @property
     def num_clients(self) -> int:

@@ -318,6 +318,10 @@ def capability_blocker(cls: type) -> str | None:
 
 
 def _blocker(transport, route: str, messages) -> str | None:
+    if transport.federation.client_modalities is not None:
+        return "clients hold different modalities (different model structures)"
+    if any(k.startswith("present/") for k in transport.federation.clients[0].features):
+        return "samples miss modalities (present/<m> masks)"
     return capability_blocker(transport.spec.client) or model_blocker(transport._model("batched"), transport.train)
 
 

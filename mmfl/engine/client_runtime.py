@@ -36,8 +36,9 @@ def run_client(
     train: TrainConfig,
     seed: int,
     state: dict[str, Tensor],
-    model_pool: Callable[[str], nn.Module],
-    init_model: Callable[[], nn.Module],
+    model_pool: Callable[..., nn.Module],
+    init_model: Callable[..., nn.Module],
+    holds: tuple[str, ...] | None = None,
 ) -> tuple[Message, dict[str, Tensor]]:
     """Deliver ``msg`` on ``route`` to client ``cid``; return ``(reply, new_state)``.
 
@@ -46,13 +47,23 @@ def run_client(
     this client already received this round), so it does not depend on the
     transport or on which process runs the client. The caller decides whether
     to keep ``new_state`` (neither transport keeps it for a rejected reply).
+
+    ``holds``: the modalities this client holds (None: all of ``meta.modalities``).
+    For a client holding fewer, models come from ``model_pool(key, holds)`` and
+    ``init_model(holds)``, which build only those modalities' modules.
     """
     from mmfl.engine.simulation import derive_seed  # lazy: simulation imports this module
 
+    everything = tuple(meta.modalities)
+    if holds is not None and tuple(holds) != everything:
+        held = tuple(holds)
+        pool, init = (lambda key: model_pool(key, held)), (lambda: init_model(held))
+    else:
+        held, pool, init = everything, model_pool, init_model
     ctx = ClientContext(
         cid=cid, rnd=rnd, seed=derive_seed(seed, rnd, cid, route, call),
         data=data, test_data=test_data, meta=meta, train=train,
-        state=state, model_pool=model_pool, init_model=init_model,
+        state=state, model_pool=pool, init_model=init, modalities=held,
     )
     torch.manual_seed(ctx.seed)  # dropout and any other torch-global randomness
     reply = spec.client(params, ctx).handle(route, msg)

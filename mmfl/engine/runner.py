@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from mmfl.config import ExperimentConfig, resolve
-from mmfl.data.base import Federation
+from mmfl.data.base import ArrayDataset, Federation
 from mmfl.algorithms.base import Transport
 from mmfl.engine import checkpoint
 from mmfl.engine.simulation import SimulationTransport, derive_seed
@@ -34,29 +34,59 @@ from mmfl.errors import ConfigError, MMFLError
 
 
 def build_federation(cfg: ExperimentConfig, pooled: bool = False) -> Federation:
-    """Load the data set and split its training part among clients."""
+    """Load the data set, split its training part among clients and assign modalities."""
     from mmfl.data import DATASETS, PARTITIONERS
+    from mmfl.data.modality import MODALITY_ASSIGNERS, missing_masks
 
     bundle = DATASETS.get(cfg.data.name).factory(cfg.data.params)
     labels = bundle.train.label_array()
     client_ids = bundle.client_ids.numpy() if bundle.client_ids is not None else None
     rng = np.random.default_rng(derive_seed(cfg.run.seed, "partition"))
     parts = PARTITIONERS.get(cfg.partition.name).factory(labels, cfg.partition.params, rng, client_ids=client_ids)
-    clients = [bundle.train.subset(p) for p in parts]
+    mods = list(bundle.meta.modalities)
+    mrng = np.random.default_rng(derive_seed(cfg.run.seed, "modalities"))
+    holds = MODALITY_ASSIGNERS.get(cfg.modalities.name).factory(cfg.modalities.params, mods, len(parts), mrng)
+    masks = missing_masks(bundle.train, parts, holds, cfg.modalities.params.missing_rate, mrng)
+    train = bundle.train
+    if masks:
+        train = ArrayDataset({**train.features, **masks}, train.labels, train.indices)
     if pooled:  # centralized upper bound: one client holding the whole training split
-        clients = [bundle.train]
-    return Federation(clients=clients, test=bundle.test, meta=bundle.meta, public=bundle.public)
+        return Federation(clients=[train], test=bundle.test, meta=bundle.meta, public=bundle.public)
+    clients = []
+    for part, held in zip(parts, holds):
+        view = train.subset(part)
+        if tuple(held) != tuple(mods):
+            view = view.with_features(held)  # the client sees only its modalities
+        clients.append(view)
+    uniform = all(tuple(h) == tuple(mods) for h in holds)
+    return Federation(clients=clients, test=bundle.test, meta=bundle.meta, public=bundle.public,
+                      client_modalities=None if uniform else [tuple(h) for h in holds])
 
 
-def model_factory(cfg: ExperimentConfig, meta) -> Callable[[], nn.Module]:
-    """Builds the configured model with the run's initial weights (seeded)."""
+def model_factory(cfg: ExperimentConfig, meta) -> Callable[..., nn.Module]:
+    """``make(holds=None)`` builds the configured model with the run's initial weights (seeded).
+
+    ``holds``: the modalities of the client the model is for (None: all). A model
+    factory that takes ``holds`` builds only those modalities' modules; any other
+    model cannot serve a client missing a modality (ConfigError).
+    """
+    import inspect
+
     from mmfl.models import MODELS
 
     entry = MODELS.get(cfg.model.name)
+    takes_holds = "holds" in inspect.signature(entry.factory).parameters
+    everything = tuple(meta.modalities)
 
-    def make() -> nn.Module:
+    def make(holds=None) -> nn.Module:
+        partial = holds is not None and tuple(holds) != everything
+        if partial and not takes_holds:
+            raise ConfigError(f"model.name: '{cfg.model.name}' needs every modality on every client; "
+                              f"use model 'multimodal' for clients holding only {', '.join(holds)}")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(cfg.run.seed, "model-init"))
+            if partial:
+                return entry.factory(cfg.model.params, meta, holds=list(holds))
             return entry.factory(cfg.model.params, meta)
 
     return make
@@ -91,11 +121,15 @@ class Experiment:
             if len(c) == 0:
                 raise ConfigError(f"partition: client {cid} received no samples; use fewer clients")
         self.make_model = model_factory(cfg, self.federation.meta)
+        if self.federation.client_modalities is not None:  # fail now, not in round 1
+            for held in set(self.federation.client_modalities):
+                self.make_model(held)
         from mmfl.algorithms.base import ServerContext
 
         self.server = self.spec.server(cfg.algorithm.params, ServerContext(
             meta=self.federation.meta, train=cfg.train, seed=cfg.run.seed,
-            num_clients=self.federation.num_clients, make_model=self.make_model))
+            num_clients=self.federation.num_clients, make_model=self.make_model,
+            client_modalities=self.federation.client_modalities))
         self.store = make_store(cfg.run.state_store, self.federation.num_clients, cfg.run_dir / "client_state")
         if transport is not None:
             self.transport = transport(self)

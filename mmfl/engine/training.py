@@ -56,19 +56,27 @@ def local_train(
     loss_fn: LossFn = cross_entropy_loss,
     after_step: Callable[[], None] | None = None,
     epochs: int | None = None,
+    before_step: Callable[[], None] | None = None,
+    on_epoch: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
-    """SGD on ``data`` for ``train.local_epochs`` epochs; ``after_step()`` runs after every
-    optimizer step. Returns the mean loss and the number of steps."""
+    """SGD on ``data`` for ``train.local_epochs`` epochs. Hooks: ``on_epoch(e)`` at the start
+    of each epoch (PMR's prototypes), ``before_step()`` between backward and the optimizer
+    step (gradient modulation, OGM-GE), ``after_step()`` after every optimizer step
+    (SCAFFOLD). Returns the mean loss and the number of steps."""
     model.train()
     opt = make_optimizer([p for p in model.parameters() if p.requires_grad], train)
     total, steps = 0.0, 0
-    for _ in range(epochs or train.local_epochs):
+    for epoch in range(epochs or train.local_epochs):
+        if on_epoch is not None:
+            on_epoch(epoch)
         for inputs, labels in data.batches(train.batch_size, shuffle=True, generator=generator):
             if labels.shape[0] < 2 and len(data) >= 2:
                 continue  # a batch of one breaks BatchNorm; MOON's loaders drop it too
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model, inputs, labels)
             loss.backward()
+            if before_step is not None:
+                before_step()
             opt.step()
             if after_step is not None:
                 after_step()
@@ -78,16 +86,52 @@ def local_train(
 
 
 @torch.no_grad()
-def evaluate_model(model: nn.Module, data: ArrayDataset, batch_size: int = 1000) -> dict[str, float]:
-    """Top-1 accuracy and mean cross-entropy of ``model`` on ``data``."""
+def evaluate_model(model: nn.Module, data: ArrayDataset, batch_size: int = 1000,
+                   num_classes: int | None = None) -> dict:
+    """Top-1 accuracy and mean cross-entropy of ``model`` on ``data``.
+
+    For a multimodal model (outputs ``mod_logits``) also, per modality ``m``:
+    ``accuracy/<m>`` (that modality's own head), and for the joint output and
+    each modality: ``uar`` / ``uar/<m>`` (unweighted average recall = macro
+    recall, as fed-multimodal reports) and ``class_accuracy`` /
+    ``class_accuracy/<m>`` (recall of each class, a list; NaN -> None for a
+    class absent from ``data``). The numbers that reveal modality imbalance.
+    """
     model.eval()
     correct, loss, n = 0, 0.0, 0
+    preds: dict[str, list[Tensor]] = {}
+    ys: list[Tensor] = []
     for inputs, labels in data.batches(batch_size, shuffle=False):
-        logits = model(inputs)["logits"]
+        out = model(inputs)
+        logits = out["logits"]
         loss += float(F.cross_entropy(logits, labels, reduction="sum"))
         correct += int((logits.argmax(1) == labels).sum())
         n += labels.shape[0]
-    return {"accuracy": correct / max(n, 1), "test_loss": loss / max(n, 1)}
+        if "mod_logits" in out:
+            ys.append(labels)
+            preds.setdefault("", []).append(logits.argmax(1))
+            for m, lg in out["mod_logits"].items():
+                preds.setdefault(m, []).append(lg.argmax(1))
+    row: dict = {"accuracy": correct / max(n, 1), "test_loss": loss / max(n, 1)}
+    if ys:
+        y = torch.cat(ys)
+        k = num_classes or int(y.max()) + 1
+        for m, ps in preds.items():
+            suffix = f"/{m}" if m else ""
+            p = torch.cat(ps)
+            if m:
+                row[f"accuracy{suffix}"] = float((p == y).double().mean())
+            recall = class_recall(p, y, k)
+            row[f"uar{suffix}"] = float(torch.tensor([r for r in recall if r is not None]).mean())
+            row[f"class_accuracy{suffix}"] = recall
+    return row
+
+
+def class_recall(pred: Tensor, y: Tensor, num_classes: int) -> list[float | None]:
+    """Recall of each class (None for a class with no sample)."""
+    hits = torch.bincount(y[pred == y], minlength=num_classes).double()
+    count = torch.bincount(y, minlength=num_classes).double()
+    return [float(h / c) if c > 0 else None for h, c in zip(hits.tolist(), count.tolist())]
 
 
 def model_tensors(model: nn.Module) -> dict[str, Tensor]:

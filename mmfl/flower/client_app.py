@@ -50,10 +50,11 @@ class RunEnv:
     make_model: Callable[[], nn.Module]
     pool: dict[str, nn.Module] = field(default_factory=dict)
 
-    def model(self, key: str) -> nn.Module:
-        if key not in self.pool:
-            self.pool[key] = self.make_model()
-        return self.pool[key]
+    def model(self, key: str, holds: tuple[str, ...] | None = None) -> nn.Module:
+        k = key if holds is None else f"{key}|{'+'.join(holds)}"
+        if k not in self.pool:
+            self.pool[k] = self.make_model() if holds is None else self.make_model(holds)
+        return self.pool[k]
 
 
 @dataclass
@@ -152,7 +153,7 @@ def handle(msg: FlowerMessage, context: Context, config_text: str | None = None)
             run.spec, cfg.algorithm.params, cid=cid, rnd=rnd, route=route, call=int(call), msg=messages[cid],
             data=fed.clients[cid], test_data=fed.test, meta=fed.meta, train=cfg.train,
             seed=cfg.run.seed, state=load_state(context.state, cid), model_pool=run.model,
-            init_model=run.make_model)
+            init_model=run.make_model, holds=run.federation.modalities_of(cid))
         if reply.nonfinite_key() is None:  # as in the simulator: a rejected reply keeps no state
             save_state(context.state, cid, new_state)
         replies[cid] = reply

@@ -29,4 +29,4 @@ def build_model(name: str, values: dict, meta):
 
 __all__ += ["build_model"]
 
-from mmfl.models import cnn, mlp, resnet  # noqa: E402,F401  (register)
+from mmfl.models import cnn, mlp, multimodal, resnet  # noqa: E402,F401  (register)

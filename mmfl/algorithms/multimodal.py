@@ -1,0 +1,301 @@
+"""Multimodal FedAvg and what every multimodal algorithm shares (FedCMI's baselines).
+
+The model is :mod:`mmfl.models.multimodal` (encoders, projectors and heads per
+modality, a fusion module and a joint classifier). A client holding only some
+modalities has only their branches; it receives and uploads only the modules it
+holds, and the server averages each module over the clients that sent it,
+weighted by the number of their samples that have that modality (the engine's
+module-wise aggregation, :func:`mmfl.algorithms.fedavg.weighted_average`).
+
+Registered here:
+
+- ``mfedavg``: FedAvg over a multimodal model (FedCMI section 4.1, baseline 1):
+  local loss = cross-entropy of the joint output;
+- ``mfedprox``: + FedProx's proximal term mu/2 ||w - w^t||^2 (FedProx eq. 2);
+- ``fediot``: FedIoT (Zhao et al. 2022): multimodal FedAvg with a larger
+  aggregation weight for multimodal clients.
+
+Per-modality heads. The per-modality accuracy the issue asks for needs a
+classifier per modality; algorithms that do not train one themselves (all but
+FedCMI) train ``heads[m]`` as a *linear probe* on the detached projector output
+``z_m``: its gradient never reaches the encoder, so the baseline trains exactly
+as without it, and ``accuracy/<m>`` measures how much class information the
+shared representation of modality ``m`` carries. (Set ``probe = false`` to skip it.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mmfl.algorithms import register
+from mmfl.algorithms.base import Client
+from mmfl.algorithms.fedavg import MODULE_WEIGHT, FedAvgServer, reply_weights, weighted_average, weighted_mean_scalar
+from mmfl.data.base import PRESENT
+from mmfl.engine.message import Message
+from mmfl.engine.training import load_into, local_train, model_tensors, state_of
+from mmfl.errors import ConfigError
+from mmfl.models.multimodal import BRANCH_MODULES, branch_of
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def only_held(arrays: dict[str, Tensor], holds: tuple[str, ...]) -> dict[str, Tensor]:
+    """The entries of ``arrays`` a client holding ``holds`` has (branch keys of other modalities dropped)."""
+    return {k: v for k, v in arrays.items() if (b := branch_of(k)) is None or b in holds}
+
+
+def masked_ce(logits: Tensor, labels: Tensor, mask: Tensor | None, reduction: str = "mean") -> Tensor:
+    """Cross-entropy over the rows where ``mask`` is True (all rows if None); 0 if none."""
+    if mask is None or bool(mask.all()):
+        return F.cross_entropy(logits, labels, reduction=reduction)
+    if not bool(mask.any()):
+        return logits.sum() * 0.0
+    return F.cross_entropy(logits[mask], labels[mask], reduction=reduction)
+
+
+def present_counts(data, modalities) -> dict[str, int]:
+    """Samples of ``data`` that hold each modality (per-sample ``present/<m>`` masks)."""
+    out = {}
+    for m in modalities:
+        key = PRESENT + m
+        if key in data.features:
+            mask = data.features[key] if data.indices is None else data.features[key][data.indices]
+            out[m] = int(mask.sum())
+        else:
+            out[m] = len(data)
+    return out
+
+
+def require_multimodal_model(model: nn.Module, algorithm: str, two_projector: bool = False) -> None:
+    if not all(hasattr(model, a) for a in ("encoders", "proj", "heads", "fusion", "classifier")):
+        raise ConfigError(f"algorithm.name: '{algorithm}' needs model.name = \"multimodal\", "
+                          f"got a {type(model).__name__}")
+    if two_projector and getattr(model, "infil", None) is None:
+        raise ConfigError(f"model.two_projector: '{algorithm}' needs the infiltration projectors; "
+                          "set model.two_projector = true (or algorithm.projector = \"uni\")")
+
+
+# ----------------------------------------------------------------------------- server
+
+
+class MultimodalServer(FedAvgServer):
+    """FedAvg server for multimodal models: each client receives only the modules it holds
+    (and ``round_scalars``); aggregation is module-wise (the engine's rule)."""
+
+    two_projector = False
+
+    def __init__(self, params, ctx):
+        super().__init__(params, ctx)
+        require_multimodal_model(self.model, self.algorithm_name(), self.needs_infiltration())
+
+    def algorithm_name(self) -> str:
+        return type(self).__name__.removesuffix("Server").lower()
+
+    def needs_infiltration(self) -> bool:
+        return self.two_projector
+
+    def round_scalars(self, rnd: int) -> dict[str, float]:
+        return {}
+
+    def round_arrays(self, rnd: int) -> dict[str, Tensor]:
+        """Extra arrays every client receives this round (global prototypes, ...)."""
+        return {}
+
+    def configure_train(self, rnd, cohort):
+        full = dict(self.model.state_dict())
+        extra = self.round_arrays(rnd)
+        scalars = self.round_scalars(rnd)
+        by_holds: dict[tuple, Message] = {}
+        out = {}
+        for cid in cohort:
+            holds = self.ctx.modalities_of(cid)
+            if holds not in by_holds:  # one message object per modality set, counted per recipient
+                by_holds[holds] = Message(arrays={**only_held(full, holds), **extra}, scalars=dict(scalars))
+            out[cid] = by_holds[holds]
+        return out
+
+    def weight(self, cid: int, reply: Message):
+        """Aggregation weight of a reply (data size, per module); FedIoT overrides it."""
+        return reply_weights(reply)
+
+    def aggregate(self, rnd, replies):
+        cids = sorted(replies)
+        model_keys = set(model_tensors(self.model))
+        states = [{k: v for k, v in replies[c].arrays.items() if k in model_keys} for c in cids]
+        return weighted_average(states, [self.weight(c, replies[c]) for c in cids],
+                                previous=dict(self.model.state_dict()))
+
+    def aggregate_train(self, rnd, replies):
+        self.model.load_state_dict(self.aggregate(rnd, replies))
+        out = {}
+        for key in ("train_loss", *self.reported_scalars()):
+            v = weighted_mean_scalar(replies, key)
+            if v is not None:
+                out[key] = v
+        return out
+
+    def reported_scalars(self) -> tuple[str, ...]:
+        """Reply scalars averaged into the round's metrics (besides ``train_loss``)."""
+        return ()
+
+
+# ----------------------------------------------------------------------------- client
+
+
+class MultimodalClient(Client):
+    """Local training of a multimodal model. Subclasses change :meth:`loss` (and may use the
+    ``before_step`` / ``on_epoch`` hooks); ``private`` names key prefixes kept on the client
+    (in ``ctx.state``) and never uploaded (FedCMI's infiltration projectors)."""
+
+    private: tuple[str, ...] = ()
+    probe = True
+
+    # --- what a round is made of ---------------------------------------------
+    def train(self, msg: Message) -> Message:
+        model = self.load_model(msg)
+        self.begin(model, msg)
+        stats = local_train(model, self.ctx.data, self.ctx.train, self.ctx.generator(),
+                            loss_fn=lambda m, x, y: self.loss(m, x, y, msg),
+                            before_step=self.before_step, on_epoch=self.on_epoch)
+        return self.finish(model, msg, stats)
+
+    def load_model(self, msg: Message) -> nn.Module:
+        model = self.ctx.model("local")
+        own = model_tensors(model)
+        saved = {k[len("private/"):]: v for k, v in self.ctx.state.items() if k.startswith("private/")}
+        if self.private and not saved:  # first round: the run's initial weights
+            init = state_of(self.ctx.init_model())
+            saved = {k: v for k, v in init.items() if self.is_private(k)}
+        arrays = {k: msg.arrays[k] for k in own if k in msg.arrays}
+        arrays.update({k: v for k, v in saved.items() if k in own})
+        missing = [k for k in own if k not in arrays]
+        if missing:
+            raise RuntimeError(f"client {self.ctx.cid}: the server sent no value for {missing[0]}")
+        return load_into(model, arrays)
+
+    def is_private(self, key: str) -> bool:
+        return any(key.startswith(p) for p in self.private)
+
+    def begin(self, model: nn.Module, msg: Message) -> None:
+        """Called before local training (class-wise temperatures, teacher copies, ...)."""
+
+    def before_step(self) -> None:
+        """Between backward and the optimizer step."""
+
+    def on_epoch(self, epoch: int) -> None:
+        """At the start of each local epoch."""
+
+    # --- the local objective ---------------------------------------------------
+    def loss(self, model: nn.Module, inputs: dict[str, Tensor], labels: Tensor, msg: Message) -> Tensor:
+        out = model(inputs)
+        return self.task_loss(model, out, labels) + self.probe_loss(model, out, labels)
+
+    def task_loss(self, model, out: dict, labels: Tensor) -> Tensor:
+        """Cross-entropy of the joint output (MFedAvg's objective)."""
+        return F.cross_entropy(out["logits"], labels)
+
+    def probe_loss(self, model, out: dict, labels: Tensor) -> Tensor:
+        """Linear probes: each ``heads[m]`` on the detached ``z_m`` (no gradient to the encoders)."""
+        if not self.probe:
+            return out["logits"].sum() * 0.0
+        total = out["logits"].new_zeros(())
+        for m, z in out["mod_reps"].items():
+            total = total + masked_ce(model.heads[m](z.detach()), labels, out["present"][m])
+        return total
+
+    # --- the reply ---------------------------------------------------------------
+    def finish(self, model: nn.Module, msg: Message, stats: dict) -> Message:
+        state = state_of(model)
+        for k in [k for k in state if self.is_private(k)]:
+            self.ctx.state["private/" + k] = state.pop(k)
+        return Message(arrays=state, scalars={**self.reply_scalars(model, stats),
+                                              "train_loss": stats["train_loss"], "steps": stats["steps"]})
+
+    def reply_scalars(self, model, stats) -> dict[str, float]:
+        """``num_examples`` plus each branch module's own weight: the samples holding its modality."""
+        counts = present_counts(self.ctx.data, self.ctx.modalities)
+        out = {"num_examples": len(self.ctx.data), "num_modalities": len(self.ctx.modalities)}
+        for m, n in counts.items():
+            for mod in BRANCH_MODULES:
+                out[f"{MODULE_WEIGHT}{mod}.{m}."] = n
+        return out
+
+
+# ----------------------------------------------------------------------------- MFedAvg / MFedProx / FedIoT
+
+
+@dataclass
+class MFedAvgParams:
+    probe: bool = field(default=True, metadata={
+        "help": "train the per-modality heads as linear probes on detached features (for per-modality accuracy)"})
+
+
+class MFedAvgServer(MultimodalServer):
+    pass
+
+
+class MFedAvgClient(MultimodalClient):
+    def __init__(self, params, ctx):
+        super().__init__(params, ctx)
+        self.probe = getattr(params, "probe", True)
+
+
+@dataclass
+class MFedProxParams(MFedAvgParams):
+    mu: float = field(default=0.01, metadata={"help": "proximal weight mu (FedProx eq. 2)"})
+
+    def __post_init__(self):
+        if self.mu < 0:
+            raise ConfigError(f"algorithm.mu: must be >= 0, got {self.mu}")
+
+
+def proximal(model: nn.Module, anchor: dict[str, Tensor], skip: Callable[[str], bool] = lambda k: False) -> Tensor:
+    """||w - w^t||^2 over the trainable parameters present in ``anchor`` (FedProx eq. 2)."""
+    terms = [((p - anchor[n]) ** 2).sum() for n, p in model.named_parameters()
+             if p.requires_grad and n in anchor and not skip(n)]
+    return torch.stack(terms).sum() if terms else torch.zeros(())
+
+
+class MFedProxServer(MultimodalServer):
+    pass
+
+
+class MFedProxClient(MFedAvgClient):
+    def loss(self, model, inputs, labels, msg):
+        base = super().loss(model, inputs, labels, msg)
+        if self.params.mu == 0:
+            return base
+        return base + self.params.mu / 2 * proximal(model, msg.arrays, skip=lambda n: n.startswith("heads."))
+
+
+@dataclass
+class FedIoTParams(MFedAvgParams):
+    multimodal_weight: float = field(default=10.0, metadata={
+        "help": "aggregation weight factor of a client holding several modalities (FedIoT's larger weight)"})
+
+    def __post_init__(self):
+        if not self.multimodal_weight > 0:
+            raise ConfigError(f"algorithm.multimodal_weight: must be > 0, got {self.multimodal_weight}")
+
+
+class FedIoTServer(MultimodalServer):
+    def weight(self, cid, reply):
+        w = reply_weights(reply)
+        if reply.scalars.get("num_modalities", 1) <= 1:
+            return w
+        f = self.params.multimodal_weight
+        return {k: v * f for k, v in w.items()} if isinstance(w, dict) else w * f
+
+
+register("mfedavg", MFedAvgParams, MFedAvgServer, MFedAvgClient,
+         help="MFedAvg: FedAvg of a multimodal model, module-wise over the clients holding each module")
+register("mfedprox", MFedProxParams, MFedProxServer, MFedProxClient,
+         help="MFedProx: MFedAvg + FedProx's proximal term mu/2 ||w - w_global||^2")
+register("fediot", FedIoTParams, FedIoTServer, MFedAvgClient,
+         help="FedIoT: multimodal FedAvg with a larger aggregation weight for multimodal clients (Zhao et al. 2022)")

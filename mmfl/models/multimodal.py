@@ -1,0 +1,383 @@
+"""A multimodal classifier: per-modality encoders, projectors and heads, a fusion
+module and a joint classifier (FedCMI, Fan et al., section 3.2, and its baselines).
+
+Submodules (their names are the state-dict prefixes module-wise aggregation and
+the algorithms rely on; see :func:`module_of` / :func:`branch_of`):
+
+- ``encoders[m]``: modality ``m`` -> ``[B, feat_dim]`` (CNN or MLP, ReLU at the output)
+- ``proj[m]``:     self projector (SP), ``[B, feat_dim] -> [B, feat_dim]``
+- ``infil[m]``:    infiltration projector (IP), only with ``two_projector``
+- ``heads[m]``:    per-modality classifier ``Linear(feat_dim, num_classes)``, shared
+                   by the branch's SP and IP outputs
+- ``fusion``:      fusion over the SP outputs of all the data set's modalities
+                   (slots in sorted modality order)
+- ``classifier``:  joint classifier ``Linear(fusion_out_dim, num_classes)``
+
+A client's model (``holds`` = the modalities it has) is the full model with the
+branches (``encoders/proj/infil/heads``) of the other modalities deleted; it is
+always built in full first, so a torch seed gives every client the same tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from mmfl.data.base import DatasetMeta
+from mmfl.errors import ConfigError
+from mmfl.models import MODELS
+
+try:
+    from mmfl.data.base import PRESENT
+except ImportError:  # pragma: no cover - older mmfl.data.base
+    PRESENT = "present/"
+
+BRANCH_MODULES = ("encoders", "proj", "infil", "heads")
+ENCODER_KINDS = ("cnn", "mlp")
+PROJECTOR_KINDS = ("mlp", "linear", "none")
+FUSION_KINDS = ("concat", "sum", "film", "gated")
+
+__all__ = [
+    "BRANCH_MODULES", "CNNEncoder", "ConcatFusion", "FiLMFusion", "GatedFusion", "MLPEncoder",
+    "MultimodalModel", "MultimodalParams", "SumFusion", "branch_of", "make_projector", "module_of",
+    "multimodal",
+]
+
+
+# --------------------------------------------------------------------------- state-dict keys
+
+
+def module_of(key: str) -> str:
+    """The module a state-dict key belongs to.
+
+    ``"encoders.image.net.0.weight" -> "encoders.image"``, ``"heads.audio.weight" ->
+    "heads.audio"``, ``"fusion.fc.weight" -> "fusion"``, ``"classifier.bias" -> "classifier"``.
+    """
+    parts = key.split(".")
+    if parts[0] in BRANCH_MODULES and len(parts) >= 2:
+        return f"{parts[0]}.{parts[1]}"
+    return parts[0]
+
+
+def branch_of(key: str) -> str | None:
+    """The modality of an ``encoders/proj/infil/heads`` key, else None."""
+    parts = key.split(".")
+    if parts[0] in BRANCH_MODULES and len(parts) >= 2:
+        return parts[1]
+    return None
+
+
+# --------------------------------------------------------------------------- encoders
+
+
+class CNNEncoder(nn.Module):
+    """``[B, C, H, W]`` (or ``[B, H, W]``) -> ``net``: (conv3x3 - BN - ReLU - maxpool2) per
+    entry of ``channels``, adaptive avg pool, Linear(channels[-1], feat_dim), ReLU."""
+
+    def __init__(self, shape: tuple[int, ...], channels: list[int], feat_dim: int, modality: str = ""):
+        super().__init__()
+        shape = tuple(int(s) for s in shape)
+        c, h, w = shape if len(shape) == 3 else (1, *shape)
+        layers: list[nn.Module] = []
+        c_in = c
+        for i, c_out in enumerate(channels):
+            h, w = h // 2, w // 2
+            if h < 1 or w < 1:
+                raise ConfigError(f"model.cnn_channels: {len(channels)} conv blocks are too many for "
+                                  f"modality {modality!r} of shape {shape} (each halves H and W)")
+            layers += [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out),
+                       nn.ReLU(), nn.MaxPool2d(2)]
+            c_in = c_out
+        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, feat_dim), nn.ReLU()]
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x.float()
+        return self.net(x.unsqueeze(1) if x.dim() == 3 else x)
+
+
+class MLPEncoder(nn.Module):
+    """``[B, *shape]`` -> flatten -> (Linear, ReLU) per entry of ``hidden`` -> Linear(., feat_dim) -> ReLU."""
+
+    def __init__(self, shape: tuple[int, ...], hidden: list[int], feat_dim: int):
+        super().__init__()
+        dims = [math.prod(int(s) for s in shape), *hidden]
+        layers: list[nn.Module] = [nn.Flatten()]
+        for a, b in zip(dims[:-1], dims[1:]):
+            layers += [nn.Linear(a, b), nn.ReLU()]
+        layers += [nn.Linear(dims[-1], feat_dim), nn.ReLU()]
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x.float())
+
+
+def make_projector(kind: str, dim: int) -> nn.Module:
+    """``"mlp"``: Linear-ReLU-Linear (dim -> dim -> dim); ``"linear"``: Linear; ``"none"``: Identity."""
+    if kind == "mlp":
+        return nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, dim))
+    if kind == "linear":
+        return nn.Linear(dim, dim)
+    if kind == "none":
+        return nn.Identity()
+    raise ConfigError(f"model.projector: must be one of {list(PROJECTOR_KINDS)}, got {kind!r}")
+
+
+# --------------------------------------------------------------------------- fusion
+# Every fusion module maps the list of slots ([B, feat_dim] each, sorted modality
+# order) to [B, out_dim].
+
+
+class ConcatFusion(nn.Module):
+    """Concatenation of the slots (no parameters): ``out_dim = M * feat_dim``."""
+
+    def __init__(self, feat_dim: int, num: int):
+        super().__init__()
+        self.out_dim = num * feat_dim
+
+    def forward(self, slots: list[Tensor]) -> Tensor:
+        return torch.cat(slots, dim=1)
+
+
+class SumFusion(nn.Module):
+    """Sum of the slots (no parameters): ``out_dim = feat_dim``."""
+
+    def __init__(self, feat_dim: int, num: int):
+        super().__init__()
+        self.out_dim = feat_dim
+
+    def forward(self, slots: list[Tensor]) -> Tensor:
+        return torch.stack(slots, dim=0).sum(dim=0)
+
+
+class FiLMFusion(nn.Module):
+    """FiLM (Perez et al. 2018) as in OGM-GE: ``x = slot0``, ``y = cat(other slots)``;
+    ``gamma, beta = fc(y).chunk(2)``; ``out = gamma * x + beta`` (``feat_dim``)."""
+
+    def __init__(self, feat_dim: int, num: int):
+        super().__init__()
+        self.out_dim = feat_dim
+        self.fc = nn.Linear((num - 1) * feat_dim, 2 * feat_dim)
+
+    def forward(self, slots: list[Tensor]) -> Tensor:
+        x, y = slots[0], torch.cat(slots[1:], dim=1)
+        gamma, beta = self.fc(y).chunk(2, dim=1)
+        return gamma * x + beta
+
+
+class GatedFusion(nn.Module):
+    """Gated fusion (Kiela et al. 2018) as in OGM-GE: ``x = slot0``, ``y = cat(other slots)``;
+    ``out = sigmoid(fc_y(y)) * fc_x(x)`` (``feat_dim``)."""
+
+    def __init__(self, feat_dim: int, num: int):
+        super().__init__()
+        self.out_dim = feat_dim
+        self.fc_x = nn.Linear(feat_dim, feat_dim)
+        self.fc_y = nn.Linear((num - 1) * feat_dim, feat_dim)
+
+    def forward(self, slots: list[Tensor]) -> Tensor:
+        x, y = slots[0], torch.cat(slots[1:], dim=1)
+        return torch.sigmoid(self.fc_y(y)) * self.fc_x(x)
+
+
+FUSIONS = {"concat": ConcatFusion, "sum": SumFusion, "film": FiLMFusion, "gated": GatedFusion}
+
+
+# --------------------------------------------------------------------------- model
+
+
+class MultimodalModel(nn.Module):
+    """Encoders, self/infiltration projectors, per-modality heads, fusion, joint classifier.
+
+    Attributes: ``modalities`` (all the data set's modalities, sorted: the fusion
+    slot order), ``shapes``, ``holds`` (the modalities this model has branches
+    for), ``feat_dim``, ``num_classes``, ``two_projector``, ``fusion_kind``,
+    ``fusion_out_dim``.
+    """
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], num_classes: int, feat_dim: int = 128,
+                 encoders: dict[str, str] | None = None, cnn_channels: list[int] | None = None,
+                 mlp_hidden: list[int] | None = None, projector: str = "mlp", two_projector: bool = False,
+                 fusion: str = "concat", dropout: float = 0.0):
+        super().__init__()
+        self.modalities = sorted(shapes)
+        if not self.modalities:
+            raise ConfigError("model 'multimodal': the data set has no modalities")
+        for m in self.modalities:
+            if "." in m or not m:
+                raise ConfigError(f"model 'multimodal': modality name {m!r} cannot be a module name")
+        self.shapes = {m: tuple(int(d) for d in shapes[m]) for m in self.modalities}
+        self.num_classes = int(num_classes)
+        self.feat_dim = int(feat_dim)
+        self.two_projector = bool(two_projector)
+        self.fusion_kind = fusion
+        kinds = dict(encoders or {})
+        unknown = [m for m in kinds if m not in self.shapes]
+        if unknown:
+            raise ConfigError(f"model.encoders: unknown modality {unknown[0]!r} "
+                              f"(has: {', '.join(self.modalities)})")
+        channels = [32, 64] if cnn_channels is None else list(cnn_channels)
+        hidden = [256] if mlp_hidden is None else list(mlp_hidden)
+
+        self.encoders = nn.ModuleDict()
+        for m in self.modalities:
+            shape = self.shapes[m]
+            kind = kinds.get(m, "cnn" if len(shape) == 3 else "mlp")
+            if kind == "cnn":
+                if len(shape) not in (2, 3):
+                    raise ConfigError(f"model.encoders: modality {m!r} has shape {shape}; "
+                                      f"'cnn' needs (C, H, W) or (H, W)")
+                self.encoders[m] = CNNEncoder(shape, channels, self.feat_dim, m)
+            elif kind == "mlp":
+                self.encoders[m] = MLPEncoder(shape, hidden, self.feat_dim)
+            else:
+                raise ConfigError(f"model.encoders: {m} must be one of {list(ENCODER_KINDS)}, got {kind!r}")
+        self.proj = nn.ModuleDict({m: make_projector(projector, self.feat_dim) for m in self.modalities})
+        if self.two_projector:
+            self.infil = nn.ModuleDict({m: make_projector(projector, self.feat_dim) for m in self.modalities})
+        else:
+            self.infil = None
+        self.heads = nn.ModuleDict({m: nn.Linear(self.feat_dim, self.num_classes) for m in self.modalities})
+        if fusion not in FUSIONS:
+            raise ConfigError(f"model.fusion: must be one of {list(FUSION_KINDS)}, got {fusion!r}")
+        if fusion in ("film", "gated") and len(self.modalities) < 2:
+            raise ConfigError(f"model.fusion: {fusion!r} needs at least two modalities, "
+                              f"the data set has {self.modalities}")
+        self.fusion = FUSIONS[fusion](self.feat_dim, len(self.modalities))
+        self.fusion_out_dim = self.fusion.out_dim
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.classifier = nn.Linear(self.fusion_out_dim, self.num_classes)
+        self.holds = list(self.modalities)
+
+    def keep_only(self, holds) -> "MultimodalModel":
+        """Delete the branches (encoders/proj/infil/heads) of modalities not in ``holds``."""
+        holds = list(holds)
+        unknown = [m for m in holds if m not in self.shapes]
+        if unknown:
+            raise ConfigError(f"model 'multimodal': client holds unknown modality {unknown[0]!r} "
+                              f"(data set has: {', '.join(self.modalities)})")
+        for m in list(self.holds):
+            if m in holds:
+                continue
+            for name in BRANCH_MODULES:
+                md = getattr(self, name)
+                if md is not None and m in md:
+                    del md[m]
+        self.holds = [m for m in self.modalities if m in holds]
+        return self
+
+    def fuse(self, slots: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """``(rep, logits)`` of the fusion + joint classifier over ``slots`` (modality ->
+        ``[B, feat_dim]``); a modality without a slot gets zeros."""
+        ref = next(iter(slots.values()))
+        zeros = ref.new_zeros(ref.shape[0], self.feat_dim)
+        rep = self.fusion([slots.get(m, zeros) for m in self.modalities])
+        return rep, self.classifier(self.dropout(rep))
+
+    def forward(self, inputs: dict[str, Tensor]) -> dict:
+        """See the module doc; ``inputs``: modality -> ``[B, *shape]`` (any subset) and optional
+        per-sample masks ``"present/<m>"`` (bool ``[B]``)."""
+        ref = next((inputs[m] for m in self.holds if m in inputs), None)
+        if ref is None:
+            ref = next((t for t in inputs.values() if isinstance(t, Tensor)), None)
+        if ref is None:
+            raise ValueError("multimodal model: inputs hold no tensor")
+        b = int(ref.shape[0])
+        device = self.classifier.weight.device
+        feats: dict[str, Tensor] = {}
+        reps: dict[str, Tensor] = {}
+        mod_logits: dict[str, Tensor] = {}
+        ip_reps: dict[str, Tensor] = {}
+        ip_logits: dict[str, Tensor] = {}
+        present: dict[str, Tensor] = {}
+        for m in self.holds:
+            if m not in inputs:
+                continue
+            f = self.encoders[m](inputs[m])
+            z = self.proj[m](f)
+            feats[m], reps[m], mod_logits[m] = f, z, self.heads[m](z)
+            if self.infil is not None:
+                ip = self.infil[m](f)
+                ip_reps[m], ip_logits[m] = ip, self.heads[m](ip)
+            mask = inputs.get(PRESENT + m)
+            present[m] = (mask.to(device=device, dtype=torch.bool).reshape(b) if mask is not None
+                          else torch.ones(b, dtype=torch.bool, device=device))
+
+        zeros = torch.zeros(b, self.feat_dim, device=device, dtype=self.classifier.weight.dtype)
+        slots = []
+        for m in self.modalities:
+            fill = self._fill(m, ip_reps, present, zeros)
+            slots.append(torch.where(present[m].unsqueeze(1), reps[m], fill) if m in reps else fill)
+        rep = self.fusion(slots)
+        logits = self.classifier(self.dropout(rep))
+        return {"logits": logits, "rep": rep, "features": rep, "mod_feats": feats, "mod_reps": reps,
+                "mod_logits": mod_logits, "ip_reps": ip_reps, "ip_logits": ip_logits, "present": present}
+
+    def _fill(self, m: str, ip_reps: dict[str, Tensor], present: dict[str, Tensor], zeros: Tensor) -> Tensor:
+        """The slot of modality ``m`` where a sample lacks it: the mean IP output of the
+        sample's present other modalities (two_projector), else / if none, zeros."""
+        others = [k for k in ip_reps if k != m]
+        if not others:
+            return zeros
+        total = zeros
+        count = torch.zeros(zeros.shape[0], 1, device=zeros.device, dtype=zeros.dtype)
+        for k in others:
+            mk = present[k].unsqueeze(1)
+            total = total + torch.where(mk, ip_reps[k], zeros)
+            count = count + mk.to(zeros.dtype)
+        return total / count.clamp(min=1.0)
+
+
+@dataclass
+class MultimodalParams:
+    feat_dim: int = field(default=128, metadata={"help": "encoder / projector output size per modality"})
+    encoders: dict[str, str] = field(default_factory=dict, metadata={
+        "help": "modality -> 'cnn' | 'mlp'; default: 'cnn' for (C, H, W) shapes, else 'mlp'"})
+    cnn_channels: list[int] = field(default_factory=lambda: [32, 64], metadata={
+        "help": "CNN encoder: channels of the conv3x3-BN-ReLU-maxpool blocks"})
+    mlp_hidden: list[int] = field(default_factory=lambda: [256], metadata={
+        "help": "MLP encoder: hidden layer sizes"})
+    projector: str = field(default="mlp", metadata={
+        "help": "projector kind: 'mlp' (2 layers, the paper's), 'linear' or 'none'"})
+    two_projector: bool = field(default=False, metadata={
+        "help": "add FedCMI's infiltration projectors (infil); their output fills missing slots"})
+    fusion: str = field(default="concat", metadata={"help": "'concat' | 'sum' | 'film' | 'gated'"})
+    dropout: float = field(default=0.0, metadata={"help": "dropout before the joint classifier"})
+
+    def __post_init__(self):
+        if isinstance(self.feat_dim, bool) or not isinstance(self.feat_dim, int) or self.feat_dim < 1:
+            raise ConfigError(f"model.feat_dim: must be an integer >= 1, got {self.feat_dim!r}")
+        if not isinstance(self.encoders, dict):
+            raise ConfigError(f"model.encoders: expected a table modality -> kind, got {self.encoders!r}")
+        for m, kind in self.encoders.items():
+            if kind not in ENCODER_KINDS:
+                raise ConfigError(f"model.encoders: {m} must be one of {list(ENCODER_KINDS)}, got {kind!r}")
+        if not self.cnn_channels or any(isinstance(c, bool) or not isinstance(c, int) or c < 1
+                                        for c in self.cnn_channels):
+            raise ConfigError(f"model.cnn_channels: need one or more sizes >= 1, got {self.cnn_channels!r}")
+        if any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in self.mlp_hidden):
+            raise ConfigError(f"model.mlp_hidden: sizes must be >= 1, got {self.mlp_hidden!r}")
+        if self.projector not in PROJECTOR_KINDS:
+            raise ConfigError(f"model.projector: must be one of {list(PROJECTOR_KINDS)}, got {self.projector!r}")
+        if not isinstance(self.two_projector, bool):
+            raise ConfigError(f"model.two_projector: expected true or false, got {self.two_projector!r}")
+        if self.fusion not in FUSION_KINDS:
+            raise ConfigError(f"model.fusion: must be one of {list(FUSION_KINDS)}, got {self.fusion!r}")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
+                or not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout: must be in [0, 1), got {self.dropout!r}")
+
+
+@MODELS.register("multimodal", MultimodalParams,
+                 help="per-modality encoders + self/infiltration projectors + heads, fusion, joint classifier")
+def multimodal(params: MultimodalParams, meta: DatasetMeta, holds=None) -> MultimodalModel:
+    """The full model for all of ``meta.modalities``, then (``holds`` given) only those branches."""
+    model = MultimodalModel(dict(meta.modalities), meta.num_classes, params.feat_dim, params.encoders,
+                            params.cnn_channels, params.mlp_hidden, params.projector, params.two_projector,
+                            params.fusion, params.dropout)
+    if holds is not None:
+        model.keep_only(holds)
+    return model
