@@ -16,4 +16,5 @@ def register(name: str, params: type | None, server, client, help: str, **flags)
     ALGORITHMS.register(name, params, help=help)(AlgorithmSpec(server, client, **flags))
 
 
-from mmfl.algorithms import centralized, fedavg, fedprox, local, moon, scaffold  # noqa: E402,F401  (register)
+from mmfl.algorithms import centralized, fedavg, fedprox, local, moon, multimodal, scaffold  # noqa: E402,F401  (register)
+from mmfl.algorithms import fedcmi  # noqa: E402,F401  (register; after multimodal)
