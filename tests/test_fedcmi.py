@@ -1,0 +1,171 @@
+"""FedCMI: the discrepancy ratio (eq. 3-4), class-wise temperatures (eq. 8-9), the
+distillation loss and its direction (eq. 5), the private infiltration projector."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from mmfl.algorithms import ALGORITHMS
+from mmfl.algorithms.base import ClientContext
+from mmfl.algorithms.fedcmi import (FedCMIClient, class_temperatures, discrepancy_ratio, response_distillation,
+                                    true_class_prob)
+from mmfl.config import TrainConfig, resolve
+from mmfl.data.base import ArrayDataset, DatasetMeta
+from mmfl.engine.message import Message
+from mmfl.engine.runner import Experiment
+from mmfl.engine.training import state_of
+from mmfl.errors import ConfigError
+from mmfl.models.multimodal import MultimodalModel
+
+META = DatasetMeta("tiny", 3, {"a": (4,), "b": (3,)})
+
+
+def test_true_class_prob_and_ratio_by_hand():
+    logits_a = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    logits_b = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    y = torch.tensor([0, 1])
+    s_a, s_b = true_class_prob(logits_a, y), true_class_prob(logits_b, y)
+    e = math.e
+    hand_a = [e**2 / (e**2 + 2), e / (e + 2)]
+    hand_b = [1 / 3, 1 / (e + 2)]
+    assert s_a.tolist() == pytest.approx(hand_a, rel=1e-6)
+    assert s_b.tolist() == pytest.approx(hand_b, rel=1e-6)
+    dom, weak, rho = discrepancy_ratio({"a": s_a, "b": s_b})
+    assert (dom, weak) == ("a", "b")
+    assert rho == pytest.approx(sum(hand_a) / sum(hand_b), rel=1e-6)
+    dom, weak, rho2 = discrepancy_ratio({"a": s_b, "b": s_a})  # swapped: rho <= 1, m1 dominates
+    assert (dom, weak) == ("b", "a") and rho2 == pytest.approx(1 / rho, rel=1e-6)
+
+
+def test_class_temperatures_by_hand():
+    # class 0: s_dom 0.9+0.7, s_weak 0.2+0.2 -> rho_0 = 4; class 1: 0.6 / 0.3 = 2; class 2: 0.5/0.5 = 1
+    s_dom = torch.tensor([0.9, 0.7, 0.6, 0.5])
+    s_weak = torch.tensor([0.2, 0.2, 0.3, 0.5])
+    y = torch.tensor([0, 0, 1, 2])
+    t = class_temperatures(s_dom, s_weak, y, num_classes=4, temperature=2.0, beta=1.5)
+    rho = (4 + 2 + 1) / 3
+    assert t[0].item() == pytest.approx(2.0 / (1 + 1.5 * math.log(4 / rho)), rel=1e-5)  # rho_0 > rho: cooler
+    assert t[1].item() == pytest.approx(2.0)  # rho_1 = 2 < rho: unchanged
+    assert t[2].item() == pytest.approx(2.0)
+    assert t[3].item() == pytest.approx(2.0)  # class absent from the client
+
+
+def test_response_distillation_is_kl_and_zero_when_equal():
+    t = torch.tensor([[1.0, 2.0, 0.5]])
+    s = torch.tensor([[0.0, 1.0, 0.0]])
+    p_t = (t / 2).softmax(1)
+    p_s = (s / 0.5).softmax(1)
+    hand = float((p_t * (p_t / p_s).log()).sum())
+    assert float(response_distillation(t, s, 2.0, torch.tensor([0.5]))) == pytest.approx(hand, rel=1e-5)
+    assert float(response_distillation(t, t, 1.0, 1.0)) == pytest.approx(0.0, abs=1e-7)
+
+
+def tiny_client(params=None, holds=("a", "b"), rnd=0, n=12):
+    torch.manual_seed(0)
+    make = lambda h=None: MultimodalModel(dict(META.modalities), 3, feat_dim=4, mlp_hidden=[8],
+                                          two_projector=True).keep_only(list(h or holds))
+    pool: dict = {}
+
+    def model_pool(key):
+        if key not in pool:
+            pool[key] = make()
+        return pool[key]
+
+    g = torch.Generator().manual_seed(1)
+    feats = {m: torch.randn(n, *META.modalities[m], generator=g) for m in holds}
+    data = ArrayDataset(feats, torch.arange(n) % 3)
+    p = ALGORITHMS.params("fedcmi", params or {})
+    ctx = ClientContext(cid=0, rnd=rnd, seed=5, data=data, test_data=None, meta=META,
+                        train=TrainConfig(local_epochs=1, batch_size=6, lr=0.05), state={},
+                        model_pool=model_pool, init_model=make, modalities=tuple(holds))
+    return FedCMIClient(p, ctx), make
+
+
+def test_distillation_goes_from_the_dominant_to_the_weak_infiltration_projector():
+    client, make = tiny_client({"mu": 0.0, "uni_ce": False, "class_temperature": False})
+    model = make()
+    with torch.no_grad():  # small head weights: the biases below decide each branch's prediction
+        model.heads["a"].weight.mul_(0.1), model.heads["b"].weight.mul_(0.1)
+    labels = torch.zeros(6, dtype=torch.long)
+    with torch.no_grad():
+        model.heads["a"].bias.copy_(torch.tensor([5.0, 0.0, 0.0]))  # a predicts class 0 = the label
+        model.heads["b"].bias.copy_(torch.tensor([0.0, 5.0, 0.0]))  # b predicts class 1
+    client.teacher = make()
+    client.teacher.load_state_dict(model.state_dict())
+    client.teacher.eval()
+    inputs, _ = client.ctx.data.get(torch.arange(6))
+    out = model(inputs)
+    rd = client._distill(model, out, inputs, labels)
+    assert client.rhos[-1] > 1  # a dominates (eq. 4)
+    rd.backward()
+    grad = lambda mod: sum(float(p.grad.abs().sum()) for p in mod.parameters() if p.grad is not None)
+    assert grad(model.infil["b"]) > 0  # the weak side's IP is the student
+    assert grad(model.infil["a"]) == 0 and grad(model.proj["a"]) == 0  # the dominant side is not taught
+    # and the other way round when b dominates
+    with torch.no_grad():
+        model.heads["a"].bias.copy_(torch.tensor([0.0, 5.0, 0.0]))
+        model.heads["b"].bias.copy_(torch.tensor([5.0, 0.0, 0.0]))
+        client.teacher.load_state_dict(model.state_dict())
+    model.zero_grad()
+    out = model(inputs)
+    client._distill(model, out, inputs, labels).backward()
+    assert client.rhos[-1] < 1
+    assert grad(model.infil["a"]) > 0 and grad(model.infil["b"]) == 0
+
+
+def test_infiltration_projector_never_uploaded_and_kept_on_the_client():
+    client, make = tiny_client()
+    glob = make()
+    arrays = {k: v for k, v in state_of(glob).items() if not k.startswith("infil.")}
+    reply = client.handle("train", Message(arrays=arrays))
+    assert reply.arrays and not any(k.startswith("infil.") for k in reply.arrays)
+    kept = [k for k in client.ctx.state if k.startswith("private/infil.")]
+    assert kept and set(k[len("private/"):] for k in kept) == {k for k in state_of(glob) if k.startswith("infil.")}
+    assert reply.scalars["cmi_rho"] > 0 and math.isfinite(reply.scalars["cmi_rd"])
+    # next round: the client's own IP comes back from its state, not from the server
+    client2, _ = tiny_client(rnd=1)
+    client2.ctx.state.update(client.ctx.state)
+    model = client2.load_model(Message(arrays=arrays))
+    for k in kept:
+        assert torch.equal(model.state_dict()[k[len("private/"):]], client.ctx.state[k])
+
+
+def test_unimodal_client_trains_joint_output_only_and_does_not_weigh_its_head():
+    client, _ = tiny_client(holds=("b",))
+    glob = MultimodalModel(dict(META.modalities), 3, feat_dim=4, mlp_hidden=[8], two_projector=True)
+    arrays = {k: v for k, v in state_of(glob).items() if not k.startswith("infil.") and ".a." not in f".{k}"}
+    arrays = {k: v for k, v in arrays.items() if not k.split(".")[1:2] == ["a"]}
+    reply = client.handle("train", Message(arrays=arrays))
+    assert not any(k.split(".")[1] == "a" for k in reply.arrays if k.split(".")[0] in ("encoders", "proj", "heads"))
+    assert reply.scalars["examples/heads.b."] == 0.0 and reply.scalars["examples/encoders.b."] == 12
+    assert "cmi_rho" not in reply.scalars
+
+
+def test_fedcmi_needs_infiltration_projectors(tmp_path):
+    raw = {"name": "x", "rounds": 1, "output_dir": str(tmp_path), "data": {"name": "mfeat", "views": ["pix", "fou"]},
+           "partition": {"num_clients": 2}, "model": {"name": "multimodal", "feat_dim": 8},
+           "algorithm": {"name": "fedcmi"}}
+    with pytest.raises(ConfigError, match="model.two_projector"):
+        Experiment(resolve(raw), progress=False)
+    raw["algorithm"]["projector"] = "uni"  # the UP ablation needs none
+    Experiment(resolve(raw), progress=False)
+
+
+def test_fedcmi_end_to_end_case_d_and_resume(tmp_path):
+    raw = {"name": "cmi", "rounds": 3, "output_dir": str(tmp_path), "threads": 1, "case": "D",
+           "data": {"name": "mfeat", "views": ["pix", "fou"]}, "partition": {"num_clients": 4},
+           "modalities": {"missing_rate": {"pix": 0.2}},
+           "model": {"name": "multimodal", "feat_dim": 16, "mlp_hidden": [32], "two_projector": True},
+           "algorithm": {"name": "fedcmi"}, "train": {"local_epochs": 1, "batch_size": 64}}
+    full = Experiment(resolve(raw), progress=False).run()
+    rows = [json.loads(x) for x in (tmp_path / "cmi" / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["accuracy/pix"]) and math.isfinite(r["accuracy/fou"]) for r in rows)
+    assert any("cmi_rho" in r for r in rows)
+    raw2 = dict(raw, name="cmi2", rounds=2)
+    Experiment(resolve(raw2), progress=False).run()
+    resumed = Experiment(resolve(dict(raw2, rounds=3)), progress=False).run(resume=True)
+    assert resumed["final_accuracy"] == full["final_accuracy"]
