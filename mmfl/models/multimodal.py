@@ -75,7 +75,8 @@ def branch_of(key: str) -> str | None:
 
 class CNNEncoder(nn.Module):
     """``[B, C, H, W]`` (or ``[B, H, W]``) -> ``net``: (conv3x3 - BN - ReLU - maxpool2) per
-    entry of ``channels``, adaptive avg pool, Linear(channels[-1], feat_dim), ReLU."""
+    entry of ``channels``, adaptive avg pool to at most 3x3 (keeping coarse spatial layout:
+    a global pool trained several times slower on MNIST), flatten, Linear(., feat_dim), ReLU."""
 
     def __init__(self, shape: tuple[int, ...], channels: list[int], feat_dim: int, modality: str = ""):
         super().__init__()
@@ -91,8 +92,10 @@ class CNNEncoder(nn.Module):
             layers += [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out),
                        nn.ReLU(), nn.MaxPool2d(2)]
             c_in = c_out
-        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, feat_dim), nn.ReLU()]
+        ph, pw = min(h, 3), min(w, 3)
+        layers += [nn.AdaptiveAvgPool2d((ph, pw)), nn.Flatten(), nn.Linear(c_in * ph * pw, feat_dim), nn.ReLU()]
         self.net = nn.Sequential(*layers)
+        relu_init(self.net)
 
     def forward(self, x: Tensor) -> Tensor:
         x = x.float()
@@ -110,15 +113,29 @@ class MLPEncoder(nn.Module):
             layers += [nn.Linear(a, b), nn.ReLU()]
         layers += [nn.Linear(dims[-1], feat_dim), nn.ReLU()]
         self.net = nn.Sequential(*layers)
+        relu_init(self.net)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x.float())
 
 
+def relu_init(module: nn.Module) -> nn.Module:
+    """He (Kaiming) normal init of every Linear in ``module`` (fan-in, ReLU gain), zero biases.
+
+    PyTorch's default Linear init shrinks the signal's variance about threefold per layer;
+    through encoder, projector and classifier that left the logits near zero and training on
+    a long plateau (MNIST at 17% after 100 steps, 90% with this init)."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+            nn.init.zeros_(m.bias)
+    return module
+
+
 def make_projector(kind: str, dim: int) -> nn.Module:
     """``"mlp"``: Linear-ReLU-Linear (dim -> dim -> dim); ``"linear"``: Linear; ``"none"``: Identity."""
     if kind == "mlp":
-        return nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, dim))
+        return relu_init(nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, dim)))
     if kind == "linear":
         return nn.Linear(dim, dim)
     if kind == "none":

@@ -1,0 +1,281 @@
+"""FedOGM (OGM-GE in local training) and FedMSplit (graph-personalized modules): hand-computed
+scores, coefficients and attention weights, gradient modulation, server state, and tiny
+end-to-end runs (with FedMSplit's checkpoint/resume)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from mmfl.algorithms.base import ClientContext, ServerContext
+from mmfl.algorithms.fedmsplit import STATE_PREFIX, FedMSplitParams, FedMSplitServer, attention_matrix
+from mmfl.algorithms.fedogm import (FedOGMClient, FedOGMParams, modality_outputs, ogm_coefficients,
+                                    true_class_scores)
+from mmfl.algorithms.multimodal import only_held
+from mmfl.config import TrainConfig, load_config
+from mmfl.data.base import PRESENT, ArrayDataset, DatasetMeta
+from mmfl.engine.message import Message
+from mmfl.engine.runner import Experiment
+from mmfl.errors import ConfigError
+from mmfl.models.multimodal import MultimodalModel
+
+META = DatasetMeta("tiny", 3, {"a": (4,), "b": (3,)})
+
+
+def tiny_model(seed: int = 0) -> MultimodalModel:
+    torch.manual_seed(seed)
+    return MultimodalModel(dict(META.modalities), META.num_classes, feat_dim=2, mlp_hidden=[5])
+
+
+# ============================================================================= FedOGM
+
+
+def test_scores_and_coefficients_by_hand():
+    logits = {"a": torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]),
+              "b": torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [5.0, 0.0, 0.0]])}
+    y = torch.tensor([0, 1, 2])
+    e = math.e
+    s = true_class_scores(logits, y)  # OGM-GE eq. 9
+    assert s["a"] == pytest.approx(e ** 2 / (e ** 2 + 2) + e / (e + 2) + 1 / 3)
+    assert s["b"] == pytest.approx(2 / 3 + 1 / (e ** 5 + 2))
+    s = true_class_scores(logits, y, torch.tensor([True, True, False]))  # only the masked rows
+    assert s["b"] == pytest.approx(2 / 3)
+
+    k, dom, ratio = ogm_coefficients({"a": 1.5, "b": 0.5}, alpha=0.8)  # eq. 10, 11
+    assert (dom, ratio) == ("a", pytest.approx(3.0))
+    assert k == {"a": pytest.approx(1 - math.tanh(0.8 * 2.0)), "b": 1.0}
+    k, dom, ratio = ogm_coefficients({"a": 0.7, "b": 1.4}, alpha=0.5)
+    assert dom == "b" and ratio == pytest.approx(2.0) and k == {"a": 1.0, "b": pytest.approx(1 - math.tanh(0.5))}
+    k, _, ratio = ogm_coefficients({"a": 1.0, "b": 1.0}, alpha=0.8)  # balanced: no modulation
+    assert ratio == 1.0 and k == {"a": 1.0, "b": 1.0}
+    # M > 2: dominant = argmax, ratio = s_dom / mean of the others
+    k, dom, ratio = ogm_coefficients({"a": 1.0, "b": 2.0, "c": 4.0}, alpha=1.0)
+    assert dom == "c" and ratio == pytest.approx(4 / 1.5)
+    assert k == {"a": 1.0, "b": 1.0, "c": pytest.approx(1 - math.tanh(4 / 1.5 - 1))}
+
+
+def ogm_client(seed: int = 11, **params) -> FedOGMClient:
+    data = ArrayDataset({"a": torch.zeros(4, 4), "b": torch.zeros(4, 3)}, torch.zeros(4, dtype=torch.int64))
+    ctx = ClientContext(cid=0, rnd=0, seed=seed, data=data, test_data=None, meta=META, train=TrainConfig(),
+                        state={}, model_pool=None, modalities=("a", "b"))
+    return FedOGMClient(FedOGMParams(**params), ctx)
+
+
+def ogm_step(client: FedOGMClient, model: MultimodalModel):
+    """One step's loss/backward/before_step on a batch where b dominates; returns (grads before, after)."""
+    g = torch.Generator().manual_seed(0)
+    inputs = {"a": torch.randn(4, 4, generator=g), "b": torch.randn(4, 3, generator=g),
+              PRESENT + "b": torch.tensor([True, True, True, False])}
+    labels = torch.tensor([0, 0, 1, 2])
+    with torch.no_grad():  # heads by hand: a uniform, b favours class 0
+        model.heads["a"].weight.zero_(), model.heads["a"].bias.zero_()
+        model.heads["b"].weight.zero_(), model.heads["b"].bias.copy_(torch.tensor([3.0, 0.0, 0.0]))
+    client.begin(model, Message())
+    model.zero_grad()
+    client.loss(model, inputs, labels, Message()).backward()
+    before = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    coeffs = dict(client._coeffs)
+    client.before_step()
+    after = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return coeffs, before, after
+
+
+def test_client_coefficient_and_modulated_gradients_by_hand():
+    client, model = ogm_client(ge=False), tiny_model()
+    coeffs, before, after = ogm_step(client, model)
+    # rows 0..2 hold both modalities (row 3 lacks b): s_a = 3 * 1/3, s_b = (2 e^3 + 1) / (e^3 + 2)
+    e3 = math.exp(3)
+    ratio = (2 * e3 + 1) / (e3 + 2)
+    k = 1 - math.tanh(0.8 * (ratio - 1))
+    assert coeffs == {"a": 1.0, "b": pytest.approx(k)}
+    assert client._log == [(pytest.approx(k), pytest.approx(ratio))]
+    assert any(n.startswith("encoders.b.") for n in before)
+    for n, g in before.items():
+        if n.startswith("encoders.b."):
+            assert torch.allclose(after[n], g * k, rtol=1e-6, atol=0), n  # the dominant encoder: k * g
+        else:
+            assert torch.equal(after[n], g), n  # the weak encoder, projectors, heads, classifier: untouched
+    reply = client.reply_scalars(model, {"train_loss": 0.0, "steps": 1})
+    assert reply["ogm_coeff"] == pytest.approx(k) and reply["ogm_ratio"] == pytest.approx(ratio)
+
+
+def test_ge_noise_is_added_and_reproducible_from_the_seed():
+    runs = [ogm_step(ogm_client(seed=s, ge=True), tiny_model()) for s in (11, 11, 12)]
+    (k, before, a1), (_, _, a2), (_, _, a3) = runs
+    enc = [n for n in before if n.startswith("encoders.")]
+    for n in enc:  # both modalities' encoders get noise (as the authors' code), the dominant one scaled
+        assert not torch.allclose(a1[n], before[n] * k[n.split(".")[1]]), n
+        assert torch.equal(a1[n], a2[n]), n  # same ctx.seed: the same noise
+    assert any(not torch.equal(a1[n], a3[n]) for n in enc)  # another seed: other noise
+    for n in before:
+        if not n.startswith("encoders."):
+            assert torch.equal(a1[n], before[n]), n
+
+
+def test_ogm_classifier_split_scores_and_config_errors():
+    model = tiny_model()
+    out = model({"a": torch.randn(2, 4), "b": torch.randn(2, 3)})
+    w, b = model.classifier.weight, model.classifier.bias  # concat slots: a = columns 0..1, b = 2..3
+    split = modality_outputs(model, out, "classifier")
+    assert torch.allclose(split["b"], out["mod_reps"]["b"] @ w[:, 2:4].T + b / 2)
+    assert torch.allclose(modality_outputs(model, out, "head")["a"], out["mod_logits"]["a"])
+    with pytest.raises(ConfigError):
+        FedOGMParams(alpha=-1.0)
+    with pytest.raises(ConfigError):
+        FedOGMParams(probe=False)  # score = "head" needs trained heads
+    with pytest.raises(ConfigError):
+        FedOGMParams(modulation_start_round=3, modulation_end_round=2)
+
+
+def test_ogm_outside_the_modulation_window_is_mfedavg():
+    client, model = ogm_client(ge=True, modulation_start_round=1), tiny_model()
+    client.begin(model, Message())
+    assert not client._active
+
+
+# ============================================================================= FedMSplit
+
+
+def msplit_server(holds, **params) -> FedMSplitServer:
+    ctx = ServerContext(meta=META, train=TrainConfig(), seed=0, num_clients=len(holds), make_model=tiny_model,
+                        client_modalities=holds)
+    return FedMSplitServer(FedMSplitParams(**params), ctx)
+
+
+def upload(server, cid, scale):
+    """Client ``cid``'s reply: the global state plus a fixed perturbation, only its modules."""
+    g = torch.Generator().manual_seed(100 + cid)
+    state = {k: v + scale * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
+             for k, v in server.model.state_dict().items()}
+    return Message(arrays=only_held(state, server.ctx.modalities_of(cid)),
+                   scalars={"num_examples": 10 + cid, "train_loss": 1.0, "steps": 1})
+
+
+def test_attention_matrix_by_hand():
+    v = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    a = attention_matrix(v, tau=0.5)
+    r = 1 / math.sqrt(2)  # cos(v0, v1) = 0, cos(v0, v2) = cos(v1, v2) = 1/sqrt(2), cos(vi, vi) = 1
+    logits = [[1, 0, r], [0, 1, r], [r, r, 1]]
+    for i in range(3):
+        z = sum(math.exp(c / 0.5) for c in logits[i])
+        for j in range(3):
+            assert float(a[i, j]) == pytest.approx(math.exp(logits[i][j] / 0.5) / z)
+
+
+HOLDS = [("a", "b"), ("a", "b"), ("a",), ("a", "b")]
+
+
+def test_msplit_personalizes_over_the_clients_holding_each_module():
+    server = msplit_server(HOLDS, tau=0.2, personal_mix=0.5)
+    replies = {c: upload(server, c, 0.1 * (c + 1)) for c in range(3)}  # client 3 never replies
+    server.aggregate_train(0, replies)
+    glob = dict(server.model.state_dict())
+    msgs = server.configure_train(1, [0, 1, 2, 3])
+
+    def by_hand(cid, keys, peers):
+        pk = [k for k in keys if k.endswith(("weight", "bias"))]
+        vec = {j: torch.cat([replies[j].arrays[k].reshape(-1).double() for k in pk]) for j in peers}
+        cos = {j: float(torch.dot(vec[cid], vec[j]) / (vec[cid].norm() * vec[j].norm())) for j in peers}
+        z = sum(math.exp(c / 0.2) for c in cos.values())
+        w = {j: math.exp(cos[j] / 0.2) / z for j in peers}
+        return {k: 0.5 * glob[k].double() + 0.5 * sum(w[j] * replies[j].arrays[k].double() for j in peers)
+                for k in keys}
+
+    enc_a = [k for k in glob if k.startswith("encoders.a.")]
+    enc_b = [k for k in glob if k.startswith("encoders.b.")]
+    for cid in (0, 1, 2):
+        for k, v in by_hand(cid, enc_a, [0, 1, 2]).items():  # encoders.a: all three hold it
+            assert torch.allclose(msgs[cid].arrays[k].double(), v, atol=1e-6), (cid, k)
+    for cid in (0, 1):
+        for k, v in by_hand(cid, enc_b, [0, 1]).items():  # encoders.b: only clients 0 and 1
+            assert torch.allclose(msgs[cid].arrays[k].double(), v, atol=1e-6), (cid, k)
+    assert not any(k.startswith(("encoders.b.", "proj.b.", "heads.b.")) for k in msgs[2].arrays)
+    for k, v in msgs[3].arrays.items():  # never seen: the global model
+        assert torch.equal(v, glob[k]), k
+    assert set(msgs[3].arrays) == set(glob)
+    # the evaluated global model is the module-wise weighted average (MFedAvg's)
+    w = {0: 10.0, 1: 11.0, 2: 12.0}
+    k = enc_a[0]
+    avg = sum(w[c] * replies[c].arrays[k].double() for c in w) / sum(w.values())
+    assert torch.allclose(glob[k].double(), avg, atol=1e-6)
+
+
+def test_msplit_state_survives_dropouts_and_checkpoints():
+    server = msplit_server(HOLDS, tau=0.1)
+    first = {c: upload(server, c, 0.1) for c in range(3)}
+    server.aggregate_train(0, first)
+    server.aggregate_train(1, {1: upload(server, 1, 0.3)})  # 0 and 2 did not reply: they keep their modules
+    for c in (0, 2):
+        assert server.uploads[c].keys() == first[c].arrays.keys()
+        for k, v in first[c].arrays.items():
+            assert torch.equal(server.uploads[c][k], v), (c, k)
+    sd = server.state_dict()
+    assert any(k.startswith(f"{STATE_PREFIX}2/") for k in sd)
+    twin = msplit_server(HOLDS, tau=0.1)
+    twin.load_state_dict(sd)
+    assert twin.uploads.keys() == server.uploads.keys()
+    a, b = server.configure_train(2, [0, 1, 2, 3]), twin.configure_train(2, [0, 1, 2, 3])
+    for c in a:
+        assert a[c].arrays.keys() == b[c].arrays.keys()
+        for k in a[c].arrays:
+            assert torch.equal(a[c].arrays[k], b[c].arrays[k]), (c, k)
+    plain = msplit_server(HOLDS, personal_mix=0.0)  # personal_mix = 0: everyone gets the global model (MFedAvg)
+    plain.load_state_dict(sd)
+    glob = dict(plain.model.state_dict())
+    for c, msg in plain.configure_train(2, [0, 1, 2]).items():
+        assert all(torch.equal(v, glob[k]) for k, v in msg.arrays.items()), c
+    with pytest.raises(ConfigError):
+        FedMSplitParams(tau=0.0)
+    with pytest.raises(ConfigError):
+        FedMSplitParams(personal_mix=1.5)
+
+
+# ============================================================================= end to end
+
+# mfeat views pix + fou, 4 clients, FedCMI's case D (Dirichlet + half the clients unimodal).
+BASE = ["data.name=mfeat", 'data.views=["pix", "fou"]', 'case="D"', "partition.num_clients=4",
+        "model.name=multimodal", "model.feat_dim=16", "model.mlp_hidden=[16]", "train.local_epochs=1",
+        "train.batch_size=64", "threads=1", "clients_per_round=3"]
+
+
+def run_exp(tmp_path, name, *over, rounds=2, resume=False) -> Experiment:
+    cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}", *over])
+    exp = Experiment(cfg, progress=False)
+    exp.run(resume=resume)
+    return exp
+
+
+def rows_of(exp) -> list[dict]:
+    return [json.loads(x) for x in (exp.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def check_rows(rows, n):
+    assert len(rows) == n
+    for r in rows:
+        for key in ("accuracy", "accuracy/pix", "accuracy/fou", "train_loss"):
+            assert math.isfinite(r[key]), key
+
+
+def test_fedogm_end_to_end(tmp_path):
+    rows = rows_of(run_exp(tmp_path, "ogm", "algorithm.name=fedogm"))
+    check_rows(rows, 2)
+    assert all(0.0 < r["ogm_coeff"] <= 1.0 and r["ogm_ratio"] >= 1.0 for r in rows)
+
+
+def test_fedmsplit_end_to_end_and_resume(tmp_path):
+    over = ["algorithm.name=fedmsplit"]
+    full = run_exp(tmp_path, "full", *over, rounds=3)
+    rows = rows_of(full)
+    check_rows(rows, 3)
+    assert "msplit_self_weight" in rows[-1]
+    run_exp(tmp_path, "split", *over, rounds=2)
+    resumed = run_exp(tmp_path, "split", *over, rounds=3, resume=True)
+    strip = lambda rs: [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rs]  # noqa: E731
+    assert strip(rows) == strip(rows_of(resumed))
+    a, b = full.server.state_dict(), resumed.server.state_dict()
+    assert a.keys() == b.keys() and any(k.startswith(STATE_PREFIX) for k in a)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
