@@ -106,14 +106,14 @@ def test_fedproto_term_and_local_prototypes_on_hand_numbers():
     # a: samples 0, 1 (sample 2 lacks a): (||[1,2]-[0,0]||^2 + ||[3,1]-[1,1]||^2) / 2 = (5 + 4) / 2
     # b: samples 0, 2 (class 1 has no global prototype): (||[2,2]-[1,1]||^2 + ||[5,5]-[4,4]||^2) / 2 = 2
     term = fedproto_term(out["mod_reps"], out["present"], labels, arrays)
-    assert float(term.detach()) == pytest.approx(4.5 + 2.0)
+    assert float(term.detach()) == pytest.approx((4.5 + 2.0) / 2)  # averaged over the d = 2 dimensions (MSE)
     assert float(fedproto_term(out["mod_reps"], out["present"], labels, {})) == 0.0  # round 1: no prototypes
 
     # the client's loss adds lambda times it to MFedAvg's
     msg = Message(arrays=arrays)
     plain = MFedProtoClient(MFedProtoParams(lam=0.0), SimpleNamespace()).loss(model, inputs, labels, msg)
     with_lam = MFedProtoClient(MFedProtoParams(lam=2.0), SimpleNamespace()).loss(model, inputs, labels, msg)
-    assert float((with_lam - plain).detach()) == pytest.approx(2.0 * 6.5, rel=1e-6)
+    assert float((with_lam - plain).detach()) == pytest.approx(2.0 * 3.25, rel=1e-6)
     with pytest.raises(ConfigError):
         MFedProtoParams(lam=-1.0)
 

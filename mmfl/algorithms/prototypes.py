@@ -108,8 +108,11 @@ def aggregate_prototypes(protos: list[Tensor], counts: list[Tensor],
 
 def fedproto_term(reps: dict[str, Tensor], present: dict[str, Tensor], labels: Tensor,
                   arrays: dict[str, Tensor]) -> Tensor:
-    """sum_m mean_i ||z_m,i - C_m[y_i]||^2 (FedProto eq. 6's regulariser, per modality).
+    """sum_m mean_{i,d} (z_m,i,d - C_m[y_i],d)^2 (FedProto eq. 6's regulariser, per modality).
 
+    Squared distance averaged over the feature dimensions as well, like FedProto's code
+    (``nn.MSELoss()``); summing over the 64 dimensions instead made lam = 1 pull every
+    representation onto its prototype and collapsed training (10% on mfeat_pair).
     The mean runs over the samples i that hold m and whose class has a global
     prototype (``proto_count/<m>[y_i] > 0``); a modality with no such sample, or
     with no global prototypes in ``arrays``, adds nothing.
@@ -124,7 +127,7 @@ def fedproto_term(reps: dict[str, Tensor], present: dict[str, Tensor], labels: T
         if not bool(mask.any()):
             continue
         target = protos[labels[mask]].to(z.dtype)
-        total = total + ((z[mask] - target) ** 2).sum(dim=1).mean()
+        total = total + ((z[mask] - target) ** 2).mean()
     return total
 
 
