@@ -167,3 +167,11 @@ def test_load_config_case_from_file(tmp_path):
     cfg = load_config(p)
     assert (cfg.partition.name, cfg.modalities.name) == ("iid", "mixed")
     assert "case" not in cfg.to_dict()  # expanded into the tables the run folder saves
+
+
+def test_local_training_of_unimodal_clients_evaluates_on_the_multimodal_test_set(tmp_path):
+    cfg = mm_config(tmp_path, "local", eval_every=2)
+    exp = Experiment(cfg, progress=False)
+    exp.run()
+    last = json.loads((tmp_path / "local" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert len(last["client_accuracy"]) == 4 and all(0.0 <= a <= 1.0 for a in last["client_accuracy"])

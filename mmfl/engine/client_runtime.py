@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch
 from torch import Tensor, nn
 
 from mmfl.algorithms.base import AlgorithmSpec, ClientContext
 from mmfl.config import TrainConfig
 from mmfl.data.base import ArrayDataset, DatasetMeta
 from mmfl.engine.message import Message
+from mmfl.engine.training import seed_torch
 
 
 def run_client(
@@ -65,6 +65,6 @@ def run_client(
         data=data, test_data=test_data, meta=meta, train=train,
         state=state, model_pool=pool, init_model=init, modalities=held,
     )
-    torch.manual_seed(ctx.seed)  # dropout and any other torch-global randomness
+    seed_torch(ctx.seed)  # dropout and any other torch-global randomness (the CPU generator, cheaply)
     reply = spec.client(params, ctx).handle(route, msg)
     return reply, ctx.state
