@@ -2,8 +2,10 @@
 
     mmfl demo                      the default demo (real data, a few seconds)
     mmfl run CONFIG [--set k=v]    run an experiment (--resume, --overwrite)
-    mmfl list [KIND]               algorithms, datasets, partitioners, models + parameters
-    mmfl partition [CONFIG]        per-client class counts of a config's partition
+    mmfl list [KIND]               algorithms, datasets, partitioners, modality assigners,
+                                   models + parameters; FedCMI's case presets
+    mmfl partition [CONFIG]        per-client class counts of a config's partition (and who
+                                   holds which modalities)
     mmfl report RUN [RUN ...]      comparison table (+ plot) of finished runs
     mmfl flower ...                the same config on Flower (simulate, submit, loopback; docs/flower.md)
 
@@ -21,15 +23,34 @@ from pathlib import Path
 
 from mmfl.errors import MMFLError
 
-KINDS = ("algorithm", "dataset", "partition", "model")
+KINDS = ("algorithm", "dataset", "partition", "modality", "model")
+# kind -> (heading, config table)
+_HEADINGS = {"algorithm": ("algorithms", "algorithm"), "dataset": ("datasets", "data"),
+             "partition": ("partitions", "partition"), "modality": ("modality assigners", "modalities"),
+             "model": ("models", "model")}
 
 
 def _registries():
     from mmfl.algorithms import ALGORITHMS
     from mmfl.data import DATASETS, PARTITIONERS
+    from mmfl.data.modality import MODALITY_ASSIGNERS
     from mmfl.models import MODELS
 
-    return {"algorithm": ALGORITHMS, "dataset": DATASETS, "partition": PARTITIONERS, "model": MODELS}
+    return {"algorithm": ALGORITHMS, "dataset": DATASETS, "partition": PARTITIONERS,
+            "modality": MODALITY_ASSIGNERS, "model": MODELS}
+
+
+def _case_lines() -> list[str]:
+    """FedCMI's settings A-D (:data:`mmfl.data.modality.CASES`), one line each."""
+    from mmfl.data.modality import CASES
+
+    def table(t: dict) -> str:
+        return ", ".join(f"{k} = {json.dumps(v)}" for k, v in t.items())
+
+    lines = ['cases (top-level case = "A".."D": presets of [partition] and [modalities]):']
+    for name, preset in CASES.items():
+        lines.append(f"  {name}  " + "; ".join(f"[{kind}] {table(t)}" for kind, t in preset.items()))
+    return lines
 
 
 def demo_config_path() -> Path:
@@ -47,9 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run an experiment from a TOML config",
-                       description="Run an experiment. Config tables: top-level run settings, [data], "
-                                   "[partition], [model], [algorithm], [train]; see `mmfl list` for names "
-                                   "and parameters. Results go to <output_dir>/<name>/.")
+                       description="Run an experiment. Config tables: top-level run settings (and "
+                                   "case = \"A\"..\"D\"), [data], [partition], [modalities], [model], "
+                                   "[algorithm], [train]; see `mmfl list` for names and parameters. "
+                                   "Results go to <output_dir>/<name>/.")
     _add_config_args(p)
     p.add_argument("--resume", action="store_true", help="continue the run folder from its last checkpoint "
                    "(only `rounds` may differ from the saved config)")
@@ -60,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--no-progress", action="store_true")
 
-    p = sub.add_parser("list", help="list algorithms, datasets, partitioners and models with their parameters")
+    p = sub.add_parser("list", help="list algorithms, datasets, partitioners, modality assigners and models "
+                                    "with their parameters")
     p.add_argument("kind", nargs="?", choices=KINDS, help="only this kind")
 
     p = sub.add_parser("partition", help="print (and plot) the per-client class counts of a partition")
@@ -116,13 +139,17 @@ def cmd_list(args) -> int:
     for kind, reg in _registries().items():
         if args.kind and kind != args.kind:
             continue
-        print(f"{kind}s ([{'data' if kind == 'dataset' else kind}] name = ...):")
+        heading, table = _HEADINGS[kind]
+        print(f"{heading} ([{table}] name = ...):")
         for e in reg.entries():
             print(f"  {e.name:<16} {e.help}")
             for name, typ, default, help_ in param_doc(e.params):
                 d = json.dumps(default) if not isinstance(default, str) or default != "(required)" else default
                 print(f"      {name} ({typ}, default {d}){': ' + help_ if help_ else ''}")
         print()
+        if kind == "modality":
+            print("\n".join(_case_lines()))
+            print()
     from mmfl.config import RunConfig, TrainConfig
 
     if not args.kind:
@@ -144,6 +171,18 @@ def cmd_partition(args) -> int:
     counts = fed.class_counts()
     print(f"{cfg.data.name}: {cfg.partition.name} partition over {fed.num_clients} clients")
     print(partition_summary(counts, fed.meta.class_names))
+    if fed.client_modalities is not None:  # modality heterogeneity: who holds what
+        from mmfl.data.modality import modality_summary
+
+        combos = modality_summary(fed.client_modalities)
+        width = max(len(k) for k in combos)
+        print(f"modalities ({cfg.modalities.name}): clients holding each combination")
+        for combo, n in combos.items():
+            print(f"  {combo:<{width}}  {n}")
+    rates = {m: r for m, r in cfg.modalities.params.missing_rate.items() if r > 0}
+    if rates:
+        print("missing_rate (share of each multimodal client's samples lacking it): "
+              + ", ".join(f"{m} {r:g}" for m, r in rates.items()))
     if args.plot:
         plot_partition(counts, args.plot)
         print(f"plot: {args.plot}")

@@ -88,23 +88,52 @@ def _human_bytes(n: float) -> str:
     return f"{n:.1f} GB"
 
 
+def _final_eval(rows: list[dict]) -> dict:
+    evals = [r for r in rows if "accuracy" in r]
+    return evals[-1] if evals else {}
+
+
+def modality_columns(final_rows: list[dict]) -> list[str]:
+    """The modalities with an ``accuracy/<m>`` metric in any of the rows, in first-seen order."""
+    mods: list[str] = []
+    for r in final_rows:
+        for k in r:
+            if k.startswith("accuracy/") and k[len("accuracy/"):] not in mods:
+                mods.append(k[len("accuracy/"):])
+    return mods
+
+
 def compare(run_dirs: list[str | Path], plot_path: str | Path | None = None) -> str:
-    """A Markdown table comparing runs (and an accuracy plot if ``plot_path``)."""
+    """A Markdown table comparing runs (and an accuracy plot if ``plot_path``).
+
+    When a run has per-modality metrics (a multimodal model), the table adds the
+    final ``acc/<m>`` of each modality's own head and the joint output's ``UAR``
+    (unweighted average recall); a run without one shows ``-``."""
     import tomllib
 
-    header = "| run | algorithm | rounds | final acc | best acc | bytes up | bytes down | s/round |"
-    lines = [header, "|" + "---|" * 8]
-    curves = {}
+    runs = []
     for d in run_dirs:
         d = Path(d)
         rows = load_metrics(d)
         cfg_path = d / "config.toml"
         algo = tomllib.loads(cfg_path.read_text()).get("algorithm", {}).get("name", "?") if cfg_path.is_file() else "?"
+        runs.append((d, algo, rows))
+    finals = [_final_eval(rows) for _, _, rows in runs]
+    mods = modality_columns(finals)
+    multimodal = bool(mods) or any("uar" in f for f in finals)
+    extra = [f"acc/{m}" for m in mods] + (["UAR"] if multimodal else [])
+    cols = ["run", "algorithm", "rounds", "final acc", "best acc", *extra, "bytes up", "bytes down", "s/round"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    fmt = lambda v: "-" if v is None else f"{100 * v:.2f}%"  # noqa: E731
+    curves = {}
+    for (d, algo, rows), final in zip(runs, finals):
         s = summarize(rows)
-        fmt = lambda v: "-" if v is None else f"{100 * v:.2f}%"  # noqa: E731
-        lines.append(f"| {d.name} | {algo} | {s['rounds']} | {fmt(s['final_accuracy'])} | {fmt(s['best_accuracy'])} "
-                     f"| {_human_bytes(s['bytes_up'])} | {_human_bytes(s['bytes_down'])} "
-                     f"| {s['mean_round_time_s'] or 0:.2f} |")
+        cells = [d.name, algo, str(s["rounds"]), fmt(s["final_accuracy"]), fmt(s["best_accuracy"])]
+        cells += [fmt(final.get(f"accuracy/{m}")) for m in mods]
+        if multimodal:
+            cells.append(fmt(final.get("uar")))
+        cells += [_human_bytes(s["bytes_up"]), _human_bytes(s["bytes_down"]), f"{s['mean_round_time_s'] or 0:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
         curves[d.name] = rows
     if plot_path is not None:
         plot_accuracy(curves, plot_path)

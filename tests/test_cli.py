@@ -168,9 +168,10 @@ def test_list_prints_every_algorithm_and_its_parameters(capsys):
     assert re.search(r"^\s+tau \(float, default 0\.5\)", out, re.M)
     assert re.search(r"^\s+mu \(float, default 0\.01\)", out, re.M)  # FedProx's mu
     assert re.search(r"^\s+mu \(float, default 1\.0\)", out, re.M)  # MOON's mu
-    for header in ("algorithms (", "datasets (", "partitions (", "models (", "run settings", "[train]"):
+    for header in ("algorithms (", "datasets (", "partitions (", "modality assigners ([modalities]", "cases (",
+                   "models (", "run settings", "[train]"):
         assert header in out
-    for name in ("mfeat", "digits", "dirichlet", "mlp", "local_epochs", "sample_fraction"):
+    for name in ("mfeat", "digits", "dirichlet", "mlp", "local_epochs", "sample_fraction", "fedcmi", "av_mnist"):
         assert name in out
 
 
@@ -178,7 +179,30 @@ def test_list_algorithm_prints_only_algorithms(capsys):
     out = run_ok(capsys, ["list", "algorithm"])
     for name in ALGOS:
         assert re.search(rf"^  {name}\s", out, re.M), name
-    for other in ("datasets (", "partitions (", "models (", "run settings", "[train]", "mfeat", "dirichlet"):
+    for other in ("datasets (", "partitions (", "modality assigners (", "cases (", "models (", "run settings",
+                  "[train]", "mfeat", "dirichlet"):
+        assert other not in out
+
+
+def test_list_modality_prints_assigners_and_cases(capsys):
+    from mmfl.data.modality import CASES, MODALITY_ASSIGNERS
+
+    out = run_ok(capsys, ["list", "modality"])
+    assert out.startswith("modality assigners ([modalities] name = ...):")
+    for e in MODALITY_ASSIGNERS.entries():
+        assert re.search(rf"^  {e.name}\s+{re.escape(e.help)}$", out, re.M), e.name
+    assert {e.name for e in MODALITY_ASSIGNERS.entries()} >= {"all", "mixed", "explicit"}
+    assert re.search(r"^\s+multimodal_fraction \(float, default 0\.5\)", out, re.M)
+    assert re.search(r"^\s+split \('balanced' \| 'random', default \"balanced\"\)", out, re.M)
+    assert re.search(r"^\s+holds \(list of list of str, default \[\]\)", out, re.M)
+    assert re.search(r"^\s+missing_rate \(dict, default \{\}\)", out, re.M)
+    assert 'case = "A".."D"' in out
+    for case, preset in CASES.items():  # one line per case naming its two tables
+        line = next(x for x in out.splitlines() if x.startswith(f"  {case}  "))
+        assert f'[partition] name = "{preset["partition"]["name"]}"' in line
+        assert f'[modalities] name = "{preset["modalities"]["name"]}"' in line
+    assert 'beta = 5.0' in next(x for x in out.splitlines() if x.startswith("  D  "))
+    for other in ("algorithms (", "datasets (", "models (", "fedavg"):
         assert other not in out
 
 
@@ -206,6 +230,103 @@ def test_partition_prints_counts_summing_to_train_size(tmp_path, tiny, capsys):
     assert int(all_row[-1]) == n_train
     assert "3 clients, 10 classes" in out
     assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+MULTIMODAL = """\
+name = "mm"
+seed = 0
+rounds = 1
+threads = 1
+
+[data]
+name = "mfeat"
+views = ["pix", "fou"]
+
+[partition]
+name = "dirichlet"
+num_clients = 4
+beta = 5.0
+
+[modalities]
+name = "explicit"
+holds = [["pix", "fou"], ["fou"], ["pix"], ["pix"]]
+
+[model]
+name = "multimodal"
+feat_dim = 8
+mlp_hidden = [16]
+
+[algorithm]
+name = "mfedavg"
+
+[train]
+local_epochs = 1
+batch_size = 64
+lr = 0.05
+"""
+
+
+def modality_rows(out: str) -> dict[str, int]:
+    lines = out.splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("modalities ("))
+    rows = {}
+    for line in lines[start + 1:]:
+        if not line.startswith("  "):
+            break
+        combo, n = line.split()
+        rows[combo] = int(n)
+    return rows
+
+
+def test_partition_prints_modality_combinations(tmp_path, tiny, capsys):
+    from mmfl.config import load_config
+    from mmfl.data.modality import modality_summary
+    from mmfl.engine.runner import build_federation
+
+    cfg = tmp_path / "mm.toml"
+    cfg.write_text(MULTIMODAL)
+    out = run_ok(capsys, ["partition", str(cfg)])
+    assert "4 clients, 10 classes" in out
+    assert "modalities (explicit): clients holding each combination" in out
+    assert modality_rows(out) == {"fou": 1, "pix": 2, "pix+fou": 1}
+    assert "missing_rate" not in out
+    # case D (mixed): the counts are the federation's, and sum to the clients; a missing rate is shown
+    over = ["--set", 'case="D"', "--set", 'modalities={name = "mixed", missing_rate = {pix = 0.25}}']
+    out = run_ok(capsys, ["partition", str(cfg), *over])
+    fed = build_federation(load_config(cfg, [o for o in over if o != "--set"]))
+    assert modality_rows(out) == modality_summary(fed.client_modalities)
+    assert sum(modality_rows(out).values()) == 4 and "modalities (mixed)" in out
+    assert "missing_rate (share of each multimodal client's samples lacking it): pix 0.25" in out
+    # no modality heterogeneity: no modality lines
+    out = run_ok(capsys, ["partition", str(tiny)])
+    assert "modalities (" not in out and "missing_rate" not in out
+
+
+def test_report_adds_per_modality_accuracy_and_uar(tmp_path, tiny, capsys):
+    cfg = tmp_path / "mm.toml"
+    cfg.write_text(MULTIMODAL)
+    run_ok(capsys, ["run", str(cfg), "--no-progress", "--set", out_dir(tmp_path)])
+    run_ok(capsys, ["run", str(tiny), "--no-progress", "--set", out_dir(tmp_path), "--set", "rounds=1"])
+    runs = tmp_path / "runs"
+    out = run_ok(capsys, ["report", str(runs / "mm"), str(runs / "tiny")])
+    table = [line.split(" | ") for line in out.splitlines() if line.startswith("| ")]
+    header = [c.strip("| ") for c in table[0]]
+    assert header == ["run", "algorithm", "rounds", "final acc", "best acc", "acc/fou", "acc/pix", "UAR",
+                      "bytes up", "bytes down", "s/round"]
+    cells = {row[0].strip("| "): dict(zip(header, [c.strip("| ") for c in row])) for row in table[1:]}
+    final = json.loads((runs / "mm" / "metrics.jsonl").read_text().splitlines()[-1])
+    mm = cells["mm"]
+    assert mm["algorithm"] == "mfedavg"
+    for col, key in (("acc/fou", "accuracy/fou"), ("acc/pix", "accuracy/pix"), ("UAR", "uar"),
+                     ("final acc", "accuracy")):
+        assert mm[col] == f"{100 * final[key]:.2f}%", col
+    plain = cells["tiny"]  # a unimodal run has none of them
+    assert plain["acc/fou"] == plain["acc/pix"] == plain["UAR"] == "-"
+    assert re.match(r"\d+\.\d\d%$", plain["final acc"])
+    # runs without per-modality metrics keep the plain table
+    out = run_ok(capsys, ["report", str(runs / "tiny")])
+    plain_header = "| run | algorithm | rounds | final acc | best acc | bytes up | bytes down | s/round |"
+    assert out.splitlines()[0] == plain_header
 
 
 def test_report_compares_two_runs(tmp_path, tiny, capsys):

@@ -24,24 +24,37 @@ from safetensors.torch import load_file  # noqa: E402
 from mmfl.cli import main as cli_main  # noqa: E402
 from mmfl.config import load_config  # noqa: E402
 from mmfl.engine.message import Message  # noqa: E402
-from mmfl.engine.runner import Experiment  # noqa: E402
+from mmfl.engine.runner import Experiment, build_federation  # noqa: E402
 from mmfl.errors import MMFLError  # noqa: E402
 from mmfl.flower.client_app import CONFIG_KEY, handle  # noqa: E402
 from mmfl.flower.deploy import LocalDeployment  # noqa: E402
 from mmfl.flower.records import decode, encode  # noqa: E402
 from mmfl.flower.transport import FlowerTransport  # noqa: E402
 
+try:
+    from data_fixtures import write_manifest
+except ImportError:  # run as the package tests.*
+    from tests.data_fixtures import write_manifest
+
 # mfeat: six feature views per digit (multimodal), no download; 3 clients, tiny MLP.
 BASE = ["data.name=mfeat", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
         "train.local_epochs=1", "train.batch_size=64", "train.lr=0.05", "threads=1", "rounds=2"]
 
 
-def cfg_of(tmp_path, name, *over):
-    return load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", *over])
+# FedCMI's case D on two mfeat views: Dirichlet(5) labels, 2 of the 4 clients unimodal (one
+# "pix", one "fou"); their multimodal models have private infiltration projectors.
+MULTIMODAL = ["data.name=mfeat", 'data.views=["pix", "fou"]', "partition.num_clients=4", 'case="D"',
+              "model.name=multimodal", "model.feat_dim=8", "model.mlp_hidden=[16]", "model.two_projector=true",
+              "algorithm.name=fedcmi", "train.local_epochs=1", "train.batch_size=64", "train.lr=0.05",
+              "threads=1", "rounds=2"]
 
 
-def simulator_run(tmp_path, name, *over) -> Path:
-    cfg = cfg_of(tmp_path / "sim", name, *over)
+def cfg_of(tmp_path, name, *over, base=BASE):
+    return load_config(None, [*base, f"output_dir={tmp_path}", f"name={name}", *over])
+
+
+def simulator_run(tmp_path, name, *over, base=BASE) -> Path:
+    cfg = cfg_of(tmp_path / "sim", name, *over, base=base)
     Experiment(cfg, progress=False).run()
     return cfg.run_dir
 
@@ -143,8 +156,8 @@ class InProcessGrid(Grid):
         return self.pull_messages(self.push_messages(messages))
 
 
-def grid_run(tmp_path, name, node_configs, *over, dead=()) -> Path:
-    cfg = cfg_of(tmp_path / "grid", name, *over)
+def grid_run(tmp_path, name, node_configs, *over, dead=(), base=BASE) -> Path:
+    cfg = cfg_of(tmp_path / "grid", name, *over, base=base)
     grid = InProcessGrid(cfg.to_toml(), node_configs, dead)
     Experiment(cfg, progress=False, transport=lambda e: FlowerTransport(grid, e.federation, cfg.run,
                                                                        wait_for_nodes_s=0)).run()
@@ -178,6 +191,25 @@ def test_a_node_with_a_different_data_slice_is_refused(tmp_path):
         grid_run(tmp_path, "mismatch", nodes, "partition.num_clients=2", "partition.beta=0.5")
 
 
+def test_a_node_whose_clients_hold_other_modalities_is_refused(tmp_path):
+    # the node's copy of the data (data.root) has the same labels but another second modality:
+    # the data slices' fingerprints agree, the modalities its clients hold do not
+    for root, other in (("server", "b"), ("node", "c")):
+        (tmp_path / root).mkdir()
+        write_manifest(tmp_path / root / "manifest.csv",
+                       [{"label": i % 2, "a": f"{i} 1", other: f"1 {i}"} for i in range(24)])
+    nodes = {1: {"partition-id": 0, "num-partitions": 1, "data.root": str(tmp_path / "node")}}
+    with pytest.raises(MMFLError, match="client 0 on SuperNode 1 holds modalities a\\+c, the server expects a\\+b"):
+        grid_run(tmp_path, "modalities", nodes, "data.name=manifest", f"data.root={tmp_path / 'server'}",
+                 "partition.num_clients=2", "partition.min_size=1")
+
+
+def test_a_node_cannot_override_the_modality_assignment(tmp_path):
+    nodes = {1: {"partition-id": 0, "num-partitions": 1, "modalities.name": "explicit"}}
+    with pytest.raises(MMFLError, match=r"node config modalities.name: .*\[modalities\] table"):
+        grid_run(tmp_path, "override", nodes, "partition.num_clients=2")
+
+
 # ----------------------------------------------------------------------------- real processes
 
 @pytest.fixture(scope="module")
@@ -198,31 +230,45 @@ def finished(dep, run_id: int, cfg) -> Path:
 
 
 @pytest.fixture(scope="module")
-def two_runs(deployment, tmp_path_factory):
-    """FedAvg and SCAFFOLD submitted together: the SuperLink runs both at once on the
-    same SuperNodes (each run has its own context.state on every node)."""
+def loopback_runs(deployment, tmp_path_factory):
+    """FedAvg, SCAFFOLD and FedCMI submitted together: the SuperLink runs them at once on
+    the same SuperNodes (each run has its own context.state on every node)."""
     tmp = tmp_path_factory.mktemp("loopback")
     cfgs = {"fedavg": cfg_of(tmp / "flower", "fedavg"),
-            "scaffold": cfg_of(tmp / "flower", "scaffold", "algorithm.name=scaffold")}
+            "scaffold": cfg_of(tmp / "flower", "scaffold", "algorithm.name=scaffold"),
+            "fedcmi": cfg_of(tmp / "flower", "fedcmi", base=MULTIMODAL)}
     ids = {name: deployment.submit(cfg) for name, cfg in cfgs.items()}
     return tmp, {name: finished(deployment, ids[name], cfg) for name, cfg in cfgs.items()}
 
 
-def test_loopback_fedavg_equals_simulator(two_runs):
-    tmp, runs = two_runs
+def test_loopback_fedavg_equals_simulator(loopback_runs):
+    tmp, runs = loopback_runs
     run = runs["fedavg"]
     assert [r["round"] for r in rows(run)] == [1, 2] and all("accuracy" in r for r in rows(run))
     assert (run / "summary.json").is_file()
     assert_same_run(run, simulator_run(tmp, "fedavg"))
 
 
-def test_loopback_scaffold_client_state_equals_simulator(two_runs):
+def test_loopback_scaffold_client_state_equals_simulator(loopback_runs):
     # SCAFFOLD's control variates live in each SuperNode's context.state between rounds
-    tmp, runs = two_runs
+    tmp, runs = loopback_runs
     assert_same_run(runs["scaffold"], simulator_run(tmp, "scaffold", "algorithm.name=scaffold"))
 
 
-def test_loopback_killed_supernode_is_dropped(deployment, two_runs, tmp_path):
+def test_loopback_fedcmi_unimodal_clients_equals_simulator(loopback_runs):
+    # case D: clients holding one modality build a model with only that modality's modules,
+    # and each client's private infiltration projectors (never uploaded) live in its SuperNode's
+    # context.state between rounds; SuperNode 0 hosts a multimodal and a unimodal client
+    tmp, runs = loopback_runs
+    sim = simulator_run(tmp, "fedcmi", base=MULTIMODAL)
+    holds = build_federation(cfg_of(tmp, "fedcmi", base=MULTIMODAL)).client_modalities
+    assert holds == [("pix", "fou"), ("pix",), ("pix", "fou"), ("fou",)]  # node 0: clients 0 and 3
+    last = rows(runs["fedcmi"])[-1]
+    assert {"accuracy/pix", "accuracy/fou", "uar", "cmi_rd"} <= set(last)
+    assert_same_run(runs["fedcmi"], sim)
+
+
+def test_loopback_killed_supernode_is_dropped(deployment, loopback_runs, tmp_path):
     # after the runs above (it kills a node of the shared deployment): SuperNode 2 (client 2)
     # answers the run's hello, then is killed (SIGTERM: it leaves the federation) before it
     # answers round 1, which completes without it, long before reply_timeout. (A crash, where

@@ -8,13 +8,17 @@ Which clients a SuperNode hosts comes from its ``--node-config``:
 - or ``client-ids="3,7,9"``: exactly those clients;
 - ``data.<key>=<value>`` / ``partition.<key>=<value>``: override that value of
   the run's config on this node only (e.g. ``data.root="/mnt/fmnist"``, where
-  this machine keeps the data set).
+  this machine keeps the data set). ``modalities.*`` keys are refused: the
+  server assigns modalities from the same config, so the run config's
+  ``[modalities]`` table decides (``explicit`` lists each client's).
 
-The SuperNode builds its clients' data itself, from the run's ``[data]`` and
-``[partition]`` config and seed (the same deterministic split the server and
-the simulator make); no client data ever comes from the server. Persistent
-client state (``ctx.state``) lives in Flower's ``context.state``, one
-``ArrayRecord`` per hosted client. Every message is delivered by
+The SuperNode builds its clients' data itself, from the run's ``[data]``,
+``[partition]`` and ``[modalities]`` config and seed (the same deterministic
+split and modality assignment the server and the simulator make); no client
+data ever comes from the server. Its hello reply carries each hosted client's
+data fingerprint and modalities, which the server checks against its own.
+Persistent client state (``ctx.state``) lives in Flower's ``context.state``,
+one ``ArrayRecord`` per hosted client. Every message is delivered by
 :func:`mmfl.engine.client_runtime.run_client`, as in the simulator.
 """
 
@@ -70,6 +74,11 @@ _RUNS: dict[str, RunEnv] = {}  # one entry: a process serves one run at a time (
 
 def node_overrides(node_config: dict) -> list[str]:
     """``data.*``/``partition.*`` node-config entries as ``--set`` overrides."""
+    for k in node_config:
+        if k.split(".", 1)[0] in ("modalities", "case"):
+            raise MMFLError(f"node config {k}: which modalities a client holds comes from the run config's "
+                            "[modalities] table, which the server uses too (e.g. name = \"explicit\" with "
+                            "holds = [...] per client); it cannot be set per SuperNode")
     return [f"{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in sorted(node_config.items())
             if k.split(".", 1)[0] in ("data", "partition") and "." in k]
 
@@ -141,7 +150,8 @@ def handle(msg: FlowerMessage, context: Context, config_text: str | None = None)
     fed, cfg = run.federation, run.cfg
     if msg.metadata.message_type.startswith("query."):  # hello: which clients live here
         fps = [x for c in env.cids for x in fingerprint(fed.clients[c])]
-        info = ConfigRecord({"cids": env.cids, "fingerprints": fps})
+        mods = ["+".join(fed.modalities_of(c)) for c in env.cids]  # the server checks both
+        info = ConfigRecord({"cids": env.cids, "fingerprints": fps, "modalities": mods})
         return FlowerMessage(RecordDict({"mmfl": info}), reply_to=msg)
     messages, meta = decode(msg.content)
     route, rnd = str(meta["route"]), int(meta["rnd"])

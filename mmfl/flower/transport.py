@@ -2,8 +2,9 @@
 
 mmfl client ids map to Flower node ids through each SuperNode's answer to a
 ``query.mmfl_hello`` message: the ClientApp replies with the client ids it
-hosts (derived from its ``--node-config``, see :mod:`mmfl.flower.client_app`)
-and a fingerprint of each client's data slice, which must equal the server's.
+hosts (derived from its ``--node-config``, see :mod:`mmfl.flower.client_app`),
+a fingerprint of each client's data slice and the modalities each client holds,
+which must equal the server's.
 A send groups the messages by node (one Flower message per node, holding the
 messages of all its clients) with message type ``train.<route>`` (or
 ``evaluate.<route>`` for routes named ``evaluate*``) and the route, round,
@@ -105,7 +106,8 @@ class FlowerTransport:
             if rep.has_error():
                 raise MMFLError(f"SuperNode {node} could not start the mmfl ClientApp: {rep.error.reason}")
             info = rep.content["mmfl"]
-            for cid, fp in zip(info["cids"], _chunks(list(info["fingerprints"]), 3)):
+            held = list(info["modalities"]) if "modalities" in info else [None] * len(info["cids"])
+            for cid, fp, mods in zip(info["cids"], _chunks(list(info["fingerprints"]), 3), held):
                 if not 0 <= cid < self.num_clients:
                     raise MMFLError(f"SuperNode {node} hosts client {cid}, but the run has "
                                     f"{self.num_clients} clients (check num-partitions/client-ids)")
@@ -117,6 +119,11 @@ class FlowerTransport:
                     raise MMFLError(f"client {cid} on SuperNode {node} has a different data slice "
                                     f"(size/checksums {list(fp)}, server expects {mine}): the node's data set "
                                     "or [data]/[partition] config differs from the server's")
+                expected = "+".join(self.federation.modalities_of(cid))
+                if mods is not None and mods != expected:
+                    raise MMFLError(f"client {cid} on SuperNode {node} holds modalities {mods}, the server "
+                                    f"expects {expected}: the node's data set or [data]/[modalities] config "
+                                    "differs from the server's")
                 self.node_of[cid] = node
             self.known.add(node)
 
