@@ -169,3 +169,13 @@ def test_fedcmi_end_to_end_case_d_and_resume(tmp_path):
     Experiment(resolve(raw2), progress=False).run()
     resumed = Experiment(resolve(dict(raw2, rounds=3)), progress=False).run(resume=True)
     assert resumed["final_accuracy"] == full["final_accuracy"]
+
+
+def test_server_never_sends_infiltration_projectors(tmp_path):
+    raw = {"name": "x", "rounds": 1, "output_dir": str(tmp_path), "case": "B",
+           "data": {"name": "mfeat", "views": ["pix", "fou"]}, "partition": {"num_clients": 4},
+           "model": {"name": "multimodal", "feat_dim": 8, "two_projector": True}, "algorithm": {"name": "fedcmi"}}
+    exp = Experiment(resolve(raw), progress=False)
+    msgs = exp.server.configure_train(0, [0, 1, 2, 3])
+    assert all(not any(k.startswith("infil.") for k in m.arrays) for m in msgs.values())
+    assert any(k.startswith("infil.") for k in exp.server.model.state_dict())  # the server's copy exists

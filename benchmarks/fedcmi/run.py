@@ -276,7 +276,7 @@ def ordering(s, raw) -> list[str]:
     return lines + ["", f"FedCMI is first in {wins} of {total} settings."]
 
 
-def plots(s, raw, out_dir: Path) -> list[str]:
+def plots(s, raw, out_dir: Path, suffix: str = "") -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -297,7 +297,7 @@ def plots(s, raw, out_dir: Path) -> list[str]:
     ax.set_title("AV-MNIST, case A: global model, joint and per-modality (Fig. 3 analog)")
     ax.legend(ncol=3, fontsize=8)
     fig.tight_layout()
-    p = out_dir / "fedcmi_fig3.png"
+    p = out_dir / f"fedcmi_fig3{suffix}.png"
     fig.savefig(p, dpi=120)
     plt.close(fig)
     made.append(p.name)
@@ -318,7 +318,7 @@ def plots(s, raw, out_dir: Path) -> list[str]:
     ax.set_title(f"AV-MNIST, case A: class-wise accuracy of the weak modality ({weak}) (Fig. 4 analog)")
     ax.legend()
     fig.tight_layout()
-    p = out_dir / "fedcmi_fig4.png"
+    p = out_dir / f"fedcmi_fig4{suffix}.png"
     fig.savefig(p, dpi=120)
     plt.close(fig)
     made.append(p.name)
@@ -351,7 +351,7 @@ def class_table(s, raw) -> list[str]:
 
 
 def write_report(s, raw: Path, path: Path, quick: bool, elapsed: float | None) -> None:
-    figs = plots(s, raw, path.parent)
+    figs = plots(s, raw, path.parent, "-quick" if quick else "")
     failed = sorted(p.parent.name for p in raw.glob("*/failed.txt"))
     times = []
     for p in raw.glob("*/metrics.jsonl"):

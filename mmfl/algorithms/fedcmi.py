@@ -123,6 +123,10 @@ def response_distillation(teacher_logits: Tensor, student_logits: Tensor, t_teac
 
 
 class FedCMIServer(MultimodalServer):
+    def __init__(self, params, ctx):
+        super().__init__(params, ctx)
+        self.private = (INFIL,) if params.projector == "two" else ()  # the IP never travels
+
     def needs_infiltration(self) -> bool:
         return self.params.projector == "two"
 

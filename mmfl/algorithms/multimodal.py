@@ -89,6 +89,7 @@ class MultimodalServer(FedAvgServer):
     (and ``round_scalars``); aggregation is module-wise (the engine's rule)."""
 
     two_projector = False
+    private: tuple[str, ...] = ()  # key prefixes the clients keep to themselves: never sent either way
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
@@ -108,7 +109,7 @@ class MultimodalServer(FedAvgServer):
         return {}
 
     def configure_train(self, rnd, cohort):
-        full = dict(self.model.state_dict())
+        full = {k: v for k, v in self.model.state_dict().items() if not k.startswith(self.private)}
         extra = self.round_arrays(rnd)
         scalars = self.round_scalars(rnd)
         by_holds: dict[tuple, Message] = {}
