@@ -28,8 +28,8 @@ from mmfl.errors import DataError
 LOG_EPS = 1e-6
 
 
-def read_wav_mono(path: str | Path, sample_rate: int = 0) -> np.ndarray:
-    """PCM wav (8/16/32-bit, any channel count) -> mono float32 ``[n]`` in [-1, 1].
+def read_wav(path: str | Path, sample_rate: int = 0) -> tuple[np.ndarray, int]:
+    """PCM wav (8/16/32-bit, any channel count) -> (mono float32 ``[n]`` in [-1, 1], its sample rate).
 
     Channels are averaged. If ``sample_rate`` is given and the file's rate differs,
     the waveform is resampled by linear interpolation. A missing, non-wav or
@@ -58,7 +58,12 @@ def read_wav_mono(path: str | Path, sample_rate: int = 0) -> np.ndarray:
     if sample_rate and rate != sample_rate and len(x):
         m = max(int(round(len(x) * sample_rate / rate)), 1)
         x = np.interp(np.arange(m) * (rate / sample_rate), np.arange(len(x)), x).astype(np.float32)
-    return x.astype(np.float32, copy=False)
+    return x.astype(np.float32, copy=False), (sample_rate if sample_rate and len(x) else rate)
+
+
+def read_wav_mono(path: str | Path, sample_rate: int = 0) -> np.ndarray:
+    """:func:`read_wav` without the sample rate."""
+    return read_wav(path, sample_rate)[0]
 
 
 def fit_window(x: np.ndarray, length: int) -> np.ndarray:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import csv
 import json
 import re
-import wave
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 
 from mmfl.data import DATASETS
+from mmfl.data.audio import read_wav as read_wav_any
 from mmfl.data.base import ArrayDataset, DatasetBundle, DatasetMeta
 from mmfl.data.split import check_fraction, stratified_split  # noqa: F401  (re-exported)
 from mmfl.errors import ConfigError, DataError
@@ -93,21 +93,9 @@ def read_image(path: Path, p: ManifestParams, state: dict) -> np.ndarray:
 
 def read_wav(path: Path, p: ManifestParams, state: dict) -> np.ndarray:
     """PCM wav (8/16/32-bit) -> mono float32 ``[1, audio_length]`` in [-1, 1]."""
-    with wave.open(str(path), "rb") as w:
-        channels, width, rate = w.getnchannels(), w.getsampwidth(), w.getframerate()
-        raw = w.readframes(w.getnframes())
-    if width == 1:
-        x = (np.frombuffer(raw, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0
-    elif width in (2, 4):
-        x = np.frombuffer(raw, dtype=f"<i{width}").astype(np.float32) / float(2 ** (8 * width - 1))
-    else:
-        raise DataError(f"unsupported sample width {8 * width} bits (8/16/32-bit PCM only)")
-    x = x[: len(x) - len(x) % channels].reshape(-1, channels).mean(axis=1)
     target = p.audio_sample_rate
-    if target and rate != target and len(x):
-        n = max(int(round(len(x) * target / rate)), 1)
-        x = np.interp(np.arange(n) * (rate / target), np.arange(len(x)), x).astype(np.float32)
-    elif not target:
+    x, rate = read_wav_any(path, target)
+    if not target:
         first = state.setdefault("sample_rate", rate)
         if rate != first:
             raise DataError(f"sample rate {rate} Hz differs from {first} Hz of earlier files "
