@@ -312,7 +312,7 @@ class FedPMRParams(MFedAvgParams):
         "help": "weight of the prototypical cross-entropy on the weak modality (PMR's alpha)"})
     beta: float = field(default=0.0, metadata={
         "help": "weight of the entropy regulariser on the dominant modality's prototype distribution (0 = off)"})
-    distance: Literal["squared", "euclidean"] = field(default="squared", metadata={
+    distance: Literal["squared", "euclidean"] = field(default="euclidean", metadata={
         "help": "prototype logits: -||f - P_c||^2 ('squared') or -||f - P_c|| ('euclidean')"})
 
     def __post_init__(self):
