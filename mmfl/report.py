@@ -44,6 +44,11 @@ def summarize(rows: list[dict], cfg=None) -> dict:
     }
     if evals and "accuracy_std" in evals[-1]:
         out["final_accuracy_std"] = evals[-1]["accuracy_std"]
+    if evals:  # a multimodal model's last evaluation: per-modality and class-wise numbers
+        last = evals[-1]
+        for key in sorted(last):
+            if key.startswith(("accuracy/", "uar", "class_accuracy")):
+                out[f"final_{key}"] = last[key]
     if cfg is not None:
         out["algorithm"] = cfg.algorithm.name
         out["data"] = cfg.data.name

@@ -137,6 +137,8 @@ def test_unimodal_clients_build_only_their_encoders_train_and_upload_only_them(t
         assert 0.0 <= last[key] <= 1.0
     assert len(last["class_accuracy/pix"]) == 10
     assert summary["final_accuracy"] == last["accuracy"]
+    assert summary["final_accuracy/pix"] == last["accuracy/pix"] and summary["final_uar"] == last["uar"]
+    assert summary["final_class_accuracy/fou"] == last["class_accuracy/fou"]  # what `mmfl run` prints
     # the unimodal client's model has no fou branch, and it uploads no fou module
     model = exp.transport._model("local", ("pix",))
     assert not any(".fou." in k for k in model.state_dict())
