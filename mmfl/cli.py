@@ -100,13 +100,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def summary_json(summary: dict) -> str:
+    """The run summary as JSON, one key per line (class-wise lists stay on their line)."""
+    return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in summary.items()) + "\n}"
+
+
 def cmd_run(args) -> int:
     from mmfl.config import load_config
     from mmfl.engine.runner import Experiment
 
     cfg = load_config(args.config, args.overrides)
     summary = Experiment(cfg, progress=not args.no_progress).run(resume=args.resume, overwrite=args.overwrite)
-    print(json.dumps(summary, indent=2))
+    print(summary_json(summary))
     print(f"results: {cfg.run_dir}")
     return 0
 
