@@ -14,6 +14,9 @@ A config has top-level run settings and one table per component::
     name = "dirichlet"
     num_clients = 10
     beta = 0.5
+    [[client_models]]           # optional: other model sizes for some clients
+    for_modalities = ["image"]  # (or for_clients = [0, 3]); other keys override [model]
+    feat_dim = 64
     [modalities]                # who holds which modality (default: everyone, all)
     name = "all"
     [model]
@@ -126,6 +129,25 @@ class Component:
 
 
 @dataclass
+class ClientModel:
+    """A ``[[client_models]]`` entry: which clients build another model than ``[model]``.
+
+    ``for_clients`` (ids) or ``for_modalities`` (the exact set a client holds) selects
+    the clients; ``model`` is the resolved model table (``[model]`` with this entry's
+    keys on top, so a group can change only ``feat_dim``, or name another model).
+    """
+
+    clients: list[int]
+    modalities: list[str]
+    model: Component
+
+    def matches(self, cid: int, holds: tuple[str, ...]) -> bool:
+        if self.clients and cid not in self.clients:
+            return False
+        return not self.modalities or sorted(self.modalities) == sorted(holds)
+
+
+@dataclass
 class ExperimentConfig:
     run: RunConfig
     train: TrainConfig
@@ -134,6 +156,7 @@ class ExperimentConfig:
     modalities: Component
     model: Component
     algorithm: Component
+    client_models: list[ClientModel] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """The resolved config (every default filled in), as TOML-able tables."""
@@ -145,6 +168,12 @@ class ExperimentConfig:
                 table.update(asdict(comp.params))
             out[kind] = table
         out["train"] = asdict(self.train)
+        if self.client_models:
+            out["client_models"] = [
+                {**({"for_clients": g.clients} if g.clients else {}),
+                 **({"for_modalities": g.modalities} if g.modalities else {}),
+                 "name": g.model.name, **(asdict(g.model.params) if g.model.params is not None else {})}
+                for g in self.client_models]
         return _drop_none(out)
 
     def to_toml(self) -> str:
@@ -252,6 +281,7 @@ def resolve(raw: dict) -> ExperimentConfig:
         if not isinstance(table, dict):
             raise ConfigError(f"{kind}: must be a table")
         tables[kind] = table
+    groups_raw = raw.pop("client_models", [])
     run_fields = {f.name for f in fields(RunConfig)}
     for key in raw:
         if key not in run_fields:
@@ -267,7 +297,38 @@ def resolve(raw: dict) -> ExperimentConfig:
             raise ConfigError(f"{kind}.name: expected a string, got {name!r}")
         params = registries[kind].params(name, table)
         comps[kind] = Component(name, table, params)
-    return ExperimentConfig(run=run, train=train, **comps)
+    groups = resolve_client_models(groups_raw, tables["model"], MODELS)
+    return ExperimentConfig(run=run, train=train, **comps, client_models=groups)
+
+
+def resolve_client_models(entries, model_table: dict, models) -> list[ClientModel]:
+    """Validate ``[[client_models]]``: each entry selects clients and overrides ``[model]``."""
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ConfigError("client_models: must be an array of tables ([[client_models]])")
+    out = []
+    for i, entry in enumerate(entries):
+        where = f"client_models[{i}]"
+        entry = dict(entry)
+        clients = entry.pop("for_clients", [])
+        mods = entry.pop("for_modalities", [])
+        if not isinstance(clients, list) or not all(isinstance(c, int) and c >= 0 for c in clients):
+            raise ConfigError(f"{where}.for_clients: must be a list of client ids, got {clients!r}")
+        if not isinstance(mods, list) or not all(isinstance(m, str) for m in mods):
+            raise ConfigError(f"{where}.for_modalities: must be a list of modality names, got {mods!r}")
+        if not clients and not mods:
+            raise ConfigError(f"{where}: select clients with 'for_clients = [...]' or 'for_modalities = [...]'")
+        base = dict(model_table)
+        name = entry.pop("name", base.pop("name", DEFAULTS["model"]["name"]))
+        if name != model_table.get("name", DEFAULTS["model"]["name"]):
+            base = {}  # another model: the [model] keys are not its keys
+        base.pop("name", None)
+        values = {**base, **entry}
+        try:
+            params = models.params(name, values)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        out.append(ClientModel(list(clients), list(mods), Component(name, values, params)))
+    return out
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:

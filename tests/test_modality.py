@@ -177,3 +177,38 @@ def test_local_training_of_unimodal_clients_evaluates_on_the_multimodal_test_set
     exp.run()
     last = json.loads((tmp_path / "local" / "metrics.jsonl").read_text().splitlines()[-1])
     assert len(last["client_accuracy"]) == 4 and all(0.0 <= a <= 1.0 for a in last["client_accuracy"])
+
+
+# ----------------------------------------------------------------------------- [[client_models]]
+
+
+def test_client_models_give_clients_their_own_architecture(tmp_path):
+    cfg = mm_config(tmp_path, "local", eval_every=2,
+                    client_models=[{"for_clients": [0, 1], "feat_dim": 8},
+                                   {"for_modalities": ["pix"], "mlp_hidden": [8]}])
+    exp = Experiment(cfg, progress=False)
+    fed = exp.federation
+    assert fed.client_groups[:2] == [0, 0]
+    held = fed.client_modalities
+    for c in range(2, 4):
+        assert fed.client_groups[c] == (1 if held[c] == ("pix",) else None)
+    exp.run()
+    widths = {}
+    for c in range(4):
+        model = exp.transport._model("local", held[c] if held[c] != ("pix", "fou") else None, fed.group_of(c))
+        widths[c] = model.classifier.in_features
+    assert widths[0] == widths[1] == 2 * 8  # concat of two 8-d slots
+    assert all(widths[c] == 2 * 16 for c in (2, 3))
+    saved = (tmp_path / "local" / "config.toml").read_text()
+    assert "for_clients = [" in saved and "[[client_models]]" in saved
+    resumed = Experiment(resolve({**cfg.to_dict()}), progress=False)  # the saved form resolves again
+    assert resumed.federation.client_groups == fed.client_groups
+
+
+def test_client_models_bad_entries():
+    with pytest.raises(ConfigError, match=r"client_models\[0\]: select clients"):
+        resolve({"client_models": [{"feat_dim": 8}]})
+    with pytest.raises(ConfigError, match=r"client_models\[0\]: model.hidden"):
+        resolve({"model": {"name": "mlp"}, "client_models": [{"for_clients": [0], "hidden": [-1]}]})
+    with pytest.raises(ConfigError, match=r"client_models\[0\].for_clients"):
+        resolve({"client_models": [{"for_clients": "0-3"}]})

@@ -137,6 +137,11 @@ class Federation:
     # the modalities each client holds (None: every client holds every modality);
     # clients[k] then carries only those modalities (+ their present/<m> masks)
     client_modalities: list[tuple[str, ...]] | None = None
+    # which [[client_models]] entry each client builds its model from (None: all use [model])
+    client_groups: list[int | None] | None = None
+
+    def group_of(self, cid: int) -> int | None:
+        return None if self.client_groups is None else self.client_groups[cid]
 
     def modalities_of(self, cid: int) -> tuple[str, ...]:
         if self.client_modalities is None:

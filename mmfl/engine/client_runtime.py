@@ -39,6 +39,7 @@ def run_client(
     model_pool: Callable[..., nn.Module],
     init_model: Callable[..., nn.Module],
     holds: tuple[str, ...] | None = None,
+    group: int | None = None,
 ) -> tuple[Message, dict[str, Tensor]]:
     """Deliver ``msg`` on ``route`` to client ``cid``; return ``(reply, new_state)``.
 
@@ -50,16 +51,18 @@ def run_client(
 
     ``holds``: the modalities this client holds (None: all of ``meta.modalities``).
     For a client holding fewer, models come from ``model_pool(key, holds)`` and
-    ``init_model(holds)``, which build only those modalities' modules.
+    ``init_model(holds)``, which build only those modalities' modules. ``group``: the
+    client's ``[[client_models]]`` entry (its own architecture), passed on the same way.
     """
     from mmfl.engine.simulation import derive_seed  # lazy: simulation imports this module
 
     everything = tuple(meta.modalities)
-    if holds is not None and tuple(holds) != everything:
-        held = tuple(holds)
-        pool, init = (lambda key: model_pool(key, held)), (lambda: init_model(held))
+    held = tuple(holds) if holds is not None else everything
+    if held != everything or group is not None:
+        h = held if held != everything else None
+        pool, init = (lambda key: model_pool(key, h, group)), (lambda: init_model(h, group))
     else:
-        held, pool, init = everything, model_pool, init_model
+        pool, init = model_pool, init_model
     ctx = ClientContext(
         cid=cid, rnd=rnd, seed=derive_seed(seed, rnd, cid, route, call),
         data=data, test_data=test_data, meta=meta, train=train,

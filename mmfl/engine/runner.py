@@ -59,35 +59,39 @@ def build_federation(cfg: ExperimentConfig, pooled: bool = False) -> Federation:
             view = view.with_features(held)  # the client sees only its modalities
         clients.append(view)
     uniform = all(tuple(h) == tuple(mods) for h in holds)
+    groups = [next((g for g, entry in enumerate(cfg.client_models) if entry.matches(cid, tuple(h))), None)
+              for cid, h in enumerate(holds)]
     return Federation(clients=clients, test=bundle.test, meta=bundle.meta, public=bundle.public,
-                      client_modalities=None if uniform else [tuple(h) for h in holds])
+                      client_modalities=None if uniform else [tuple(h) for h in holds],
+                      client_groups=groups if any(g is not None for g in groups) else None)
 
 
 def model_factory(cfg: ExperimentConfig, meta) -> Callable[..., nn.Module]:
-    """``make(holds=None)`` builds the configured model with the run's initial weights (seeded).
+    """``make(holds=None, group=None)`` builds a model with the run's initial weights (seeded).
 
-    ``holds``: the modalities of the client the model is for (None: all). A model
-    factory that takes ``holds`` builds only those modalities' modules; any other
-    model cannot serve a client missing a modality (ConfigError).
+    ``group``: the ``[[client_models]]`` entry of the client (None: ``[model]``, which is
+    also the server's model). ``holds``: the modalities of the client the model is for
+    (None: all). A model factory that takes ``holds`` builds only those modalities'
+    modules; any other model cannot serve a client missing a modality (ConfigError).
     """
     import inspect
 
     from mmfl.models import MODELS
 
-    entry = MODELS.get(cfg.model.name)
-    takes_holds = "holds" in inspect.signature(entry.factory).parameters
     everything = tuple(meta.modalities)
 
-    def make(holds=None) -> nn.Module:
+    def make(holds=None, group=None) -> nn.Module:
+        comp = cfg.model if group is None else cfg.client_models[group].model
+        entry = MODELS.get(comp.name)
         partial = holds is not None and tuple(holds) != everything
-        if partial and not takes_holds:
-            raise ConfigError(f"model.name: '{cfg.model.name}' needs every modality on every client; "
+        if partial and "holds" not in inspect.signature(entry.factory).parameters:
+            raise ConfigError(f"model.name: '{comp.name}' needs every modality on every client; "
                               f"use model 'multimodal' for clients holding only {', '.join(holds)}")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(cfg.run.seed, "model-init"))
             if partial:
-                return entry.factory(cfg.model.params, meta, holds=list(holds))
-            return entry.factory(cfg.model.params, meta)
+                return entry.factory(comp.params, meta, holds=list(holds))
+            return entry.factory(comp.params, meta)
 
     return make
 
@@ -121,9 +125,10 @@ class Experiment:
             if len(c) == 0:
                 raise ConfigError(f"partition: client {cid} received no samples; use fewer clients")
         self.make_model = model_factory(cfg, self.federation.meta)
-        if self.federation.client_modalities is not None:  # fail now, not in round 1
-            for held in set(self.federation.client_modalities):
-                self.make_model(held)
+        fed = self.federation
+        if fed.client_modalities is not None or fed.client_groups is not None:  # fail now, not in round 1
+            for held, group in {(fed.modalities_of(c), fed.group_of(c)) for c in range(fed.num_clients)}:
+                self.make_model(held, group)
         from mmfl.algorithms.base import ServerContext
 
         self.server = self.spec.server(cfg.algorithm.params, ServerContext(

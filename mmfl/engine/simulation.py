@@ -106,10 +106,10 @@ class SimulationTransport:
         self._calls.clear()
         self.batch_info = {}
 
-    def _model(self, key: str, holds: tuple[str, ...] | None = None) -> nn.Module:
-        k = key if holds is None else f"{key}|{'+'.join(holds)}"
+    def _model(self, key: str, holds: tuple[str, ...] | None = None, group: int | None = None) -> nn.Module:
+        k = key if holds is None and group is None else f"{key}|{'+'.join(holds or ())}|{group}"
         if k not in self._pool:
-            self._pool[k] = self.make_model() if holds is None else self.make_model(holds)
+            self._pool[k] = self.make_model(holds, group)
         return self._pool[k]
 
     def _send_batched(self, route: str, messages: dict[int, Message]) -> tuple[dict[int, Message], dict[int, Message]]:
@@ -129,7 +129,7 @@ class SimulationTransport:
                 self.spec, self.params, cid=cid, rnd=self.rnd, route=route, call=call, msg=msg,
                 data=fed.clients[cid], test_data=fed.test, meta=fed.meta, train=self.train,
                 seed=self.seed, state=self.store.load(cid), model_pool=self._model, init_model=self.make_model,
-                holds=fed.modalities_of(cid),
+                holds=fed.modalities_of(cid), group=fed.group_of(cid),
             )
             if not self.log.admit(route, cid, msg, reply, self.on_nonfinite, self.rnd):
                 continue  # its state is not saved either: the round never happened for it

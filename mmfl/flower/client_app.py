@@ -54,10 +54,10 @@ class RunEnv:
     make_model: Callable[[], nn.Module]
     pool: dict[str, nn.Module] = field(default_factory=dict)
 
-    def model(self, key: str, holds: tuple[str, ...] | None = None) -> nn.Module:
-        k = key if holds is None else f"{key}|{'+'.join(holds)}"
+    def model(self, key: str, holds: tuple[str, ...] | None = None, group: int | None = None) -> nn.Module:
+        k = key if holds is None and group is None else f"{key}|{'+'.join(holds or ())}|{group}"
         if k not in self.pool:
-            self.pool[k] = self.make_model() if holds is None else self.make_model(holds)
+            self.pool[k] = self.make_model(holds, group)
         return self.pool[k]
 
 
@@ -163,7 +163,7 @@ def handle(msg: FlowerMessage, context: Context, config_text: str | None = None)
             run.spec, cfg.algorithm.params, cid=cid, rnd=rnd, route=route, call=int(call), msg=messages[cid],
             data=fed.clients[cid], test_data=fed.test, meta=fed.meta, train=cfg.train,
             seed=cfg.run.seed, state=load_state(context.state, cid), model_pool=run.model,
-            init_model=run.make_model, holds=run.federation.modalities_of(cid))
+            init_model=run.make_model, holds=fed.modalities_of(cid), group=fed.group_of(cid))
         if reply.nonfinite_key() is None:  # as in the simulator: a rejected reply keeps no state
             save_state(context.state, cid, new_state)
         replies[cid] = reply
