@@ -211,3 +211,98 @@ def write_crema_d_dir(root: str | Path, actors: tuple[str, ...] = ("1001", "1002
         for split in ("train", "test"):
             (root / f"{split}.csv").write_text("".join(f"{c},{e}\n" for c, e, _ in out[split]))
     return out
+
+
+def _write_jpeg(path: Path, value: int, hw: tuple[int, int] = (18, 24)) -> Path:
+    """A small JPEG: a colour gradient whose brightness grows with ``value`` (0..255)."""
+    from PIL import Image
+
+    h, w = hw
+    img = np.zeros((h, w, 3), dtype=np.uint8)
+    img[..., 0] = value
+    img[..., 1] = np.linspace(0, 255, w, dtype=np.uint8)[None, :]
+    img[..., 2] = np.linspace(0, 255, h, dtype=np.uint8)[:, None]
+    Image.fromarray(img).save(path, quality=95)
+    return path
+
+
+def write_coco_dir(root: str | Path, n_train: int = 4, n_test: int = 3, captions: int = 2,
+                   splits: tuple[str, str] = ("train2017", "val2017")) -> dict:
+    """MS-COCO's released caption layout under ``root``::
+
+        annotations/captions_<split>.json   {"info", "licenses", "images": [{"id", "file_name", ...}],
+                                             "annotations": [{"image_id", "id", "caption"}]}
+        <split>/<12-digit id>.jpg            small JPEGs
+
+    Image ids are listed in descending order in the JSON (the loader sorts them); image i of a split
+    has ``captions`` captions "a photo number <id> variant <j>", its annotations interleaved with the
+    other images'. Returns ``{"dir", <split>: {"ids": sorted ids, "files": [...], "captions": [[...]]}}``.
+    """
+    root = Path(root)
+    (root / "annotations").mkdir(parents=True, exist_ok=True)
+    out: dict = {"dir": root}
+    next_id = 100
+    for split, n in zip(splits, (n_train, n_test)):
+        (root / split).mkdir(parents=True, exist_ok=True)
+        ids = [next_id + 7 * i for i in range(n)]
+        next_id += 7 * n + 1
+        files = [f"{i:012d}.jpg" for i in ids]
+        for k, (i, f) in enumerate(zip(ids, files)):
+            _write_jpeg(root / split / f, 30 + 50 * k)
+        caps = [[f"a photo number {i} variant {j}" for j in range(captions)] for i in ids]
+        anns = [{"image_id": i, "id": 10 * i + j, "caption": f"  {caps[k][j]} \n"}
+                for j in range(captions) for k, i in enumerate(ids)]
+        doc = {"info": {"description": "tiny"}, "licenses": [],
+               "images": [{"id": i, "file_name": f, "height": 18, "width": 24} for i, f in zip(ids, files)][::-1],
+               "annotations": anns}
+        (root / "annotations" / f"captions_{split}.json").write_text(json.dumps(doc))
+        out[split] = {"ids": ids, "files": files, "captions": caps}
+    return out
+
+
+def write_flickr30k_dir(root: str | Path, counts: dict[str, int] | None = None, captions: int = 2,
+                        images_dir: str = "flickr30k-images") -> dict:
+    """Flickr30k with Karpathy's split file under ``root``::
+
+        dataset_flickr30k.json   {"images": [{"filename", "imgid", "split", "sentids",
+                                              "sentences": [{"raw", "tokens", "imgid", "sentid"}]}],
+                                  "dataset": "flickr30k"}
+        flickr30k-images/<n>.jpg
+
+    ``counts`` images per split (default train 4, val 1, test 3), listed split after split. Returns
+    ``{"dir", <split>: [(filename, [captions])]}``.
+    """
+    root = Path(root)
+    counts = counts or {"train": 4, "val": 1, "test": 3}
+    (root / images_dir).mkdir(parents=True, exist_ok=True)
+    images, out, imgid, sentid = [], {"dir": root}, 0, 0
+    for split, n in counts.items():
+        out[split] = []
+        for _ in range(n):
+            name = f"{1000000 + imgid}.jpg"
+            _write_jpeg(root / images_dir / name, (40 * imgid) % 256)
+            caps = [f"Flickr picture {imgid} says thing {j} ." for j in range(captions)]
+            sents = [{"raw": c, "tokens": c.lower().split(), "imgid": imgid, "sentid": sentid + j}
+                     for j, c in enumerate(caps)]
+            images.append({"filename": name, "imgid": imgid, "split": split,
+                           "sentids": [s["sentid"] for s in sents], "sentences": sents})
+            out[split].append((name, caps))
+            imgid, sentid = imgid + 1, sentid + captions
+    (root / "dataset_flickr30k.json").write_text(json.dumps({"images": images, "dataset": "flickr30k"}))
+    return out
+
+
+def write_ag_news_dir(root: str | Path, n_train: int = 8, n_test: int = 4) -> dict:
+    """AG_NEWS's released CSVs: ``train.csv`` / ``test.csv``, rows ``"class","title","description"`` (all
+    fields quoted, no header; descriptions carry the release's ``\\`` escapes). Row r has class
+    ``r % 4 + 1``. Returns ``{"dir", "train": [(class, title, description)], "test": [...]}``."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    out: dict = {"dir": root}
+    for split, n in (("train", n_train), ("test", n_test)):
+        rows = [(str(r % 4 + 1), f"{split} headline {r}", f"Story {r} of class {r % 4 + 1}, quoted \"x\"\\ more")
+                for r in range(n)]
+        with (root / f"{split}.csv").open("w", newline="", encoding="utf-8") as f:
+            csv.writer(f, quoting=csv.QUOTE_ALL).writerows(rows)
+        out[split] = rows
+    return out

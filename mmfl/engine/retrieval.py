@@ -77,6 +77,38 @@ def _ranks(query: Tensor, gallery: Tensor, match_rows, chunk: int) -> Tensor:
     return out
 
 
+def _t2i_ranks(txt: Tensor, img: Tensor, t2i: Tensor, chunk: int) -> Tensor:
+    """Instance pairing, caption queries: one matching image each; its score is read from the same
+    similarity matrix, so ``>=`` counts it exactly once."""
+    out = torch.empty(txt.shape[0], dtype=torch.long)
+    for s in range(0, txt.shape[0], chunk):
+        e = min(s + chunk, txt.shape[0])
+        sims = txt[s:e] @ img.T
+        best = sims.gather(1, t2i[s:e, None])
+        out[s:e] = (sims >= best).sum(dim=1) - 1
+    return out
+
+
+def _i2t_ranks(img: Tensor, txt: Tensor, t2i: Tensor, chunk: int) -> Tensor:
+    """Instance pairing, image queries: best matching caption by a scatter-max over the chunk's
+    matching entries, then (items >= best) minus (matching items >= best)."""
+    out = torch.empty(img.shape[0], dtype=torch.long)
+    cols = torch.arange(txt.shape[0])
+    for s in range(0, img.shape[0], chunk):
+        e = min(s + chunk, img.shape[0])
+        sims = img[s:e] @ txt.T
+        js = cols[(t2i >= s) & (t2i < e)]
+        rows = t2i[js] - s
+        vals = sims[rows, js]
+        best = torch.full((e - s,), float("-inf")).scatter_reduce(0, rows, vals, reduce="amax")
+        ge = (sims >= best[:, None]).sum(dim=1)
+        matched_ge = torch.zeros(e - s, dtype=torch.long).index_add_(0, rows, (vals >= best[rows]).long())
+        rank = ge - matched_ge
+        rank[best == float("-inf")] = NO_MATCH  # an image without captions
+        out[s:e] = rank
+    return out
+
+
 def recall_at_k(img: Tensor, txt: Tensor, txt_to_img: Tensor | None = None, ks: Sequence[int] = (1, 5, 10),
                 chunk: int = 1024, *, img_labels: Tensor | None = None,
                 txt_labels: Tensor | None = None) -> dict[str, float]:
@@ -85,7 +117,9 @@ def recall_at_k(img: Tensor, txt: Tensor, txt_to_img: Tensor | None = None, ks: 
     ``img`` ``[N_i, d]``, ``txt`` ``[N_t, d]``; ``txt_to_img`` int64 ``[N_t]`` is
     the image index of each caption (several captions may share an image). With
     ``img_labels`` ``[N_i]`` and ``txt_labels`` ``[N_t]`` the retrieval is class
-    level (a same-label item is a hit) and ``txt_to_img`` is ignored.
+    level (a same-label item is a hit) and ``txt_to_img`` is ignored. A query with
+    no matching item at all (an image without captions, a label absent from the
+    other side) counts as a miss.
 
     Returns ``i2t_r{k}`` and ``t2i_r{k}`` for each k in ``ks``, ``r1_sum`` =
     ``i2t_r1 + t2i_r1`` (when 1 is in ``ks``) and ``rsum`` = the sum of all
@@ -106,17 +140,11 @@ def recall_at_k(img: Tensor, txt: Tensor, txt_to_img: Tensor | None = None, ks: 
 
         def t2i_match(s, e):
             return tl[s:e, None] == il[None, :]
+
+        ranks = {"i2t": _ranks(img, txt, i2t_match, chunk), "t2i": _ranks(txt, img, t2i_match, chunk)}
     else:
         t2i = txt_to_img.long()
-        img_ids = torch.arange(img.shape[0])
-
-        def i2t_match(s, e):
-            return img_ids[s:e, None] == t2i[None, :]
-
-        def t2i_match(s, e):
-            return t2i[s:e, None] == img_ids[None, :]
-
-    ranks = {"i2t": _ranks(img, txt, i2t_match, chunk), "t2i": _ranks(txt, img, t2i_match, chunk)}
+        ranks = {"i2t": _i2t_ranks(img, txt, t2i, chunk), "t2i": _t2i_ranks(txt, img, t2i, chunk)}
     out: dict[str, float] = {}
     for direction, r in ranks.items():
         for k in ks:
