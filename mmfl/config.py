@@ -148,6 +148,17 @@ class ClientModel:
 
 
 @dataclass
+class ClientData:
+    """A ``[[client_data]]`` entry: more clients, whose private data comes from another data
+    set (``data``) split by ``partition`` (CreamFL's image-only and text-only clients). They
+    come after the clients of ``[data]``, hold all of their data set's modalities, and
+    evaluate local models on its test split; the server keeps ``[data]``'s test set."""
+
+    data: Component
+    partition: Component
+
+
+@dataclass
 class ExperimentConfig:
     run: RunConfig
     train: TrainConfig
@@ -157,6 +168,7 @@ class ExperimentConfig:
     model: Component
     algorithm: Component
     client_models: list[ClientModel] = field(default_factory=list)
+    client_data: list[ClientData] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """The resolved config (every default filled in), as TOML-able tables."""
@@ -174,6 +186,10 @@ class ExperimentConfig:
                  **({"for_modalities": g.modalities} if g.modalities else {}),
                  "name": g.model.name, **(asdict(g.model.params) if g.model.params is not None else {})}
                 for g in self.client_models]
+        if self.client_data:
+            out["client_data"] = [
+                {kind: {"name": getattr(e, kind).name, **asdict(getattr(e, kind).params)}
+                 for kind in ("data", "partition")} for e in self.client_data]
         return _drop_none(out)
 
     def to_toml(self) -> str:
@@ -282,6 +298,7 @@ def resolve(raw: dict) -> ExperimentConfig:
             raise ConfigError(f"{kind}: must be a table")
         tables[kind] = table
     groups_raw = raw.pop("client_models", [])
+    sources_raw = raw.pop("client_data", [])
     run_fields = {f.name for f in fields(RunConfig)}
     for key in raw:
         if key not in run_fields:
@@ -298,7 +315,33 @@ def resolve(raw: dict) -> ExperimentConfig:
         params = registries[kind].params(name, table)
         comps[kind] = Component(name, table, params)
     groups = resolve_client_models(groups_raw, tables["model"], MODELS)
-    return ExperimentConfig(run=run, train=train, **comps, client_models=groups)
+    sources = resolve_client_data(sources_raw, {"data": DATASETS, "partition": PARTITIONERS})
+    return ExperimentConfig(run=run, train=train, **comps, client_models=groups, client_data=sources)
+
+
+def resolve_client_data(entries, registries: dict) -> list[ClientData]:
+    """Validate ``[[client_data]]``: each entry has a ``data`` and a ``partition`` table."""
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ConfigError("client_data: must be an array of tables ([[client_data]])")
+    out = []
+    for i, entry in enumerate(entries):
+        where = f"client_data[{i}]"
+        unknown = sorted(set(entry) - {"data", "partition"})
+        if unknown:
+            raise ConfigError(f"{where}.{unknown[0]}: unknown key (an entry has a data and a partition table)")
+        comps = {}
+        for kind in ("data", "partition"):
+            table = entry.get(kind)
+            if not isinstance(table, dict) or not isinstance(table.get("name"), str):
+                raise ConfigError(f"{where}.{kind}: must be a table with a name")
+            table = dict(table)
+            name = table.pop("name")
+            try:
+                comps[kind] = Component(name, table, registries[kind].params(name, table))
+            except ConfigError as e:
+                raise ConfigError(f"{where}: {e}") from None
+        out.append(ClientData(**comps))
+    return out
 
 
 def resolve_client_models(entries, model_table: dict, models) -> list[ClientModel]:

@@ -212,3 +212,57 @@ def test_client_models_bad_entries():
         resolve({"model": {"name": "mlp"}, "client_models": [{"for_clients": [0], "hidden": [-1]}]})
     with pytest.raises(ConfigError, match=r"client_models\[0\].for_clients"):
         resolve({"client_models": [{"for_clients": "0-3"}]})
+
+
+# ----------------------------------------------------------------------------- [[client_data]], public set
+
+
+def test_client_data_adds_clients_from_another_data_set_with_their_own_model(tmp_path):
+    raw = {"name": "src", "rounds": 2, "eval_every": 2, "output_dir": str(tmp_path), "threads": 1,
+           "data": {"name": "mfeat", "views": ["fou"]}, "partition": {"name": "iid", "num_clients": 2},
+           "model": {"name": "mlp", "hidden": [32]}, "algorithm": {"name": "local"},
+           "client_data": [{"data": {"name": "digits"}, "partition": {"name": "iid", "num_clients": 3}}],
+           "client_models": [{"for_clients": [2, 3, 4], "hidden": [16]}],
+           "train": {"local_epochs": 1}}
+    cfg = resolve(raw)
+    exp = Experiment(cfg, progress=False)
+    fed = exp.federation
+    assert fed.num_clients == 5 and fed.client_sources == [None, None, 0, 0, 0]
+    assert fed.meta_of(3).name == "digits" and fed.clients[3].modalities == ["image"]
+    assert fed.modalities_of(0) == ("fou",) and fed.modalities_of(4) == ("image",)
+    assert len(fed.test_of(4)) == len(fed.sources[0].test) != len(fed.test)
+    exp.run()
+    last = json.loads((tmp_path / "src" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert len(last["client_accuracy"]) == 5
+    digits_model = exp.transport._model("local", None, 0, 0, fed.meta_of(2))
+    assert digits_model.features[0].in_features == 64 and digits_model.features[0].out_features == 16
+    assert exp.transport._model("local").features[0].in_features == 76  # mfeat's fou view, [model]
+    assert resolve(cfg.to_dict()).client_data[0].partition.params.num_clients == 3  # saved form resolves
+
+
+def test_client_data_bad_entries():
+    with pytest.raises(ConfigError, match=r"client_data\[0\].data: must be a table with a name"):
+        resolve({"client_data": [{"partition": {"name": "iid"}}]})
+    with pytest.raises(ConfigError, match=r"client_data\[0\]: unknown dataset 'nope'|client_data\[0\].*nope"):
+        resolve({"client_data": [{"data": {"name": "nope"}, "partition": {"name": "iid"}}]})
+    with pytest.raises(ConfigError, match=r"client_data\[0\].model: unknown key"):
+        resolve({"client_data": [{"data": {"name": "digits"}, "partition": {"name": "iid"}, "model": {}}]})
+
+
+def test_clients_see_the_public_set():
+    from mmfl.algorithms.base import AlgorithmSpec, Client
+    from mmfl.config import TrainConfig
+    from mmfl.data.base import DatasetMeta
+    from mmfl.engine.client_runtime import run_client
+    from mmfl.engine.message import Message
+
+    class Peek(Client):
+        def train(self, msg):
+            return Message(scalars={"public": float(len(self.ctx.public))})
+
+    public = ArrayDataset({"image": torch.zeros(7, 2)}, torch.zeros(7, dtype=torch.long))
+    data = ArrayDataset({"image": torch.zeros(3, 2)}, torch.zeros(3, dtype=torch.long))
+    reply, _ = run_client(AlgorithmSpec(None, Peek), None, cid=0, rnd=0, route="train", call=0, msg=Message(),
+                          data=data, test_data=None, meta=DatasetMeta("t", 2, {"image": (2,)}),
+                          train=TrainConfig(), seed=0, state={}, model_pool=None, init_model=None, public=public)
+    assert reply.scalars["public"] == 7.0

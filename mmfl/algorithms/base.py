@@ -65,6 +65,7 @@ class ClientContext:
     model_pool: Callable[[str], nn.Module]  # reusable model instance per key (load weights before use!)
     init_model: Callable[[], nn.Module] = None  # a fresh model with the run's initial weights
     modalities: tuple[str, ...] = ()  # the modalities this client holds (its data and models carry only these)
+    public: ArrayDataset | None = None  # the public set known to server and clients (CreamFL), if any
     extra: dict[str, Any] = field(default_factory=dict)
 
     def model(self, key: str = "local") -> nn.Module:

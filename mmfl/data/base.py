@@ -127,6 +127,14 @@ class DatasetBundle:
 
 
 @dataclass
+class DataSource:
+    """A ``[[client_data]]`` data set: some clients' private data comes from it."""
+
+    meta: DatasetMeta
+    test: ArrayDataset
+
+
+@dataclass
 class Federation:
     """Clients' private sets, an optional public set, the server's test set."""
 
@@ -139,13 +147,30 @@ class Federation:
     client_modalities: list[tuple[str, ...]] | None = None
     # which [[client_models]] entry each client builds its model from (None: all use [model])
     client_groups: list[int | None] | None = None
+    # clients whose private data comes from a [[client_data]] source: their source index
+    # (None: the run's [data]); ``sources[k]`` holds that source's test set and meta
+    client_sources: list[int | None] | None = None
+    sources: list["DataSource"] = field(default_factory=list)
 
     def group_of(self, cid: int) -> int | None:
         return None if self.client_groups is None else self.client_groups[cid]
 
+    def source_of(self, cid: int) -> int | None:
+        return None if self.client_sources is None else self.client_sources[cid]
+
+    def meta_of(self, cid: int) -> DatasetMeta:
+        """The metadata of the data set client ``cid`` holds (its own for a [[client_data]] client)."""
+        src = self.source_of(cid)
+        return self.meta if src is None else self.sources[src].meta
+
+    def test_of(self, cid: int) -> ArrayDataset:
+        """Where client ``cid`` evaluates a local model: its data set's test split."""
+        src = self.source_of(cid)
+        return self.test if src is None else self.sources[src].test
+
     def modalities_of(self, cid: int) -> tuple[str, ...]:
         if self.client_modalities is None:
-            return tuple(self.meta.modalities)
+            return tuple(self.meta_of(cid).modalities)
         return self.client_modalities[cid]
 
     @property

@@ -318,6 +318,8 @@ def capability_blocker(cls: type) -> str | None:
 
 
 def _blocker(transport, route: str, messages) -> str | None:
+    if transport.federation.client_sources is not None:
+        return "clients hold different data sets ([[client_data]])"
     if transport.federation.client_groups is not None:
         return "clients build different models ([[client_models]])"
     if transport.federation.client_modalities is not None:

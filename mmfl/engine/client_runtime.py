@@ -40,6 +40,8 @@ def run_client(
     init_model: Callable[..., nn.Module],
     holds: tuple[str, ...] | None = None,
     group: int | None = None,
+    source: int | None = None,
+    public: ArrayDataset | None = None,
 ) -> tuple[Message, dict[str, Tensor]]:
     """Deliver ``msg`` on ``route`` to client ``cid``; return ``(reply, new_state)``.
 
@@ -52,21 +54,24 @@ def run_client(
     ``holds``: the modalities this client holds (None: all of ``meta.modalities``).
     For a client holding fewer, models come from ``model_pool(key, holds)`` and
     ``init_model(holds)``, which build only those modalities' modules. ``group``: the
-    client's ``[[client_models]]`` entry (its own architecture), passed on the same way.
+    client's ``[[client_models]]`` entry (its own architecture), passed on the same way;
+    ``source``: its ``[[client_data]]`` data set (then ``meta`` is that data set's).
+    ``public``: the public set every client may read (CreamFL), or None.
     """
     from mmfl.engine.simulation import derive_seed  # lazy: simulation imports this module
 
     everything = tuple(meta.modalities)
     held = tuple(holds) if holds is not None else everything
-    if held != everything or group is not None:
+    if held != everything or group is not None or source is not None:
         h = held if held != everything else None
-        pool, init = (lambda key: model_pool(key, h, group)), (lambda: init_model(h, group))
+        pool = lambda key: model_pool(key, h, group, source, meta)  # noqa: E731
+        init = lambda: init_model(h, group, meta if source is not None else None)  # noqa: E731
     else:
         pool, init = model_pool, init_model
     ctx = ClientContext(
         cid=cid, rnd=rnd, seed=derive_seed(seed, rnd, cid, route, call),
         data=data, test_data=test_data, meta=meta, train=train,
-        state=state, model_pool=pool, init_model=init, modalities=held,
+        state=state, model_pool=pool, init_model=init, modalities=held, public=public,
     )
     seed_torch(ctx.seed)  # dropout and any other torch-global randomness (the CPU generator, cheaply)
     reply = spec.client(params, ctx).handle(route, msg)

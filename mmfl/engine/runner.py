@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from mmfl.config import ExperimentConfig, resolve
-from mmfl.data.base import ArrayDataset, Federation
+from mmfl.data.base import ArrayDataset, DataSource, Federation
 from mmfl.algorithms.base import Transport
 from mmfl.engine import checkpoint
 from mmfl.engine.simulation import SimulationTransport, derive_seed
@@ -58,32 +58,49 @@ def build_federation(cfg: ExperimentConfig, pooled: bool = False) -> Federation:
         if tuple(held) != tuple(mods):
             view = view.with_features(held)  # the client sees only its modalities
         clients.append(view)
-    uniform = all(tuple(h) == tuple(mods) for h in holds)
-    groups = [next((g for g, entry in enumerate(cfg.client_models) if entry.matches(cid, tuple(h))), None)
+    holds = [tuple(h) for h in holds]
+    uniform = all(h == tuple(mods) for h in holds)
+    client_sources: list[int | None] = [None] * len(clients)
+    sources = []
+    for k, extra in enumerate(cfg.client_data):  # [[client_data]]: more clients, from other data sets
+        b = DATASETS.get(extra.data.name).factory(extra.data.params)
+        prng = np.random.default_rng(derive_seed(cfg.run.seed, "partition", "client_data", k))
+        ids = b.client_ids.numpy() if b.client_ids is not None else None
+        for part in PARTITIONERS.get(extra.partition.name).factory(b.train.label_array(), extra.partition.params,
+                                                                   prng, client_ids=ids):
+            clients.append(b.train.subset(part))
+            holds.append(tuple(b.meta.modalities))
+            client_sources.append(k)
+        sources.append(DataSource(meta=b.meta, test=b.test))
+    groups = [next((g for g, entry in enumerate(cfg.client_models) if entry.matches(cid, h)), None)
               for cid, h in enumerate(holds)]
     return Federation(clients=clients, test=bundle.test, meta=bundle.meta, public=bundle.public,
-                      client_modalities=None if uniform else [tuple(h) for h in holds],
-                      client_groups=groups if any(g is not None for g in groups) else None)
+                      client_modalities=None if uniform and not sources else holds,
+                      client_groups=groups if any(g is not None for g in groups) else None,
+                      client_sources=client_sources if sources else None, sources=sources)
 
 
 def model_factory(cfg: ExperimentConfig, meta) -> Callable[..., nn.Module]:
-    """``make(holds=None, group=None)`` builds a model with the run's initial weights (seeded).
+    """``make(holds=None, group=None, meta=None)`` builds a model with the run's initial
+    weights (seeded).
 
     ``group``: the ``[[client_models]]`` entry of the client (None: ``[model]``, which is
     also the server's model). ``holds``: the modalities of the client the model is for
     (None: all). A model factory that takes ``holds`` builds only those modalities'
     modules; any other model cannot serve a client missing a modality (ConfigError).
+    ``meta``: the client's data set, when it is not the run's (``[[client_data]]``).
     """
     import inspect
 
     from mmfl.models import MODELS
 
-    everything = tuple(meta.modalities)
+    run_meta = meta
 
-    def make(holds=None, group=None) -> nn.Module:
+    def make(holds=None, group=None, meta=None) -> nn.Module:
+        meta = meta or run_meta
         comp = cfg.model if group is None else cfg.client_models[group].model
         entry = MODELS.get(comp.name)
-        partial = holds is not None and tuple(holds) != everything
+        partial = holds is not None and tuple(holds) != tuple(meta.modalities)
         if partial and "holds" not in inspect.signature(entry.factory).parameters:
             raise ConfigError(f"model.name: '{comp.name}' needs every modality on every client; "
                               f"use model 'multimodal' for clients holding only {', '.join(holds)}")
@@ -127,8 +144,9 @@ class Experiment:
         self.make_model = model_factory(cfg, self.federation.meta)
         fed = self.federation
         if fed.client_modalities is not None or fed.client_groups is not None:  # fail now, not in round 1
-            for held, group in {(fed.modalities_of(c), fed.group_of(c)) for c in range(fed.num_clients)}:
-                self.make_model(held, group)
+            kinds = {(fed.modalities_of(c), fed.group_of(c), fed.source_of(c)) for c in range(fed.num_clients)}
+            for held, group, src in kinds:
+                self.make_model(held, group, None if src is None else fed.sources[src].meta)
         from mmfl.algorithms.base import ServerContext
 
         self.server = self.spec.server(cfg.algorithm.params, ServerContext(

@@ -106,10 +106,12 @@ class SimulationTransport:
         self._calls.clear()
         self.batch_info = {}
 
-    def _model(self, key: str, holds: tuple[str, ...] | None = None, group: int | None = None) -> nn.Module:
-        k = key if holds is None and group is None else f"{key}|{'+'.join(holds or ())}|{group}"
+    def _model(self, key: str, holds: tuple[str, ...] | None = None, group: int | None = None,
+               source: int | None = None, meta=None) -> nn.Module:
+        k = key if holds is None and group is None and source is None else \
+            f"{key}|{'+'.join(holds or ())}|{group}|{source}"
         if k not in self._pool:
-            self._pool[k] = self.make_model(holds, group)
+            self._pool[k] = self.make_model(holds, group, meta if source is not None else None)
         return self._pool[k]
 
     def _send_batched(self, route: str, messages: dict[int, Message]) -> tuple[dict[int, Message], dict[int, Message]]:
@@ -127,9 +129,10 @@ class SimulationTransport:
             self._calls[cid] += 1
             reply, state = run_client(
                 self.spec, self.params, cid=cid, rnd=self.rnd, route=route, call=call, msg=msg,
-                data=fed.clients[cid], test_data=fed.test, meta=fed.meta, train=self.train,
+                data=fed.clients[cid], test_data=fed.test_of(cid), meta=fed.meta_of(cid), train=self.train,
                 seed=self.seed, state=self.store.load(cid), model_pool=self._model, init_model=self.make_model,
-                holds=fed.modalities_of(cid), group=fed.group_of(cid),
+                holds=fed.modalities_of(cid), group=fed.group_of(cid), source=fed.source_of(cid),
+                public=fed.public,
             )
             if not self.log.admit(route, cid, msg, reply, self.on_nonfinite, self.rnd):
                 continue  # its state is not saved either: the round never happened for it

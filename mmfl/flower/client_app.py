@@ -54,10 +54,12 @@ class RunEnv:
     make_model: Callable[[], nn.Module]
     pool: dict[str, nn.Module] = field(default_factory=dict)
 
-    def model(self, key: str, holds: tuple[str, ...] | None = None, group: int | None = None) -> nn.Module:
-        k = key if holds is None and group is None else f"{key}|{'+'.join(holds or ())}|{group}"
+    def model(self, key: str, holds: tuple[str, ...] | None = None, group: int | None = None,
+               source: int | None = None, meta=None) -> nn.Module:
+        k = key if holds is None and group is None and source is None else \
+            f"{key}|{'+'.join(holds or ())}|{group}|{source}"
         if k not in self.pool:
-            self.pool[k] = self.make_model(holds, group)
+            self.pool[k] = self.make_model(holds, group, meta if source is not None else None)
         return self.pool[k]
 
 
@@ -161,9 +163,10 @@ def handle(msg: FlowerMessage, context: Context, config_text: str | None = None)
             raise MMFLError(f"this SuperNode does not host client {cid} (it hosts {env.cids})")
         reply, new_state = run_client(
             run.spec, cfg.algorithm.params, cid=cid, rnd=rnd, route=route, call=int(call), msg=messages[cid],
-            data=fed.clients[cid], test_data=fed.test, meta=fed.meta, train=cfg.train,
+            data=fed.clients[cid], test_data=fed.test_of(cid), meta=fed.meta_of(cid), train=cfg.train,
             seed=cfg.run.seed, state=load_state(context.state, cid), model_pool=run.model,
-            init_model=run.make_model, holds=fed.modalities_of(cid), group=fed.group_of(cid))
+            init_model=run.make_model, holds=fed.modalities_of(cid), group=fed.group_of(cid),
+            source=fed.source_of(cid), public=fed.public)
         if reply.nonfinite_key() is None:  # as in the simulator: a rejected reply keeps no state
             save_state(context.state, cid, new_state)
         replies[cid] = reply

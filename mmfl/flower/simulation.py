@@ -18,7 +18,7 @@ from mmfl.errors import MMFLError
 
 def count_clients(cfg: ExperimentConfig) -> int:
     n = getattr(cfg.partition.params, "num_clients", None)
-    if isinstance(n, int) and n > 0 and cfg.algorithm.name != "centralized":
+    if isinstance(n, int) and n > 0 and cfg.algorithm.name != "centralized" and not cfg.client_data:
         return n
     from mmfl.algorithms import ALGORITHMS
     from mmfl.engine.runner import build_federation
