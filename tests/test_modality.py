@@ -266,3 +266,23 @@ def test_clients_see_the_public_set():
                           data=data, test_data=None, meta=DatasetMeta("t", 2, {"image": (2,)}),
                           train=TrainConfig(), seed=0, state={}, model_pool=None, init_model=None, public=public)
     assert reply.scalars["public"] == 7.0
+
+
+def test_server_sees_the_public_set(tmp_path, monkeypatch):
+    from mmfl.data import DATASETS
+    from mmfl.data.base import DatasetBundle
+
+    entry = DATASETS.get("digits")
+    real = entry.factory
+
+    def with_public(params):
+        b = real(params)
+        return DatasetBundle(b.train, b.test, b.meta, public=b.test.subset(range(5)))
+
+    import dataclasses
+
+    monkeypatch.setitem(DATASETS._entries, "digits", dataclasses.replace(entry, factory=with_public))
+    cfg = resolve({"name": "p", "output_dir": str(tmp_path), "data": {"name": "digits"},
+                   "partition": {"name": "iid", "num_clients": 2}, "model": {"name": "simple_cnn"}})
+    exp = Experiment(cfg, progress=False)
+    assert len(exp.server.ctx.public) == 5 and exp.federation.public is exp.server.ctx.public

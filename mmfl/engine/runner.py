@@ -152,7 +152,7 @@ class Experiment:
         self.server = self.spec.server(cfg.algorithm.params, ServerContext(
             meta=self.federation.meta, train=cfg.train, seed=cfg.run.seed,
             num_clients=self.federation.num_clients, make_model=self.make_model,
-            client_modalities=self.federation.client_modalities))
+            client_modalities=self.federation.client_modalities, public=self.federation.public))
         self.store = make_store(cfg.run.state_store, self.federation.num_clients, cfg.run_dir / "client_state")
         if transport is not None:
             self.transport = transport(self)
