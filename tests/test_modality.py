@@ -283,6 +283,6 @@ def test_server_sees_the_public_set(tmp_path, monkeypatch):
 
     monkeypatch.setitem(DATASETS._entries, "digits", dataclasses.replace(entry, factory=with_public))
     cfg = resolve({"name": "p", "output_dir": str(tmp_path), "data": {"name": "digits"},
-                   "partition": {"name": "iid", "num_clients": 2}, "model": {"name": "simple_cnn"}})
+                   "partition": {"name": "iid", "num_clients": 2}, "model": {"name": "mlp"}})
     exp = Experiment(cfg, progress=False)
     assert len(exp.server.ctx.public) == 5 and exp.federation.public is exp.server.ctx.public
