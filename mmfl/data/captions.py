@@ -155,13 +155,9 @@ def _pair_bundle(name: str, splits: dict, p, info: dict) -> DatasetBundle:
 # ----------------------------------------------------------------------------- MS-COCO captions
 
 @dataclass
-class CocoCaptionsParams:
-    root: str = field(default="", metadata={
-        "help": "(required) COCO folder holding annotations/captions_<split>.json and <split>/ image folders"})
-    split_train: str = field(default="train2017", metadata={
-        "help": "train split: reads annotations/captions_<name>.json and images from <name>/"})
-    split_test: str = field(default="val2017", metadata={
-        "help": "test split (val2017 has 5,000 images: the 1K/5K retrieval protocols)"})
+class _PairParams:
+    """What every caption-pair loader takes besides its own layout keys."""
+
     max_images: int = field(default=0, metadata={
         "help": "seeded random subset of this many train images (0 = all)"})
     max_test_images: int = field(default=0, metadata={
@@ -176,6 +172,20 @@ class CocoCaptionsParams:
         "help": "frozen text encoder: minilm (384-d all-MiniLM-L6-v2) or hash[:<d>] (hashed words)"})
     seed: int = field(default=0, metadata={"help": "seed of the image subsets"})
 
+    def check_pairs(self) -> None:
+        _check_counts(self, ("max_images", "max_test_images", "captions_per_image"))
+        _check_encoders(self.image_encoder, self.text_encoder, self.image_size)
+
+
+@dataclass
+class CocoCaptionsParams(_PairParams):
+    root: str = field(default="", metadata={
+        "help": "(required) COCO folder holding annotations/captions_<split>.json and <split>/ image folders"})
+    split_train: str = field(default="train2017", metadata={
+        "help": "train split: reads annotations/captions_<name>.json and images from <name>/"})
+    split_test: str = field(default="val2017", metadata={
+        "help": "test split (val2017 has 5,000 images: the 1K/5K retrieval protocols)"})
+
     def __post_init__(self):
         if not self.root:
             raise ConfigError("data.root: required for coco_captions (the folder holding annotations/ "
@@ -183,8 +193,7 @@ class CocoCaptionsParams:
         for key in ("split_train", "split_test"):
             if not re.fullmatch(r"[A-Za-z0-9_.-]+", getattr(self, key) or ""):
                 raise ConfigError(f"data.{key}: must be a split name such as train2017, got {getattr(self, key)!r}")
-        _check_counts(self, ("max_images", "max_test_images", "captions_per_image"))
-        _check_encoders(self.image_encoder, self.text_encoder, self.image_size)
+        self.check_pairs()
 
 
 def read_coco_captions(path: Path, captions_per_image: int) -> tuple[list[int], list[str], list[list[str]], int]:
@@ -245,7 +254,7 @@ def coco_captions(p: CocoCaptionsParams) -> DatasetBundle:
 # ----------------------------------------------------------------------------- Flickr30k (Karpathy split)
 
 @dataclass
-class Flickr30kParams:
+class Flickr30kParams(_PairParams):
     root: str = field(default="", metadata={
         "help": "(required) folder holding the Karpathy-split JSON and the image folder"})
     json_file: str = field(default="dataset_flickr30k.json", metadata={
@@ -254,16 +263,6 @@ class Flickr30kParams:
     split_train: str = field(default="train", metadata={
         "help": "Karpathy split(s) for training, '+'-joined (e.g. train+val)"})
     split_test: str = field(default="test", metadata={"help": "Karpathy split(s) for testing (1,000 images)"})
-    max_images: int = field(default=0, metadata={"help": "seeded random subset of train images (0 = all)"})
-    max_test_images: int = field(default=0, metadata={"help": "seeded random subset of test images (0 = all)"})
-    captions_per_image: int = field(default=5, metadata={"help": "keep the first this many captions (0 = all)"})
-    image_encoder: str = field(default="mobilenet_v2", metadata={
-        "help": "frozen image encoder: mobilenet_v2 (1280-d, ImageNet) or pixels:<s> (s*s grey pixels)"})
-    image_size: int = field(default=224, metadata={
-        "help": "images are scaled to fill this square (centre crop) before encoding (>= 32)"})
-    text_encoder: str = field(default="minilm", metadata={
-        "help": "frozen text encoder: minilm (384-d all-MiniLM-L6-v2) or hash[:<d>] (hashed words)"})
-    seed: int = field(default=0, metadata={"help": "seed of the image subsets"})
 
     def __post_init__(self):
         if not self.root:
@@ -276,8 +275,7 @@ class Flickr30kParams:
             raise ConfigError(f"data.split_test: shares a split with data.split_train ({self.split_train!r})")
         if not self.json_file or not self.images_dir:
             raise ConfigError("data.json_file and data.images_dir: must not be empty")
-        _check_counts(self, ("max_images", "max_test_images", "captions_per_image"))
-        _check_encoders(self.image_encoder, self.text_encoder, self.image_size)
+        self.check_pairs()
 
     @staticmethod
     def split_names(value: str) -> list[str]:
