@@ -3,7 +3,6 @@ distillation loss and its direction (eq. 5), the private infiltration projector.
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -19,6 +18,7 @@ from mmfl.engine.message import Message
 from mmfl.engine.runner import Experiment
 from mmfl.engine.training import state_of
 from mmfl.errors import ConfigError
+from mmfl.report import load_metrics
 from mmfl.models.multimodal import MultimodalModel
 
 META = DatasetMeta("tiny", 3, {"a": (4,), "b": (3,)})
@@ -162,7 +162,7 @@ def test_fedcmi_end_to_end_case_d_and_resume(tmp_path):
            "model": {"name": "multimodal", "feat_dim": 16, "mlp_hidden": [32], "two_projector": True},
            "algorithm": {"name": "fedcmi"}, "train": {"local_epochs": 1, "batch_size": 64}}
     full = Experiment(resolve(raw), progress=False).run()
-    rows = [json.loads(x) for x in (tmp_path / "cmi" / "metrics.jsonl").read_text().splitlines()]
+    rows = load_metrics(tmp_path / "cmi")
     assert all(math.isfinite(r["accuracy/pix"]) and math.isfinite(r["accuracy/fou"]) for r in rows)
     assert any("cmi_rho" in r for r in rows)
     raw2 = dict(raw, name="cmi2", rounds=2)

@@ -4,7 +4,6 @@ end-to-end runs (with FedMSplit's checkpoint/resume)."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -20,6 +19,7 @@ from mmfl.data.base import PRESENT, ArrayDataset, DatasetMeta
 from mmfl.engine.message import Message
 from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
+from mmfl.report import load_metrics
 from mmfl.models.multimodal import MultimodalModel
 
 META = DatasetMeta("tiny", 3, {"a": (4,), "b": (3,)})
@@ -248,10 +248,6 @@ def run_exp(tmp_path, name, *over, rounds=2, resume=False) -> Experiment:
     return exp
 
 
-def rows_of(exp) -> list[dict]:
-    return [json.loads(x) for x in (exp.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-
-
 def check_rows(rows, n):
     assert len(rows) == n
     for r in rows:
@@ -260,7 +256,7 @@ def check_rows(rows, n):
 
 
 def test_fedogm_end_to_end(tmp_path):
-    rows = rows_of(run_exp(tmp_path, "ogm", "algorithm.name=fedogm"))
+    rows = load_metrics(run_exp(tmp_path, "ogm", "algorithm.name=fedogm").run_dir)
     check_rows(rows, 2)
     assert all(0.0 < r["ogm_coeff"] <= 1.0 and r["ogm_ratio"] >= 1.0 for r in rows)
 
@@ -268,13 +264,13 @@ def test_fedogm_end_to_end(tmp_path):
 def test_fedmsplit_end_to_end_and_resume(tmp_path):
     over = ["algorithm.name=fedmsplit"]
     full = run_exp(tmp_path, "full", *over, rounds=3)
-    rows = rows_of(full)
+    rows = load_metrics(full.run_dir)
     check_rows(rows, 3)
     assert "msplit_self_weight" in rows[-1]
     run_exp(tmp_path, "split", *over, rounds=2)
     resumed = run_exp(tmp_path, "split", *over, rounds=3, resume=True)
     strip = lambda rs: [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rs]  # noqa: E731
-    assert strip(rows) == strip(rows_of(resumed))
+    assert strip(rows) == strip(load_metrics(resumed.run_dir))
     a, b = full.server.state_dict(), resumed.server.state_dict()
     assert a.keys() == b.keys() and any(k.startswith(STATE_PREFIX) for k in a)
     for k in a:

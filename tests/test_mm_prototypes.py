@@ -4,7 +4,6 @@ terms, and both algorithms end to end (case D) with MFedProto's resume."""
 
 from __future__ import annotations
 
-import json
 import math
 from types import SimpleNamespace
 
@@ -21,6 +20,7 @@ from mmfl.engine.message import Message
 from mmfl.engine.runner import Experiment
 from mmfl.engine.training import state_of
 from mmfl.errors import ConfigError
+from mmfl.report import load_metrics
 from mmfl.models.multimodal import MultimodalModel
 
 META = DatasetMeta("tiny", 3, {"a": (4,), "b": (3,)})
@@ -190,10 +190,6 @@ def run(tmp_path, name, *over, rounds=2, resume=False) -> Experiment:
     return exp
 
 
-def rows(exp) -> list[dict]:
-    return [json.loads(x) for x in (exp.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-
-
 def timeless(rs):
     return [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rs]
 
@@ -206,7 +202,7 @@ def assert_finite_accuracies(rs):
 
 
 def test_fedpmr_runs_case_d_and_reports_the_ratio(tmp_path):
-    rs = rows(run(tmp_path, "pmr", "algorithm.name=fedpmr"))
+    rs = load_metrics(run(tmp_path, "pmr", "algorithm.name=fedpmr").run_dir)
     assert_finite_accuracies(rs)
     assert any("pmr_ratio" in r for r in rs)
     for r in rs:
@@ -217,11 +213,11 @@ def test_fedpmr_runs_case_d_and_reports_the_ratio(tmp_path):
 
 def test_mfedproto_runs_case_d_and_resume_equals_uninterrupted_run(tmp_path):
     full = run(tmp_path, "full", "algorithm.name=mfedproto")
-    assert_finite_accuracies(rows(full))
+    assert_finite_accuracies(load_metrics(full.run_dir))
     sd = full.server.state_dict()
     assert any(bool((sd[STATE + PROTO_COUNT + m] > 0).any()) for m in ("pix", "fou"))
     run(tmp_path, "split", "algorithm.name=mfedproto", rounds=1)
     resumed = run(tmp_path, "split", "algorithm.name=mfedproto", resume=True)
-    assert timeless(rows(full)) == timeless(rows(resumed))
+    assert timeless(load_metrics(full.run_dir)) == timeless(load_metrics(resumed.run_dir))
     for k, v in sd.items():
         assert torch.equal(v, resumed.server.state_dict()[k]), k

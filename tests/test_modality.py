@@ -3,7 +3,6 @@ clients that hold one modality, per-modality metrics."""
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from mmfl.data.modality import MODALITY_ASSIGNERS, missing_masks, modality_summa
 from mmfl.engine.runner import Experiment, build_federation
 from mmfl.engine.training import class_recall
 from mmfl.errors import ConfigError
+from mmfl.report import load_metrics
 
 MODS = ["audio", "image"]
 
@@ -131,7 +131,7 @@ def test_unimodal_clients_build_only_their_encoders_train_and_upload_only_them(t
     assert fed.clients[uni].modalities == ["pix"]  # its data carries only its modality
     exp = Experiment(cfg, progress=False)
     summary = exp.run()
-    rows = [json.loads(line) for line in (tmp_path / "mfedavg" / "metrics.jsonl").read_text().splitlines()]
+    rows = load_metrics(tmp_path / "mfedavg")
     last = rows[-1]
     for key in ("accuracy", "accuracy/pix", "accuracy/fou", "uar", "uar/pix"):
         assert 0.0 <= last[key] <= 1.0
@@ -175,7 +175,7 @@ def test_local_training_of_unimodal_clients_evaluates_on_the_multimodal_test_set
     cfg = mm_config(tmp_path, "local", eval_every=2)
     exp = Experiment(cfg, progress=False)
     exp.run()
-    last = json.loads((tmp_path / "local" / "metrics.jsonl").read_text().splitlines()[-1])
+    last = load_metrics(tmp_path / "local")[-1]
     assert len(last["client_accuracy"]) == 4 and all(0.0 <= a <= 1.0 for a in last["client_accuracy"])
 
 
@@ -232,7 +232,7 @@ def test_client_data_adds_clients_from_another_data_set_with_their_own_model(tmp
     assert fed.modalities_of(0) == ("fou",) and fed.modalities_of(4) == ("image",)
     assert len(fed.test_of(4)) == len(fed.sources[0].test) != len(fed.test)
     exp.run()
-    last = json.loads((tmp_path / "src" / "metrics.jsonl").read_text().splitlines()[-1])
+    last = load_metrics(tmp_path / "src")[-1]
     assert len(last["client_accuracy"]) == 5
     digits_model = exp.transport._model("local", None, 0, 0, fed.meta_of(2))
     assert digits_model.features[0].in_features == 64 and digits_model.features[0].out_features == 16
