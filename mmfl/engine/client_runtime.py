@@ -21,6 +21,28 @@ from mmfl.engine.message import Message
 from mmfl.engine.training import seed_torch
 
 
+class ModelPool:
+    """Reusable model instances, one per (key, client structure); every transport keeps one.
+
+    ``pool(key)`` is a model of the run's default structure; ``pool(key, holds, group,
+    source, meta)`` one for a client holding only ``holds``, built from ``[[client_models]]``
+    entry ``group`` and, for a ``[[client_data]]`` client (``source``), for its data set's
+    ``meta``. Callers load weights before use.
+    """
+
+    def __init__(self, make_model: Callable[..., nn.Module]):
+        self.make_model = make_model
+        self.models: dict[str, nn.Module] = {}
+
+    def __call__(self, key: str, holds: tuple[str, ...] | None = None, group: int | None = None,
+                 source: int | None = None, meta=None) -> nn.Module:
+        k = key if holds is None and group is None and source is None else \
+            f"{key}|{'+'.join(holds or ())}|{group}|{source}"
+        if k not in self.models:
+            self.models[k] = self.make_model(holds, group, meta if source is not None else None)
+        return self.models[k]
+
+
 def run_client(
     spec: AlgorithmSpec,
     params,

@@ -16,7 +16,7 @@ from torch import nn
 from mmfl.algorithms.base import AlgorithmSpec
 from mmfl.config import TrainConfig
 from mmfl.data.base import Federation
-from mmfl.engine.client_runtime import run_client
+from mmfl.engine.client_runtime import ModelPool, run_client
 from mmfl.engine.message import Message
 from mmfl.engine.state import ClientStateStore
 from mmfl.errors import MMFLError
@@ -97,7 +97,7 @@ class SimulationTransport:
         self.num_clients = federation.num_clients
         self.log = CommLog()
         self.rnd = 0
-        self._pool: dict[str, nn.Module] = {}
+        self._model = ModelPool(make_model)  # models per (key, client structure)
         self._calls: dict[int, int] = defaultdict(int)  # messages per client this round (seed coordinate)
 
     def begin_round(self, rnd: int) -> None:
@@ -105,14 +105,6 @@ class SimulationTransport:
         self.log.reset()
         self._calls.clear()
         self.batch_info = {}
-
-    def _model(self, key: str, holds: tuple[str, ...] | None = None, group: int | None = None,
-               source: int | None = None, meta=None) -> nn.Module:
-        k = key if holds is None and group is None and source is None else \
-            f"{key}|{'+'.join(holds or ())}|{group}|{source}"
-        if k not in self._pool:
-            self._pool[k] = self.make_model(holds, group, meta if source is not None else None)
-        return self._pool[k]
 
     def _send_batched(self, route: str, messages: dict[int, Message]) -> tuple[dict[int, Message], dict[int, Message]]:
         """Replies of the messages trained batched, and the messages left to deliver one by one."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -36,7 +36,7 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from mmfl.config import ExperimentConfig, apply_overrides, resolve
-from mmfl.engine.client_runtime import run_client
+from mmfl.engine.client_runtime import ModelPool, run_client
 from mmfl.errors import MMFLError
 from mmfl.flower.records import decode, encode, record_to_state, state_to_record
 
@@ -51,16 +51,11 @@ class RunEnv:
     cfg: ExperimentConfig
     spec: object
     federation: object
-    make_model: Callable[[], nn.Module]
-    pool: dict[str, nn.Module] = field(default_factory=dict)
+    make_model: Callable[..., nn.Module]
+    model: ModelPool = None  # models per (key, client structure)
 
-    def model(self, key: str, holds: tuple[str, ...] | None = None, group: int | None = None,
-               source: int | None = None, meta=None) -> nn.Module:
-        k = key if holds is None and group is None and source is None else \
-            f"{key}|{'+'.join(holds or ())}|{group}|{source}"
-        if k not in self.pool:
-            self.pool[k] = self.make_model(holds, group, meta if source is not None else None)
-        return self.pool[k]
+    def __post_init__(self):
+        self.model = ModelPool(self.make_model)
 
 
 @dataclass
