@@ -21,7 +21,7 @@ from mmfl.algorithms import register
 from mmfl.algorithms.base import Client, Server
 from mmfl.engine.batched import BatchedClient, BatchedTask
 from mmfl.engine.message import Message
-from mmfl.engine.training import LossFn, cross_entropy_loss, load_into, local_train, state_of
+from mmfl.engine.training import LossFn, cross_entropy_loss, load_into, local_train, model_tensors, state_of
 
 
 MODULE_WEIGHT = "examples/"  # reply scalar "examples/<key prefix>": the data weight of that module
@@ -98,18 +98,33 @@ class FedAvgServer(Server):
         msg = Message(arrays=dict(self.model.state_dict()))  # one message object, counted per recipient
         return {cid: msg for cid in cohort}
 
+    def weight(self, cid: int, reply: Message) -> float | dict[str, float]:
+        """Aggregation weight of a reply: its data size, per module (FedIoT overrides it)."""
+        return reply_weights(reply)
+
     def aggregate(self, rnd: int, replies: dict[int, Message]) -> dict[str, Tensor]:
-        """The new global state from the clients' models (their ``arrays``), module by
-        module: a module only some replies carry is averaged over those, one none
-        carries keeps its value (see :func:`weighted_average`)."""
+        """The new global state from the clients' models (the model entries of their
+        ``arrays``; other arrays, e.g. prototypes, are the algorithm's), module by module:
+        a module only some replies carry is averaged over those, one none carries keeps
+        its value (see :func:`weighted_average`)."""
         cids = sorted(replies)
-        return weighted_average([replies[c].arrays for c in cids], [reply_weights(replies[c]) for c in cids],
+        own = model_tensors(self.model)
+        states = [{k: v for k, v in replies[c].arrays.items() if k in own} for c in cids]
+        return weighted_average(states, [self.weight(c, replies[c]) for c in cids],
                                 previous=dict(self.model.state_dict()))
+
+    def reported_scalars(self) -> tuple[str, ...]:
+        """Reply scalars averaged (by data size) into the round's metrics besides ``train_loss``."""
+        return ()
 
     def aggregate_train(self, rnd: int, replies: dict[int, Message]) -> dict[str, float]:
         self.model.load_state_dict(self.aggregate(rnd, replies))
-        loss = weighted_mean_scalar(replies, "train_loss")
-        return {} if loss is None else {"train_loss": loss}
+        out = {}
+        for key in ("train_loss", *self.reported_scalars()):
+            v = weighted_mean_scalar(replies, key)
+            if v is not None:
+                out[key] = v
+        return out
 
 
 class FedAvgClient(Client, BatchedClient):

@@ -39,7 +39,6 @@ from torch import Tensor, nn
 from mmfl.algorithms import register
 from mmfl.algorithms.fedavg import MODULE_WEIGHT
 from mmfl.algorithms.multimodal import MultimodalClient, MultimodalServer, masked_ce, proximal
-from mmfl.engine.message import Message
 from mmfl.engine.training import load_into, model_tensors
 from mmfl.errors import ConfigError
 
@@ -129,9 +128,6 @@ class FedCMIServer(MultimodalServer):
 
     def needs_infiltration(self) -> bool:
         return self.params.projector == "two"
-
-    def algorithm_name(self) -> str:
-        return "fedcmi"
 
     def reported_scalars(self):
         return ("cmi_rho", "cmi_rd")

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from mmfl.algorithms import register
 from mmfl.algorithms.base import Client
-from mmfl.algorithms.fedavg import MODULE_WEIGHT, FedAvgServer, reply_weights, weighted_average, weighted_mean_scalar
+from mmfl.algorithms.fedavg import MODULE_WEIGHT, FedAvgServer, reply_weights
 from mmfl.data.base import PRESENT
 from mmfl.engine.message import Message
 from mmfl.engine.training import load_into, local_train, model_tensors, state_of
@@ -88,7 +88,6 @@ class MultimodalServer(FedAvgServer):
     """FedAvg server for multimodal models: each client receives only the modules it holds
     (and ``round_scalars``); aggregation is module-wise (the engine's rule)."""
 
-    two_projector = False
     private: tuple[str, ...] = ()  # key prefixes the clients keep to themselves: never sent either way
 
     def __init__(self, params, ctx):
@@ -99,7 +98,8 @@ class MultimodalServer(FedAvgServer):
         return type(self).__name__.removesuffix("Server").lower()
 
     def needs_infiltration(self) -> bool:
-        return self.two_projector
+        """Whether the model must have infiltration projectors (FedCMI)."""
+        return False
 
     def round_scalars(self, rnd: int) -> dict[str, float]:
         return {}
@@ -120,30 +120,6 @@ class MultimodalServer(FedAvgServer):
                 by_holds[holds] = Message(arrays={**only_held(full, holds), **extra}, scalars=dict(scalars))
             out[cid] = by_holds[holds]
         return out
-
-    def weight(self, cid: int, reply: Message):
-        """Aggregation weight of a reply (data size, per module); FedIoT overrides it."""
-        return reply_weights(reply)
-
-    def aggregate(self, rnd, replies):
-        cids = sorted(replies)
-        model_keys = set(model_tensors(self.model))
-        states = [{k: v for k, v in replies[c].arrays.items() if k in model_keys} for c in cids]
-        return weighted_average(states, [self.weight(c, replies[c]) for c in cids],
-                                previous=dict(self.model.state_dict()))
-
-    def aggregate_train(self, rnd, replies):
-        self.model.load_state_dict(self.aggregate(rnd, replies))
-        out = {}
-        for key in ("train_loss", *self.reported_scalars()):
-            v = weighted_mean_scalar(replies, key)
-            if v is not None:
-                out[key] = v
-        return out
-
-    def reported_scalars(self) -> tuple[str, ...]:
-        """Reply scalars averaged into the round's metrics (besides ``train_loss``)."""
-        return ()
 
 
 # ----------------------------------------------------------------------------- client

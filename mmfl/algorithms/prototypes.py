@@ -154,9 +154,6 @@ class MFedProtoServer(MultimodalServer):
         self.protos = {m: torch.zeros(c, d) for m in sorted(self.ctx.meta.modalities)}
         self.counts = {m: torch.zeros(c) for m in sorted(self.ctx.meta.modalities)}
 
-    def algorithm_name(self) -> str:
-        return "mfedproto"
-
     def round_arrays(self, rnd):
         """The global prototypes of each modality that has any (none before the first aggregation)."""
         out = {}
@@ -322,9 +319,6 @@ class FedPMRParams(MFedAvgParams):
 
 
 class FedPMRServer(MultimodalServer):
-    def algorithm_name(self) -> str:
-        return "fedpmr"
-
     def reported_scalars(self):
         return ("pmr_ratio", *(f"pmr_weak/{m}" for m in sorted(self.ctx.meta.modalities)))
 
