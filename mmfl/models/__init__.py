@@ -6,6 +6,8 @@ Contract (all registered models):
     out["logits"]: [B, num_classes]
     out["rep"]:    [B, d]        # the representation R_w(x) MOON contrasts
                                  # (projection-head output where there is one)
+    out["mod_logits"]: {m: [B, num_classes]}   # optional: one classifier per modality;
+                                 # evaluate_model then adds accuracy/<m>, uar/<m>, class_accuracy/<m>
 
 A factory is ``factory(params, meta: DatasetMeta) -> nn.Module``.
 """
