@@ -17,6 +17,8 @@ import torch
 flwr = pytest.importorskip("flwr", reason='Flower not installed (pip install -e ".[flower]")')
 
 from flwr.app import Context, Message as FlowerMessage, RecordDict  # noqa: E402
+from flwr.app import Error  # noqa: E402
+from flwr.common.constant import ErrorCode  # noqa: E402
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
@@ -108,13 +110,14 @@ def test_message_records_round_trip_exactly():
 
 class InProcessGrid(Grid):
     """A Grid whose nodes run the mmfl ClientApp handler in this process; ``dead``
-    nodes never answer (a SuperNode that died after it registered)."""
+    nodes never answer (a SuperNode that died after it registered); ``unavailable`` nodes
+    get the SuperLink's "node unavailable" error reply (one that left after it answered)."""
 
-    def __init__(self, config_text: str, node_configs: dict[int, dict], dead=()):
+    def __init__(self, config_text: str, node_configs: dict[int, dict], dead=(), unavailable=()):
         from flwr.supercore.task_identity import TaskIdentity
 
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # who sends (Flower sets these)
-        self.text, self.dead = config_text, set(dead)
+        self.text, self.dead, self.unavailable = config_text, set(dead), set(unavailable)
         self.ctx = {n: Context(run_id=1, node_id=n, node_config=nc, state=RecordDict(),
                                run_config={CONFIG_KEY: config_text}) for n, nc in node_configs.items()}
         self.inbox: dict[str, FlowerMessage] = {}
@@ -147,6 +150,9 @@ class InProcessGrid(Grid):
             if m is None or m.metadata.dst_node_id in self.dead:
                 continue
             del self.inbox[mid]
+            if m.metadata.dst_node_id in self.unavailable:
+                out.append(FlowerMessage(Error(ErrorCode.NODE_UNAVAILABLE, "Error: Node Unavailable"), reply_to=m))
+                continue
             wire = FlowerMessage(recorddict_from_proto(recorddict_to_proto(m.content)), reply_to=m)
             wire.metadata.__dict__.update(m.metadata.__dict__)
             out.append(handle(wire, self.ctx[m.metadata.dst_node_id]))
@@ -156,9 +162,9 @@ class InProcessGrid(Grid):
         return self.pull_messages(self.push_messages(messages))
 
 
-def grid_run(tmp_path, name, node_configs, *over, dead=(), base=BASE) -> Path:
+def grid_run(tmp_path, name, node_configs, *over, dead=(), unavailable=(), base=BASE) -> Path:
     cfg = cfg_of(tmp_path / "grid", name, *over, base=base)
-    grid = InProcessGrid(cfg.to_toml(), node_configs, dead)
+    grid = InProcessGrid(cfg.to_toml(), node_configs, dead, unavailable)
     Experiment(cfg, progress=False, transport=lambda e: FlowerTransport(grid, e.federation, cfg.run,
                                                                        wait_for_nodes_s=0)).run()
     return cfg.run_dir
@@ -182,6 +188,9 @@ def test_missing_replies_are_dropped_or_fail_as_configured(tmp_path):
     assert row["dropped"] == [2] and row["clients_replied"] == 2 and row["bytes_per_client"]["2"]["up"] == 0
     with pytest.raises(MMFLError, match=r"1 of 3 clients have no SuperNode.*partition-id"):
         grid_run(tmp_path, "fail", nodes, *over, "on_missing_reply=fail", dead=[12])
+    # its node answered the hello but left before the pull: the SuperLink's error reply drops it too
+    (row,) = rows(grid_run(tmp_path, "gone", nodes, *over, "on_missing_reply=drop", unavailable=[12]))
+    assert row["dropped"] == [2] and row["clients_replied"] == 2
 
 
 def test_a_node_with_a_different_data_slice_is_refused(tmp_path):
@@ -273,7 +282,9 @@ def test_loopback_killed_supernode_is_dropped(deployment, loopback_runs, tmp_pat
     # answers the run's hello, then is killed (SIGTERM: it leaves the federation) before it
     # answers round 1, which completes without it, long before reply_timeout. (A crash, where
     # no reply ever comes and the node does not say goodbye, is the in-process test above.)
-    cfg = cfg_of(tmp_path / "flower", "kill", "rounds=1", "on_missing_reply=drop")
+    # (reply_timeout bounds the wait for a node when the kill lands before the ServerApp pulled
+    # the hello's answer: the SuperLink then answers "node unavailable" and client 2 has no node)
+    cfg = cfg_of(tmp_path / "flower", "kill", "rounds=1", "on_missing_reply=drop", "reply_timeout=60")
     seen = len(deployment.log("supernode2"))  # its log of the earlier runs
     run_id = deployment.submit(cfg)
     deadline = time.monotonic() + 150
@@ -283,6 +294,7 @@ def test_loopback_killed_supernode_is_dropped(deployment, loopback_runs, tmp_pat
         if hello >= 0 and "Sent successfully" in new[hello:]:
             break
         time.sleep(0.1)
+    time.sleep(1.0)  # the ServerApp pulls replies every 0.1 s
     deployment.kill("supernode2", signal.SIGTERM)
     (r1,) = rows(finished(deployment, run_id, cfg))
     assert r1["clients_replied"] == 2 and r1["dropped"] == [2] and "accuracy" in r1

@@ -101,8 +101,13 @@ class FlowerTransport:
         msgs = [FlowerMessage(RecordDict({"mmfl": ConfigRecord({"hello": 1})}), dst_node_id=n,
                               message_type=HELLO, ttl=self.timeout + 60) for n in nodes]
         replies, silent = self._exchange(msgs, self.timeout)
+        # a node that left between answering and our pull gets an "unavailable" error reply
+        # from the SuperLink instead of its answer: as silent as one that never answered
+        silent += [n for n, rep in replies.items() if rep.has_error() and rep.error.code in _UNAVAILABLE]
         self.dead.update(silent)  # not asked again until Flower saw it leave (see discover)
         for node, rep in replies.items():
+            if node in silent:
+                continue
             if rep.has_error():
                 raise MMFLError(f"SuperNode {node} could not start the mmfl ClientApp: {rep.error.reason}")
             info = rep.content["mmfl"]
