@@ -69,6 +69,16 @@ def test_coco_captions_shapes_pairing_and_retrieval(tmp_path):
     assert set(b2.meta.info["image_files"]["train"]) <= set(fx["train2017"]["files"])
     b3 = load("coco_captions", root=str(fx["dir"]), **CHEAP)
     assert torch.equal(b3.train.features["image"], b.train.features["image"])
+    # CreamFL's public pairs: a seeded subset of the train images with all their captions
+    b4 = load("coco_captions", root=str(fx["dir"]), public_images=1, **CHEAP)
+    pub, tr = b4.meta.info["image_files"]["public"], b4.meta.info["image_files"]["train"]
+    assert len(pub) == 1 and len(tr) == 3 and sorted(pub + tr) == sorted(fx["train2017"]["files"])
+    assert len(b4.public) == 2 and len(b4.train) == 6 and b4.meta.info["image_index"]["public"].tolist() == [0, 0]
+    k = fx["train2017"]["files"].index(pub[0])
+    assert torch.equal(b4.public.features["text"], b.train.features["text"][2 * k:2 * k + 2])
+    assert torch.equal(b4.public.features["image"][0], b.train.features["image"][2 * k])
+    with pytest.raises(DataError, match="public_images"):
+        load("coco_captions", root=str(fx["dir"]), public_images=4, **CHEAP)
 
 
 def test_coco_captions_errors(tmp_path):

@@ -3,8 +3,8 @@ image, text and image-text clients by exchanging representations of a public
 paired set; and the baselines of its Tables 1 and 3.
 
 The run's data set is a *pair* data set with two modalities (``emoji_pairs``:
-``image`` + ``text``; ``mfeat_pair``: ``image`` + ``features``) with a public
-split (``Federation.public``). Clients from ``[[client_data]]`` hold one of the
+``image`` + ``text``; ``mfeat_pair``: ``image`` + ``features``; ``coco_captions``
+and ``flickr30k`` with ``public_images``) with a public split (``Federation.public``). Clients from ``[[client_data]]`` hold one of the
 two modalities (image clients on ``fashion_mnist_features`` or ``mnist_pix``,
 text clients on ``bbc_news``), each
 with a model of its own size (``[[client_models]]``); ``[model]`` is the
@@ -280,7 +280,8 @@ class CreamFLServer(Server):
         self.pair = pair_modalities(ctx.meta)
         if ctx.public is None or len(ctx.public) == 0:
             raise ConfigError(f"data: '{ctx.meta.name}' has no public set; CreamFL-style algorithms need "
-                              "one (e.g. data.public_fraction = 0.3 for emoji_pairs / mfeat_pair)")
+                              "one (data.public_fraction for emoji_pairs / mfeat_pair, data.public_images for "
+                              "coco_captions / flickr30k)")
         missing = [m for m in self.pair if m not in ctx.public.features]
         if missing:
             raise ConfigError(f"data: the public set lacks modality {missing[0]!r}")

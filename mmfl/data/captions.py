@@ -133,6 +133,21 @@ def _pair_bundle(name: str, splits: dict, p, info: dict) -> DatasetBundle:
     """``splits[s] = (image feats, text feats, image index, file names)`` -> a pair bundle."""
     from mmfl.data.featurize import image_feature_dim, text_feature_dim
 
+    splits = dict(splits)
+    if getattr(p, "public_images", 0):  # a seeded subset of the train images and all their captions
+        img, txt, idx, names = splits["train"]
+        if p.public_images >= len(names):
+            raise DataError(f"data.public_images: {p.public_images} of {len(names)} train images would leave "
+                            "the clients none")
+        chosen = torch.from_numpy(_subset(len(names), p.public_images, p.seed + 2))
+        is_pub = torch.zeros(len(names), dtype=torch.bool)
+        is_pub[chosen] = True
+        for part, keep in (("public", is_pub), ("train", ~is_pub)):
+            imgs = torch.nonzero(keep).flatten()  # kept images, in order; captions follow them
+            new = torch.full((len(names),), -1, dtype=torch.long)
+            new[imgs] = torch.arange(imgs.numel())
+            rows = keep[idx]
+            splits[part] = (img[imgs], txt[rows], new[idx[rows]], [names[i] for i in imgs.tolist()])
     sets, index, files = {}, {}, {}
     for s, (img, txt, idx, names) in splits.items():
         sets[s] = ArrayDataset({"image": img[idx].contiguous(), "text": txt},
@@ -149,7 +164,7 @@ def _pair_bundle(name: str, splits: dict, p, info: dict) -> DatasetBundle:
               "captions": {s: int(i.numel()) for s, i in index.items()},
               "encoder": {"image": p.image_encoder, "image_size": p.image_size, "text": p.text_encoder},
               "labels": "none: every label is 0 (pairs, not classes)"})
-    return DatasetBundle(train=sets["train"], test=sets["test"], meta=meta)
+    return DatasetBundle(train=sets["train"], test=sets["test"], meta=meta, public=sets.get("public"))
 
 
 # ----------------------------------------------------------------------------- MS-COCO captions
@@ -171,9 +186,12 @@ class _PairParams:
     text_encoder: str = field(default="minilm", metadata={
         "help": "frozen text encoder: minilm (384-d all-MiniLM-L6-v2) or hash[:<d>] (hashed words)"})
     seed: int = field(default=0, metadata={"help": "seed of the image subsets"})
+    public_images: int = field(default=0, metadata={
+        "help": "move a seeded subset of this many train images, with their captions, into the public "
+                "set (CreamFL's public pairs; 0 = no public set)"})
 
     def check_pairs(self) -> None:
-        _check_counts(self, ("max_images", "max_test_images", "captions_per_image"))
+        _check_counts(self, ("max_images", "max_test_images", "captions_per_image", "public_images"))
         _check_encoders(self.image_encoder, self.text_encoder, self.image_size)
 
 
@@ -409,4 +427,4 @@ def ag_news(p: AgNewsParams) -> DatasetBundle:
                        modalities={"text": (text_feature_dim(p.text_encoder),)}, class_names=list(AG_NEWS_CLASSES),
                        info={"source": str(root), "rows": rows, "text": "title + ' ' + description",
                              "encoder": {"text": p.text_encoder}})
-    return DatasetBundle(train=sets["train"], test=sets["test"], meta=meta)
+    return DatasetBundle(train=sets["train"], test=sets["test"], meta=meta, public=sets.get("public"))
