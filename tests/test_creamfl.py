@@ -114,6 +114,13 @@ def test_baseline_weight_rules():
     assert keep == [False, False, True] and e[:, 0].tolist() == pytest.approx([0.0, 0.0, 1.0])
     two = entropy_selection_weights(torch.stack([local[2], local[2], local[1]]))
     assert two[:, 0].tolist() == pytest.approx([0.5, 0.5, 0.0])
+    # near-equal entropies (unit vectors in d = 256: all about log 256) whose float32 mean rounds
+    # below every one of them: still weights that sum to one, never 0/0
+    flat = F.normalize(torch.randn(3, 50, 256, generator=torch.Generator().manual_seed(0)), dim=-1)
+    w = entropy_selection_weights(flat)
+    assert torch.isfinite(w).all() and torch.allclose(w.sum(0), torch.ones(50))
+    same = entropy_selection_weights(torch.full((3, 2, 4), 0.5))
+    assert torch.allclose(same, torch.full((3, 2), 1 / 3))
     assert torch.allclose(e.sum(0), torch.ones(1))
 
 
