@@ -173,6 +173,27 @@ def write_fsdd_dir(root: str | Path, speakers: tuple[str, ...] = ("jackson", "th
     return {"dir": Path(root), "files": names}
 
 
+def write_fsdd_speakers_dir(root: str | Path, speakers: tuple[str, ...] = ("theo", "george", "nicolas"),
+                            takes: int = 7, digits: tuple[int, ...] = tuple(range(10)), rate: int = 8000,
+                            seconds: float = 0.3) -> dict:
+    """FSDD's layout like :func:`write_fsdd_dir`, but every speaker sounds different: speaker j (in
+    the order given) speaks digit d as a tone of ``300 + 300 * d`` Hz at amplitude ``0.2 + 0.15 * j``,
+    so a recording's log-mel tells its speaker. Returns ``{"dir", "files": [names],
+    "speaker_of": {name: speaker}}``."""
+    rec = Path(root) / "recordings"
+    rec.mkdir(parents=True, exist_ok=True)
+    names, speaker_of = [], {}
+    for d in digits:
+        for j, s in enumerate(speakers):
+            for k in range(takes):
+                name = f"{d}_{s}_{k}.wav"
+                write_wav(rec / name, tone(300 + 300 * d, seconds * (1 + 0.1 * k), rate, amplitude=0.2 + 0.15 * j),
+                          rate)
+                names.append(name)
+                speaker_of[name] = s
+    return {"dir": Path(root), "files": names, "speaker_of": speaker_of}
+
+
 CREMA_EMOTIONS = ["ANG", "DIS", "FEA", "HAP", "NEU", "SAD"]
 
 
@@ -304,5 +325,39 @@ def write_ag_news_dir(root: str | Path, n_train: int = 8, n_test: int = 4) -> di
                 for r in range(n)]
         with (root / f"{split}.csv").open("w", newline="", encoding="utf-8") as f:
             csv.writer(f, quoting=csv.QUOTE_ALL).writerows(rows)
+        out[split] = rows
+    return out
+
+
+FOOD101_CLASSES = ("apple_pie", "pad_thai", "waffles")
+
+
+def write_food101_dir(root: str | Path, classes: tuple[str, ...] = FOOD101_CLASSES, n_train: int = 3,
+                      n_test: int = 2, header: bool = False) -> dict:
+    """UPMC Food-101's released layout under ``root``::
+
+        texts/train_titles.csv, texts/test_titles.csv   rows "image file,text,class" (csv-quoted, no header
+                                                        unless ``header``); classes interleaved row by row
+        images/<split>/<class>/<class>_<i>.jpg          small JPEGs, brightness growing with the row
+
+    ``n_train`` / ``n_test`` rows per class. The text of a row names its split, class and number and holds
+    a comma and quotes. Returns ``{"dir", "classes", "train": [(file, text, class)], "test": [...]}``.
+    """
+    root = Path(root)
+    (root / "texts").mkdir(parents=True, exist_ok=True)
+    out: dict = {"dir": root, "classes": list(classes)}
+    for split, n in (("train", n_train), ("test", n_test)):
+        rows = []
+        for i in range(n):
+            for c in classes:
+                name = f"{c}_{i}.jpg"
+                (root / "images" / split / c).mkdir(parents=True, exist_ok=True)
+                _write_jpeg(root / "images" / split / c / name, (17 + 23 * len(rows)) % 256)
+                rows.append((name, f'{split} {c.replace("_", " ")} page {i}, "best" recipe  ever', c))
+        with (root / "texts" / f"{split}_titles.csv").open("w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            if header:
+                w.writerow(["image_path", "text", "food"])
+            w.writerows(rows)
         out[split] = rows
     return out

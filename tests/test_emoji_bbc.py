@@ -24,9 +24,13 @@ def load(name, values):
     return DATASETS.get(name).factory(DATASETS.params(name, values))
 
 
+SUBCATEGORY_OF_K = ["big"] * 5 + ["pair"] * 2 + ["single"] + ["big"] * 2  # per category: 7 / 2 / 1 emoji
+
+
 def write_emoji_package(root, per_category=10, with_skin=2):
     """``root/package/emoji.json`` + ``root/package/img/google/64/<image>`` in the npm package's
-    layout: 64x64 RGBA PNGs, some entries with ``skin_variations``."""
+    layout: 64x64 RGBA PNGs, some entries with ``skin_variations``. Emoji k of a category has the
+    subcategory "<first word of the category>-<SUBCATEGORY_OF_K[k]>" (lower-cased)."""
     pkg = root / "package"
     img_dir = pkg / "img" / "google" / "64"
     img_dir.mkdir(parents=True)
@@ -37,7 +41,8 @@ def write_emoji_package(root, per_category=10, with_skin=2):
             code = f"1f{ci}{k:02x}"
             item = {"name": f"{cat.split()[0].upper()} THING {k}", "unified": code.upper(),
                     "image": f"{code}.png", "short_names": [f"{cat.split()[0].lower()}_{k}", f"t{k}"],
-                    "category": cat, "subcategory": "x", "sort_order": order, "has_img_google": True}
+                    "category": cat, "sort_order": order, "has_img_google": True,
+                    "subcategory": f"{cat.split()[0].lower()}-{SUBCATEGORY_OF_K[k % len(SUBCATEGORY_OF_K)]}"}
             order += 1
             files = [item["image"]]
             if k < with_skin:
@@ -94,6 +99,36 @@ def test_emoji_pairs_skin_tones_follow_their_base_emoji(tmp_path):
     assert any(n.endswith("(dark skin tone)") for ns in names.values() for n in ns)
 
 
+def test_emoji_pairs_subcategory_labels_keep_tiny_classes_in_train(tmp_path):
+    write_emoji_package(tmp_path)
+    b = load("emoji_pairs", {"root": str(tmp_path), **FAST, "label": "subcategory"})
+    # classes in order of first appearance in Unicode (sort_order) order
+    expect = [f"{c.split()[0].lower()}-{s}" for c in CATEGORIES for s in ("big", "pair", "single")]
+    assert b.meta.class_names == expect and b.meta.num_classes == 9
+    assert b.meta.info["label"] == "subcategory" and "stratified by subcategory" in b.meta.info["split"]
+    names = b.meta.info["names"]
+    for split, ds in (("public", b.public), ("train", b.train), ("test", b.test)):
+        for name, y in zip(names[split], ds.label_array()):  # "ANIMALS THING 8" -> animals-big
+            k = int(name.split()[-1])
+            assert b.meta.class_names[y] == f"{name.split()[0].lower()}-{SUBCATEGORY_OF_K[k]}"
+    # 7 emoji: 1 test, 4 public, 2 train; 2 emoji: 1 test, 1 train; 1 emoji: train only
+    per_class = {s: np.bincount(ds.label_array(), minlength=9).tolist()
+                 for s, ds in (("public", b.public), ("train", b.train), ("test", b.test))}
+    assert per_class == {"public": [4, 0, 0] * 3, "train": [2, 1, 1] * 3, "test": [1, 1, 0] * 3}
+    # the same emoji as rows; only the labels differ from the category labels
+    cat = load("emoji_pairs", {"root": str(tmp_path), **FAST, "seed": 5})
+    sub = load("emoji_pairs", {"root": str(tmp_path), **FAST, "seed": 5, "label": "subcategory"})
+    assert cat.meta.num_classes == 3 and sorted(sum(cat.meta.info["names"].values(), [])) == \
+        sorted(sum(sub.meta.info["names"].values(), []))
+    # skin-tone variants carry their base emoji's subcategory and split
+    skin = load("emoji_pairs", {"root": str(tmp_path), **FAST, "label": "subcategory", "skin_tones": True})
+    assert skin.meta.class_names == expect
+    for split, ds in (("public", skin.public), ("train", skin.train), ("test", skin.test)):
+        by_name = dict(zip(skin.meta.info["names"][split], ds.label_array()))
+        for n, y in by_name.items():
+            assert by_name[n.split(" (")[0]] == y
+
+
 def test_emoji_pairs_errors(tmp_path):
     with pytest.raises(DataError, match="emoji.json"):
         load("emoji_pairs", {"root": str(tmp_path), **FAST})
@@ -103,6 +138,16 @@ def test_emoji_pairs_errors(tmp_path):
         DATASETS.params("emoji_pairs", {"image_encoder": "vit"})
     with pytest.raises(ConfigError, match="image_size"):
         DATASETS.params("emoji_pairs", {"image_size": 8})
+    with pytest.raises(ConfigError, match="label: must be one of"):
+        DATASETS.params("emoji_pairs", {"label": "subgroup"})
+    pkg = write_emoji_package(tmp_path / "nosub")
+    items = json.loads((pkg / "emoji.json").read_text())
+    next(it for it in items if it.get("has_img_google", True)).pop("subcategory")
+    (pkg / "emoji.json").write_text(json.dumps(items))
+    load("emoji_pairs", {"root": str(tmp_path / "nosub"), **FAST})  # categories need no subcategory
+    with pytest.raises(DataError, match="has no subcategory") as e:
+        load("emoji_pairs", {"root": str(tmp_path / "nosub"), **FAST, "label": "subcategory"})
+    assert "\n" not in str(e.value)
     pkg = write_emoji_package(tmp_path / "x")
     next((pkg / "img" / "google" / "64").glob("*.png")).unlink()
     with pytest.raises(DataError, match="emoji image not found"):
@@ -182,3 +227,32 @@ def test_real_emoji_package_if_present():
     assert len(entries) == 1911 and len({e.category for e in entries}) == 10
     assert len(read_emoji_json(pkg, skin_tones=True)) == 3786
     assert (pkg / "img" / "google" / "64" / entries[0].image).is_file()
+
+
+def test_real_emoji_subcategories_if_present():
+    import os
+
+    from mmfl.data.emoji import emoji_package_dir
+
+    try:
+        emoji_package_dir()
+    except DataError:
+        if os.environ.get("CI_REQUIRE_DATA"):
+            pytest.fail("CI_REQUIRE_DATA is set but npm emoji-datasource-google@16.0.0 is missing "
+                        "(run scripts/setup.sh)")
+        pytest.skip("npm emoji-datasource-google@16.0.0 not fetched")
+    torch.set_num_threads(1)
+    b = load("emoji_pairs", {**FAST, "label": "subcategory"})
+    assert b.meta.num_classes == 99 and len(b.meta.class_names) == 99
+    assert b.meta.class_names[:3] == ["face-smiling", "face-affection", "face-tongue"]
+    assert b.meta.class_names[-3:] == ["flag", "country-flag", "subdivision-flag"]
+    assert (len(b.public), len(b.train), len(b.test)) == (951, 580, 380)
+    counts = {s: np.bincount(ds.label_array(), minlength=99)
+              for s, ds in (("public", b.public), ("train", b.train), ("test", b.test))}
+    total = sum(counts.values())
+    assert total.sum() == 1911 and sorted(total)[:3] == [1, 2, 2] and total.max() == 259  # country-flag
+    assert counts["train"].min() >= 1  # every subcategory, even animal-amphibian's single emoji, is in train
+    tiny = {b.meta.class_names[c] for c in np.flatnonzero(total <= 2)}
+    assert tiny == {"animal-amphibian", "hotel", "currency"}
+    assert {b.meta.class_names[c] for c in np.flatnonzero(counts["public"] == 0)} == tiny
+    assert [b.meta.class_names[c] for c in np.flatnonzero(counts["test"] == 0)] == ["animal-amphibian"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -17,10 +18,11 @@ from mmfl.data.avmnist import data_dir, fsdd_log_mels, list_fsdd, stratified_sub
 from mmfl.errors import ConfigError, DataError
 
 try:
-    from data_fixtures import CREMA_EMOTIONS, tone, write_crema_d_dir, write_fsdd_dir, write_mnist_json_dir, write_wav
+    from data_fixtures import (CREMA_EMOTIONS, tone, write_crema_d_dir, write_fsdd_dir, write_fsdd_speakers_dir,
+                               write_mnist_json_dir, write_wav)
 except ImportError:  # tests/ imported as a package
-    from tests.data_fixtures import (CREMA_EMOTIONS, tone, write_crema_d_dir, write_fsdd_dir, write_mnist_json_dir,
-                                     write_wav)
+    from tests.data_fixtures import (CREMA_EMOTIONS, tone, write_crema_d_dir, write_fsdd_dir, write_fsdd_speakers_dir,
+                                     write_mnist_json_dir, write_wav)
 
 
 def load(name, **values):
@@ -156,6 +158,52 @@ def test_av_mnist_subsets_noise_and_params(av_dirs):
     assert len(stratified_subset(labels, 0, np.random.default_rng(0))) == 100
 
 
+def test_av_mnist_natural_partition_is_one_client_per_speaker(tmp_path):
+    write_mnist_json_dir(tmp_path / "mnist", per_class=6)
+    fx = write_fsdd_speakers_dir(tmp_path / "fsdd", speakers=("theo", "george", "nicolas"), takes=7)
+    kw = {"mnist_root": str(tmp_path / "mnist"), "fsdd_root": str(fx["dir"])}
+    b = load("av_mnist", **kw)
+    speakers = ["george", "nicolas", "theo"]  # sorted names
+    assert b.meta.info["client_names"] == speakers
+    assert b.client_ids.dtype == torch.int64 and b.client_ids.shape == (len(b.train),)
+    # the speaker of each train row, read back from its audio (speakers differ in loudness)
+    recs = list_fsdd(Path(fx["dir"]))
+    mels = fsdd_log_mels([r[0] for r in recs], Path(fx["dir"]), 40, 32, 256)
+    st = b.meta.info["standardize"]["audio"]
+    table = ((mels - st["mean"]) / st["std"]).reshape(len(recs), -1)
+    dist = torch.cdist(b.train.features["audio"].reshape(len(b.train), -1), table,
+                       compute_mode="donot_use_mm_for_euclid_dist")
+    assert dist.min(1).values.max() < 1e-3
+    row_speaker = [recs[i][2] for i in dist.argmin(1).tolist()]
+    assert [speakers[i] for i in b.client_ids.tolist()] == row_speaker
+    # through the engine: partition "natural" gives one client per speaker, each holding one speaker's rows
+    from mmfl.config import load_config
+    from mmfl.engine.runner import build_federation
+
+    cfg = tmp_path / "av.toml"
+    cfg.write_text(f"""name = "av"\nseed = 0\nrounds = 1\nthreads = 1\n
+[data]\nname = "av_mnist"\nmnist_root = {json.dumps(kw["mnist_root"])}\nfsdd_root = {json.dumps(kw["fsdd_root"])}\n
+[partition]\nname = "natural"\n
+[model]\nname = "multimodal"\n
+[algorithm]\nname = "mfedavg"\n""")
+    fed = build_federation(load_config(cfg))
+    assert fed.num_clients == len(speakers) == 3
+    assert sum(fed.client_sizes()) == len(b.train)
+    for j, client in enumerate(fed.clients):
+        rows = client.indices.numpy()
+        assert {row_speaker[r] for r in rows} == {speakers[j]}
+        assert sorted(rows.tolist()) == np.flatnonzero(b.client_ids.numpy() == j).tolist()
+        assert len(np.unique(client.label_array())) > 1  # a speaker speaks every digit
+    # nothing else changed: rows and features are those of a load without the ids
+    again = load("av_mnist", **kw)
+    assert torch.equal(again.train.labels, b.train.labels) and torch.equal(again.client_ids, b.client_ids)
+    assert torch.equal(fed.clients[0].get()[0]["audio"], b.train.features["audio"][fed.clients[0].indices])
+    # a subset can leave a speaker without rows: client_names lists only the drawn ones, ids stay 0..S-1
+    small = load("av_mnist", **kw, num_train=2, seed=1)
+    assert len(small.train) == 2 and 1 <= len(small.meta.info["client_names"]) <= 2
+    assert sorted(set(small.client_ids.tolist())) == list(range(len(small.meta.info["client_names"])))
+
+
 def test_av_mnist_missing_folders(tmp_path, av_dirs, monkeypatch):
     with pytest.raises(DataError, match="scripts/setup.sh") as e:
         load("av_mnist", mnist_root=str(tmp_path / "nope"), fsdd_root=av_dirs["fsdd_root"])
@@ -194,6 +242,9 @@ def test_av_mnist_real_files_class_balance():
     b = load("av_mnist", num_train=200, num_test=100)
     assert len(b.train) == 200 and len(b.test) == 100
     assert b.meta.info["fsdd_recordings"] == {"train": 2700, "test": 300}
+    # one client per FSDD speaker (natural partition)
+    assert b.meta.info["client_names"] == ["george", "jackson", "lucas", "nicolas", "theo", "yweweler"]
+    assert sorted(set(b.client_ids.tolist())) == list(range(6)) and b.client_ids.shape == (200,)
     for ds, n in ((b.train, 200), (b.test, 100)):
         counts = np.bincount(ds.label_array(), minlength=10)
         # stratified: MNIST's class shares (863-1127 of 10,000) give 8.6-11.3 % of n per class

@@ -16,6 +16,13 @@ each MNIST image draws a recording of its digit at random (with replacement,
 seeded) from the matching FSDD split (FSDD's own: takes 0-4 are test, 5-49 train).
 Retrieval between the modalities is meaningful at class level only
 (``meta.info["pairing"] == "class"``).
+
+``DatasetBundle.client_ids`` gives each train row the FSDD speaker of its
+recording: the index of the speaker in ``meta.info["client_names"]`` (the
+speakers of the train rows, in sorted name order), so the ``natural``
+partitioner makes one client per speaker (PartialFL: the audio is the private,
+biometric modality). Computing it draws nothing, so rows and features are those
+of a bundle without it.
 """
 
 from __future__ import annotations
@@ -239,16 +246,22 @@ def av_mnist(p: AvMnistParams) -> DatasetBundle:
     tr_idx = tr_idx[stratified_subset(labels[tr_idx], p.num_train, rng)]
     te_idx = te_idx[stratified_subset(labels[te_idx], p.num_test, rng)]
     noise_rng = torch.Generator().manual_seed(int(np.random.default_rng([p.seed, 3]).integers(2 ** 62)))
-    splits, drawn = {}, {}
+    splits, drawn, rows_rec = {}, {}, {}
     for split, idx, pool in (("train", tr_idx, rec_tr), ("test", te_idx, rec_te)):
         lab = labels[idx]
         rec = pool[_pair(lab, rec_y[pool], rng, split, fsdd)]
+        rows_rec[split] = rec
         img = x[torch.from_numpy(idx)].clone()
         if p.image_noise:
             img += torch.randn(img.shape, generator=noise_rng) * p.image_noise
         audio = ((mels[torch.from_numpy(rec)] - mean) / std).unsqueeze(1)
         splits[split] = ArrayDataset({"image": img, "audio": audio.contiguous()}, torch.from_numpy(lab))
         drawn[split] = int(len(np.unique(rec)))
+    # one client per FSDD speaker: the speaker of each train row's recording
+    row_speakers = [recs[i][2] for i in rows_rec["train"]]
+    speakers = sorted(set(row_speakers))
+    speaker_id = {s: i for i, s in enumerate(speakers)}
+    client_ids = torch.tensor([speaker_id[s] for s in row_speakers], dtype=torch.int64)
     meta = DatasetMeta(
         name="av_mnist", num_classes=10,
         modalities={"image": (1, 28, 28), "audio": (1, p.n_mels, p.frames)},
@@ -260,8 +273,10 @@ def av_mnist(p: AvMnistParams) -> DatasetBundle:
               "fsdd_split": "takes 0-4 test, 5+ train",
               "fsdd_recordings": {"train": int(len(rec_tr)), "test": int(len(rec_te))},
               "recordings_used": drawn,
+              "client_names": speakers,  # client_ids index this: the FSDD speakers of the train rows
+              "client_id": "the FSDD speaker of the train row's recording (sorted names)",
               "audio": {"sample_rate": FSDD_RATE, "window_samples": WINDOW, "n_fft": p.n_fft,
                         "hop": hop_for(WINDOW, p.frames), "mel_scale": "htk", "log": "log(mel + 1e-6)"},
               "standardize": {"audio": {"mean": mean, "std": std, "over": "FSDD train recordings"}}},
     )
-    return DatasetBundle(train=splits["train"], test=splits["test"], meta=meta)
+    return DatasetBundle(train=splits["train"], test=splits["test"], meta=meta, client_ids=client_ids)

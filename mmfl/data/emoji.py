@@ -16,14 +16,24 @@ the modalities is meaningful):
 * ``text``: float32 ``[N, d]``, :func:`~mmfl.data.featurize.text_features` of
   the lower-cased name (``text = "name"``) or of "name: short, names"
   (``"name+short"``; default encoder MiniLM: 384-d);
-* label: the category (classes ordered as in the Unicode emoji order).
+* label: the ``category`` (``label = "category"``, 10 classes) or the finer
+  ``subcategory`` (``label = "subcategory"``: 99 classes in this package, such as
+  "face-smiling", "animal-mammal", "flag"; every subcategory lies within one
+  category), classes ordered by first appearance in the Unicode emoji order.
 
 With ``skin_tones = true`` each skin-tone variant is a further pair (text: the
 name plus ", medium skin tone" etc.); variants always fall in the split of
 their base emoji. The split is **by emoji** and disjoint: a seeded,
-category-stratified ``public`` share (``public_fraction``, returned as
+label-stratified ``public`` share (``public_fraction``, returned as
 ``DatasetBundle.public``, CreamFL's public set), a ``test`` share
 (``test_fraction``) and the clients' ``train`` set (the rest).
+
+Small classes (some subcategories have 1-3 emoji) are never dropped and always
+keep at least one emoji in ``train``: :func:`~mmfl.data.split.stratified_split`
+leaves a class of one in ``train``, and gives a class of two or more at least one
+``test`` emoji while keeping one back, and the ``public`` share is drawn from
+what remains the same way. So a class of 1 is train-only, a class of 2 has one
+train and one test emoji (no public one), and a class of 3 one of each (default fractions).
 """
 
 from __future__ import annotations
@@ -71,6 +81,7 @@ class EmojiEntry:
     category: str
     group: int  # index of the base emoji (skin-tone variants share it)
     sort_order: int
+    subcategory: str = ""  # "" where emoji.json has none
 
 
 def _tone_text(key: str) -> str:
@@ -103,12 +114,13 @@ def read_emoji_json(pkg: Path, text: str = "name", skin_tones: bool = False) -> 
             shorts = [s.replace("_", " ") for s in it.get("short_names") or [] if s]
             base = f"{base}: {', '.join(shorts)}" if shorts else base
         order = int(it.get("sort_order", g))
-        out.append(EmojiEntry(name, base, image, category, g, order))
+        sub = str(it.get("subcategory") or "")
+        out.append(EmojiEntry(name, base, image, category, g, order, sub))
         if skin_tones:
             for key, var in sorted((it.get("skin_variations") or {}).items()):
                 if var.get("has_img_google", True) and var.get("image"):
                     out.append(EmojiEntry(f"{name} ({_tone_text(key)})", f"{base}, {_tone_text(key)}",
-                                          var["image"], category, g, order))
+                                          var["image"], category, g, order, sub))
     if not out:
         raise DataError(f"{path}: no emoji with a Google image")
     return out
@@ -154,6 +166,9 @@ class EmojiPairsParams:
         "help": "also use the skin-tone variants (1,875 more pairs, in their base emoji's split)"})
     text: Literal["name", "name+short"] = field(default="name", metadata={
         "help": "text of a pair: the lower-cased name, or name + ': ' + its short names"})
+    label: Literal["category", "subcategory"] = field(default="category", metadata={
+        "help": "label of a pair: its category (10 classes) or its subcategory (99 classes, e.g. "
+                "'face-smiling'), classes in Unicode emoji order"})
     image_encoder: str = field(default="mobilenet_v2", metadata={
         "help": "frozen image encoder: mobilenet_v2 (1280-d) or pixels:<s> (s*s grey pixels)"})
     image_size: int = field(default=96, metadata={"help": "side the 64x64 PNGs are resized to for "
@@ -161,13 +176,15 @@ class EmojiPairsParams:
     text_encoder: str = field(default="minilm", metadata={
         "help": "frozen text encoder: minilm (384-d all-MiniLM-L6-v2) or hash[:<d>] (hashed words, 512-d)"})
     public_fraction: float = field(default=0.5, metadata={
-        "help": "share of emoji (per category) in the public set (DatasetBundle.public)"})
-    test_fraction: float = field(default=0.2, metadata={"help": "share of emoji (per category) in the test set"})
+        "help": "share of emoji (per class) in the public set (DatasetBundle.public)"})
+    test_fraction: float = field(default=0.2, metadata={"help": "share of emoji (per class) in the test set"})
     seed: int = field(default=0, metadata={"help": "seed of the split"})
 
     def __post_init__(self):
         if self.text not in ("name", "name+short"):
             raise ConfigError(f"data.text: must be 'name' or 'name+short', got {self.text!r}")
+        if self.label not in ("category", "subcategory"):
+            raise ConfigError(f"data.label: must be 'category' or 'subcategory', got {self.label!r}")
         parse_image_encoder(self.image_encoder, "data.image_encoder")
         parse_text_encoder(self.text_encoder, "data.text_encoder")
         check_image_size(self.image_size, "data.image_size")
@@ -180,7 +197,10 @@ class EmojiPairsParams:
 
 def split_groups(group_labels: np.ndarray, public_fraction: float, test_fraction: float,
                  seed: int) -> dict[str, np.ndarray]:
-    """Disjoint, per-class stratified ``public`` / ``train`` / ``test`` positions of the groups."""
+    """Disjoint, per-class stratified ``public`` / ``train`` / ``test`` positions of the groups.
+
+    Every class keeps at least one group in ``train``: a class of one group is train-only, a class
+    of two gets one test group and no public one (see :func:`~mmfl.data.split.stratified_split`)."""
     rest, test = stratified_split(group_labels, test_fraction, seed)
     share = public_fraction / (1.0 - test_fraction)
     train_pos, public_pos = stratified_split(group_labels[rest], share, seed + 1)
@@ -189,16 +209,24 @@ def split_groups(group_labels: np.ndarray, public_fraction: float, test_fraction
 
 @DATASETS.register("emoji_pairs", EmojiPairsParams,
                    help="emoji image-text pairs (npm emoji-datasource-google@16.0.0): image [1280] MobileNetV2 + "
-                        "text [384] MiniLM features, 10 categories, public/train/test split by emoji")
+                        "text [384] MiniLM features, 10 categories (or 99 subcategories), public/train/test "
+                        "split by emoji")
 def emoji_pairs(p: EmojiPairsParams) -> DatasetBundle:
-    """Emoji pairs: ``image`` and ``text`` feature vectors, label = category; ``public`` set included."""
+    """Emoji pairs: ``image`` and ``text`` feature vectors, label = category or subcategory;
+    ``public`` set included."""
     pkg = emoji_package_dir(p.root)
     entries = read_emoji_json(pkg, p.text, p.skin_tones)
+    if p.label == "subcategory":
+        lacking = next((e for e in entries if not e.subcategory), None)
+        if lacking is not None:
+            raise DataError(f"{pkg / 'emoji.json'}: emoji {lacking.name!r} has no subcategory "
+                            "(data.label = 'subcategory' needs one on every emoji)")
+    key = (lambda e: e.subcategory) if p.label == "subcategory" else (lambda e: e.category)
     order: dict[str, int] = {}
     for e in sorted(entries, key=lambda e: e.sort_order):
-        order.setdefault(e.category, len(order))
+        order.setdefault(key(e), len(order))
     classes = list(order)
-    labels = np.array([order[e.category] for e in entries], dtype=np.int64)
+    labels = np.array([order[key(e)] for e in entries], dtype=np.int64)
     groups = np.array([e.group for e in entries], dtype=np.int64)
 
     img = image_features(load_pngs(pkg, [e.image for e in entries]), p.image_encoder, size=p.image_size)
@@ -220,7 +248,8 @@ def emoji_pairs(p: EmojiPairsParams) -> DatasetBundle:
         info={"pairing": "instance", "source": str(pkg), "package": EMOJI_NPM,
               "encoders": {"image": p.image_encoder, "image_size": p.image_size, "text": p.text_encoder,
                            "text_field": p.text},
-              "split": "by emoji, stratified by category; skin-tone variants follow their base emoji",
+              "label": p.label,
+              "split": f"by emoji, stratified by {p.label}; skin-tone variants follow their base emoji",
               "sizes": {k: len(v) for k, v in splits.items()}, "names": names},
     )
     return DatasetBundle(train=splits["train"], test=splits["test"], meta=meta, public=splits["public"])
