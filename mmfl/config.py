@@ -26,6 +26,9 @@ A config has top-level run settings and one table per component::
     mu = 1.0
     [train]                     # local training, shared by every algorithm
     local_epochs = 10
+    [privacy]                   # optional: what may leave a client (off when absent)
+    modalities = { audio = "private", image = "shareable" }
+    labels = "private"
 
 Component tables are validated against the registered parameter dataclass of
 the named entry, so a misspelt key is an error naming it.
@@ -119,6 +122,43 @@ class RunConfig:
             raise ConfigError(f"reply_timeout: must be > 0, got {self.reply_timeout}")
 
 
+Rule = Literal["shareable", "private"]
+RULES = ("shareable", "private")
+
+
+@dataclass
+class PrivacyConfig:
+    """The ``[privacy]`` table: which modalities' raw data and whether labels may leave a
+    client. Absent table: no rules, nothing checked. Every client reply is checked against
+    the rules before it leaves the client (:mod:`mmfl.engine.privacy`); modality names are
+    checked against the data set(s) when the transport is built (``mmfl.engine.privacy.make_checker``)."""
+
+    modalities: dict[str, Rule] = field(default_factory=dict, metadata={
+        "help": "per modality, \"shareable\" (its raw data may leave a client) or \"private\", "
+                "e.g. {audio = \"private\", image = \"shareable\"}"})
+    labels: Rule = field(default="private", metadata={"help": "\"private\": no reply may carry the client's labels"})
+    default: Rule = field(default="private", metadata={"help": "the rule of modalities not named in 'modalities'"})
+
+    def __post_init__(self):
+        for m, rule in self.modalities.items():
+            if rule not in RULES:
+                raise ConfigError(f"privacy.modalities.{m}: must be \"shareable\" or \"private\", got {rule!r}")
+
+    def rule_of(self, modality: str) -> tuple[str, str]:
+        """``(rule, the config key that sets it)`` for ``modality``."""
+        if modality in self.modalities:
+            return self.modalities[modality], f"privacy.modalities.{modality}"
+        return self.default, "privacy.default"
+
+    def check_names(self, modalities) -> None:
+        """ConfigError for a rule naming a modality the data set(s) do not have."""
+        known = list(dict.fromkeys(modalities))
+        for m in self.modalities:
+            if m not in known:
+                raise ConfigError(f"privacy.modalities.{m}: unknown modality {m!r} "
+                                  f"(data set has: {', '.join(known)})")
+
+
 @dataclass
 class Component:
     """A ``[data]``/``[partition]``/``[model]``/``[algorithm]`` table: a name and raw values."""
@@ -169,6 +209,7 @@ class ExperimentConfig:
     algorithm: Component
     client_models: list[ClientModel] = field(default_factory=list)
     client_data: list[ClientData] = field(default_factory=list)
+    privacy: PrivacyConfig | None = None  # [privacy]; None: no rules (nothing checked)
 
     def to_dict(self) -> dict:
         """The resolved config (every default filled in), as TOML-able tables."""
@@ -190,6 +231,8 @@ class ExperimentConfig:
             out["client_data"] = [
                 {kind: {"name": getattr(e, kind).name, **asdict(getattr(e, kind).params)}
                  for kind in ("data", "partition")} for e in self.client_data]
+        if self.privacy is not None:
+            out["privacy"] = asdict(self.privacy)
         return _drop_none(out)
 
     def to_toml(self) -> str:
@@ -299,10 +342,11 @@ def resolve(raw: dict) -> ExperimentConfig:
         tables[kind] = table
     groups_raw = raw.pop("client_models", [])
     sources_raw = raw.pop("client_data", [])
+    privacy_raw = raw.pop("privacy", None)
     run_fields = {f.name for f in fields(RunConfig)}
     for key in raw:
         if key not in run_fields:
-            known = sorted(run_fields | set(tables) | {"case"})
+            known = sorted(run_fields | set(tables) | {"case", "client_data", "client_models", "privacy"})
             raise ConfigError(f"{key}: unknown config key (known: {', '.join(known)})")
     run = build_params("", "settings", RunConfig, raw)
     train = build_params("train", "settings", TrainConfig, tables["train"])
@@ -316,7 +360,25 @@ def resolve(raw: dict) -> ExperimentConfig:
         comps[kind] = Component(name, table, params)
     groups = resolve_client_models(groups_raw, tables["model"], MODELS)
     sources = resolve_client_data(sources_raw, {"data": DATASETS, "partition": PARTITIONERS})
-    return ExperimentConfig(run=run, train=train, **comps, client_models=groups, client_data=sources)
+    privacy = resolve_privacy(privacy_raw)
+    return ExperimentConfig(run=run, train=train, **comps, client_models=groups, client_data=sources,
+                            privacy=privacy)
+
+
+def resolve_privacy(table) -> PrivacyConfig | None:
+    """Validate ``[privacy]`` (None: the table is absent, no rules)."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError("privacy: must be a table, e.g. [privacy] with modalities = {audio = \"private\"}")
+    mods = table.get("modalities", {})
+    if not isinstance(mods, dict):
+        raise ConfigError(f"privacy.modalities: must be a table of modality = \"shareable\" | \"private\", "
+                          f"got {mods!r}")
+    for m, rule in mods.items():  # before build_params, for an error naming the modality
+        if rule not in RULES:
+            raise ConfigError(f"privacy.modalities.{m}: must be \"shareable\" or \"private\", got {rule!r}")
+    return build_params("privacy", "settings", PrivacyConfig, table)
 
 
 def resolve_client_data(entries, registries: dict) -> list[ClientData]:

@@ -64,6 +64,7 @@ def run_client(
     group: int | None = None,
     source: int | None = None,
     public: ArrayDataset | None = None,
+    privacy=None,
 ) -> tuple[Message, dict[str, Tensor]]:
     """Deliver ``msg`` on ``route`` to client ``cid``; return ``(reply, new_state)``.
 
@@ -79,6 +80,10 @@ def run_client(
     client's ``[[client_models]]`` entry (its own architecture), passed on the same way;
     ``source``: its ``[[client_data]]`` data set (then ``meta`` is that data set's).
     ``public``: the public set every client may read (CreamFL), or None.
+    ``privacy``: the run's :class:`~mmfl.engine.privacy.PrivacyChecker` (None: no
+    ``[privacy]`` rules); the reply is checked against ``data`` before it is returned,
+    i.e. before it leaves the client, and a breach raises
+    :class:`~mmfl.engine.privacy.PrivacyError`.
     """
     from mmfl.engine.simulation import derive_seed  # lazy: simulation imports this module
 
@@ -97,4 +102,6 @@ def run_client(
     )
     seed_torch(ctx.seed)  # dropout and any other torch-global randomness (the CPU generator, cheaply)
     reply = spec.client(params, ctx).handle(route, msg)
+    if privacy is not None:
+        privacy.check(reply, data, cid=cid, route=route, num_classes=meta.num_classes)
     return reply, ctx.state

@@ -160,7 +160,7 @@ class Experiment:
             self.transport = SimulationTransport(
                 self.spec, cfg.algorithm.params, self.federation, cfg.train, cfg.run.seed,
                 self.make_model, self.store, on_nonfinite=cfg.run.on_nonfinite,
-                batch_clients=cfg.run.batch_clients)
+                batch_clients=cfg.run.batch_clients, privacy=cfg.privacy)
 
     # --- run folder -----------------------------------------------------
     @property

@@ -2,7 +2,8 @@
 
 For each message it loads the client's state from the engine's store, builds
 the client (clients are rebuilt per message, as on Flower), calls its handler,
-checks the reply, saves the state back and counts the bytes both ways.
+checks the reply (the run's ``[privacy]`` rules, then NaN/inf), saves the state back
+and counts the bytes both ways.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from mmfl.config import TrainConfig
 from mmfl.data.base import Federation
 from mmfl.engine.client_runtime import ModelPool, run_client
 from mmfl.engine.message import Message
+from mmfl.engine.privacy import federation_modalities, make_checker
 from mmfl.engine.state import ClientStateStore
 from mmfl.errors import MMFLError
 
@@ -83,7 +85,11 @@ class SimulationTransport:
 
     def __init__(self, spec: AlgorithmSpec, params, federation: Federation, train: TrainConfig,
                  seed: int, make_model: Callable[[], nn.Module], store: ClientStateStore,
-                 on_nonfinite: str = "fail", batch_clients: bool = False):
+                 on_nonfinite: str = "fail", batch_clients: bool = False, privacy=None):
+        """``privacy``: the run's ``[privacy]`` rules (``cfg.privacy``; None: none). Every
+        reply is checked against its client's data before the server sees it; a breach
+        fails the run (:class:`~mmfl.engine.privacy.PrivacyError`). A rule naming a
+        modality the data set lacks is a ConfigError here."""
         self.spec = spec
         self.params = params
         self.federation = federation
@@ -93,6 +99,7 @@ class SimulationTransport:
         self.store = store
         self.on_nonfinite = on_nonfinite
         self.batch_clients = batch_clients  # train a send's clients together (mmfl.engine.batched)
+        self.privacy = make_checker(privacy, federation_modalities(federation))  # None: no rules
         self.batch_info: dict = {}  # this round: clients trained batched, or why not
         self.num_clients = federation.num_clients
         self.log = CommLog()
@@ -115,6 +122,10 @@ class SimulationTransport:
     def send(self, route: str, messages: dict[int, Message]) -> dict[int, Message]:
         replies, messages = self._send_batched(route, messages)
         fed = self.federation
+        if self.privacy is not None:  # replies of batched training (sequential ones: in run_client)
+            for cid, reply in replies.items():
+                self.privacy.check(reply, fed.clients[cid], cid=cid, route=route,
+                                   num_classes=fed.meta_of(cid).num_classes)
         for cid in sorted(messages):
             msg = messages[cid]
             call = self._calls[cid]
@@ -124,7 +135,7 @@ class SimulationTransport:
                 data=fed.clients[cid], test_data=fed.test_of(cid), meta=fed.meta_of(cid), train=self.train,
                 seed=self.seed, state=self.store.load(cid), model_pool=self._model, init_model=self.make_model,
                 holds=fed.modalities_of(cid), group=fed.group_of(cid), source=fed.source_of(cid),
-                public=fed.public,
+                public=fed.public, privacy=self.privacy,
             )
             if not self.log.admit(route, cid, msg, reply, self.on_nonfinite, self.rnd):
                 continue  # its state is not saved either: the round never happened for it

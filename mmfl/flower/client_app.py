@@ -17,6 +17,9 @@ The SuperNode builds its clients' data itself, from the run's ``[data]``,
 split and modality assignment the server and the simulator make); no client
 data ever comes from the server. Its hello reply carries each hosted client's
 data fingerprint and modalities, which the server checks against its own.
+The run config's ``[privacy]`` rules are enforced here, on the node: every reply is
+checked against its client's data before it leaves (:mod:`mmfl.engine.privacy`), and a
+breach fails the ClientApp, hence the run. Node config cannot change the rules.
 Persistent client state (``ctx.state``) lives in Flower's ``context.state``,
 one ``ArrayRecord`` per hosted client. Every message is delivered by
 :func:`mmfl.engine.client_runtime.run_client`, as in the simulator.
@@ -37,6 +40,7 @@ from torch import nn
 
 from mmfl.config import ExperimentConfig, apply_overrides, resolve
 from mmfl.engine.client_runtime import ModelPool, run_client
+from mmfl.engine.privacy import federation_modalities, make_checker
 from mmfl.errors import MMFLError
 from mmfl.flower.records import decode, encode, record_to_state, state_to_record
 
@@ -53,9 +57,11 @@ class RunEnv:
     federation: object
     make_model: Callable[..., nn.Module]
     model: ModelPool = None  # models per (key, client structure)
+    privacy: object = None  # the [privacy] rules' PrivacyChecker (None: no rules)
 
     def __post_init__(self):
         self.model = ModelPool(self.make_model)
+        self.privacy = make_checker(self.cfg.privacy, federation_modalities(self.federation))
 
 
 @dataclass
@@ -161,7 +167,7 @@ def handle(msg: FlowerMessage, context: Context, config_text: str | None = None)
             data=fed.clients[cid], test_data=fed.test_of(cid), meta=fed.meta_of(cid), train=cfg.train,
             seed=cfg.run.seed, state=load_state(context.state, cid), model_pool=run.model,
             init_model=run.make_model, holds=fed.modalities_of(cid), group=fed.group_of(cid),
-            source=fed.source_of(cid), public=fed.public)
+            source=fed.source_of(cid), public=fed.public, privacy=run.privacy)
         if reply.nonfinite_key() is None:  # as in the simulator: a rejected reply keeps no state
             save_state(context.state, cid, new_state)
         replies[cid] = reply
