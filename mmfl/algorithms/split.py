@@ -1,0 +1,405 @@
+"""Split learning, vanilla and sequential (Gupta & Raskar 2018), as PartialFL
+(section 2, related work) describes it and uses it as a baseline (section 3.1.2).
+
+The model is :mod:`mmfl.models.multimodal`, cut after the projectors:
+
+- **client side**: ``encoders[m]`` and ``proj[m]`` of the modalities the client
+  holds; its output ``z_m = proj[m](encoders[m](x_m))`` ``[B, feat_dim]`` is the
+  cut-layer activation ("smashed data");
+- **server side**: everything else, ``fusion``, the dropout before the joint
+  classifier, ``classifier`` and the per-modality heads ``heads[m]`` (linear
+  probes on the detached ``z_m``, as MFedAvg trains them; ``probe = false``
+  skips them). A modality the batch lacks fills its fusion slot with zeros,
+  exactly as :meth:`MultimodalModel.forward` does.
+
+One round visits the cohort's clients one after the other. For client ``k``:
+
+1. ``sl_begin`` (down): the current client-side weights of the modalities ``k``
+   holds; the client draws its batch schedule (``train.local_epochs`` seeded
+   shuffles of its data, batches of ``train.batch_size``) and replies with the
+   number of batches;
+2. per batch ``i``: ``sl_forward`` (down: ``i``) -> the client replies with
+   ``act/<m>`` (the activations of the rows holding ``m``), ``present/<m>`` (the
+   per-sample mask, only for data with missing modalities) and ``labels``
+   (vanilla split learning uploads the labels). The server runs fusion +
+   classifier, the cross-entropy, backward and its optimizer step on the
+   server-side parameters, and sends ``grad/<m>`` = d loss / d ``act/<m>`` down
+   (``sl_backward``). The client recomputes the forward of the same batch (it
+   cannot keep an autograd graph between messages): same rows, same weights,
+   the same torch seed (dropout); BatchNorm running statistics are updated by
+   this recompute only, so once per batch. It backpropagates the received
+   gradient and steps its optimizer, whose state lives in ``ctx.state``;
+3. ``sl_end`` (up): the client's trained client-side weights, which the server
+   keeps and hands to the next client in ``sl_begin``.
+
+Every exchange is a ``transport.send``, so the engine counts activations,
+labels, gradients and weights like any other algorithm's bytes; the round adds
+``bytes_per_epoch`` (the round's bytes / ``local_epochs``) and ``messages``.
+
+With one client and the same batches, the split model trains exactly like the
+unsplit one (``local_train`` with MFedAvg's loss): the gradients are the same
+(:func:`server_forward` mirrors the model's forward), and SGD and Adam update
+each parameter on its own, so two optimizers over the two halves equal one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from mmfl.algorithms import register
+from mmfl.algorithms.base import Client, Server
+from mmfl.algorithms.multimodal import masked_ce, require_multimodal_model
+from mmfl.data.base import PRESENT
+from mmfl.engine.message import Message
+from mmfl.engine.training import make_optimizer, model_tensors, seed_torch
+from mmfl.errors import ConfigError
+from mmfl.models.multimodal import branch_of
+
+CLIENT_MODULES = ("encoders", "proj")  # the client side of the cut; everything else is the server's
+ACT = "act/"  # client -> server: cut-layer activations of modality m (rows holding m)
+GRAD = "grad/"  # server -> client: d loss / d act/<m>
+LABELS = "labels"  # client -> server: the batch's labels
+STATE = "sl/"  # client state during a session: weights, optimizer, batch order, current batch
+W, OPT = STATE + "w/", STATE + "opt/"
+ORDER, BATCH, SEED = STATE + "order", STATE + "batch", STATE + "seed"
+SERVER_OPT = "opt/"  # server checkpoint: the persistent server optimizer's state
+
+
+@dataclass
+class SplitParams:
+    probe: bool = field(default=True, metadata={
+        "help": "train the per-modality heads (server side) as linear probes on the detached activations"})
+    persistent_server_optimizer: bool = field(default=False, metadata={
+        "help": "keep one server optimizer for the whole run (checkpointed); false: a fresh one per client "
+                "session, like the client's"})
+
+    def __post_init__(self):
+        for key in ("probe", "persistent_server_optimizer"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"algorithm.{key}: expected true or false, got {getattr(self, key)!r}")
+
+
+# ----------------------------------------------------------------------------- the cut
+
+
+def is_client_key(key: str) -> bool:
+    """Whether a state-dict key of the multimodal model is on the client side of the cut."""
+    return key.split(".", 1)[0] in CLIENT_MODULES and branch_of(key) is not None
+
+
+def client_keys(keys, holds) -> list[str]:
+    """The client-side keys (encoders and projectors) of the modalities in ``holds``."""
+    return [k for k in keys if is_client_key(k) and branch_of(k) in holds]
+
+
+def batch_schedule(n: int, batch_size: int, epochs: int) -> list[tuple[int, int, int]]:
+    """``(epoch, start, stop)`` of each mini-batch, positions in that epoch's shuffle;
+    like :func:`~mmfl.engine.training.local_train`, a batch of one is skipped (BatchNorm)
+    unless the data has a single sample."""
+    out = []
+    for e in range(epochs):
+        for s in range(0, n, batch_size):
+            stop = min(s + batch_size, n)
+            if stop - s < 2 and n >= 2:
+                continue
+            out.append((e, s, stop))
+    return out
+
+
+def client_forward(model: nn.Module, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The cut-layer activations ``proj[m](encoders[m](x_m))`` ``[B, d]`` of the held modalities."""
+    return {m: model.proj[m](model.encoders[m](inputs[m])) for m in model.holds if m in inputs}
+
+
+def server_forward(model: nn.Module, acts: dict[str, Tensor], present: dict[str, Tensor | None],
+                   batch: int) -> dict:
+    """Fusion + joint classifier over full-batch activations ``acts[m]`` ``[B, d]``, the path of
+    :meth:`MultimodalModel.forward` after the projectors (``present[m]``: per-sample mask or
+    None = every row; a missing modality's slot, and a sample's missing slot, is zeros)."""
+    device, dtype = model.classifier.weight.device, model.classifier.weight.dtype
+    masks = {m: (p.to(device=device, dtype=torch.bool).reshape(batch) if p is not None
+                 else torch.ones(batch, dtype=torch.bool, device=device)) for m, p in present.items()}
+    zeros = torch.zeros(batch, model.feat_dim, device=device, dtype=dtype)
+    slots = [torch.where(masks[m].unsqueeze(1), acts[m], zeros) if m in acts else zeros for m in model.modalities]
+    rep = model.fusion(slots)
+    logits = model.classifier(model.dropout(rep))
+    return {"logits": logits, "rep": rep, "mod_reps": acts, "present": masks}
+
+
+def server_loss(model: nn.Module, out: dict, labels: Tensor, probe: bool) -> Tensor:
+    """MFedAvg's objective: cross-entropy of the joint output + the heads' probes on detached
+    activations (:class:`~mmfl.algorithms.multimodal.MultimodalClient`, term by term)."""
+    logits = out["logits"]
+    task = torch.nn.functional.cross_entropy(logits, labels)
+    if not probe:
+        return task + logits.sum() * 0.0
+    total = logits.new_zeros(())
+    for m in model.modalities:
+        if m in out["mod_reps"]:
+            total = total + masked_ce(model.heads[m](out["mod_reps"][m].detach()), labels, out["present"][m])
+    return task + total
+
+
+def activation_message(acts: dict[str, Tensor], inputs: dict[str, Tensor], labels: Tensor) -> Message:
+    """``sl_forward``'s reply: each modality's activations of the rows holding it, its mask
+    (only where the data has one) and the labels."""
+    arrays = {}
+    for m, a in acts.items():
+        mask = inputs.get(PRESENT + m)
+        if mask is not None:
+            mask = mask.to(torch.bool).reshape(-1)
+            arrays[PRESENT + m] = mask
+            a = a[mask]
+        arrays[ACT + m] = a.detach()
+    arrays[LABELS] = labels
+    return Message(arrays=arrays)
+
+
+def unpack_activations(msg: Message, feat_dim: int) -> tuple[dict[str, Tensor], dict[str, Tensor], dict, Tensor]:
+    """``(leaves, full, present, labels)``: the received activations as leaves requiring grad,
+    scattered into full-batch ``[B, d]`` tensors (zeros where a sample lacks ``m``), the masks."""
+    labels = msg.arrays[LABELS]
+    b = int(labels.shape[0])
+    leaves, full, present = {}, {}, {}
+    for key in sorted(k for k in msg.arrays if k.startswith(ACT)):
+        m = key[len(ACT):]
+        leaf = msg.arrays[key].detach().clone().requires_grad_(True)
+        mask = msg.arrays.get(PRESENT + m)
+        if mask is None:
+            full[m] = leaf
+        else:
+            mask = mask.to(torch.bool).reshape(b)
+            rows = mask.nonzero(as_tuple=True)[0]
+            full[m] = leaf.new_zeros(b, feat_dim).index_put((rows,), leaf)
+        leaves[m], present[m] = leaf, mask
+    return leaves, full, present, labels
+
+
+# ----------------------------------------------------------------------------- optimizer state as tensors
+
+
+def optimizer_state(opt: torch.optim.Optimizer, names: dict[int, str], prefix: str) -> dict[str, Tensor]:
+    """The per-parameter state of ``opt`` as ``{prefix}{param name}/{field}`` tensors."""
+    out = {}
+    for p, st in opt.state.items():
+        for k, v in st.items():
+            if v is None:
+                continue
+            out[f"{prefix}{names[id(p)]}/{k}"] = (v if isinstance(v, Tensor) else torch.tensor(v)).detach().clone()
+    return out
+
+
+def load_optimizer_state(opt: torch.optim.Optimizer, params: dict[str, Tensor], sd: dict[str, Tensor],
+                         prefix: str) -> None:
+    """Inverse of :func:`optimizer_state` (copies, so the saved tensors are never changed in place)."""
+    for key, v in sd.items():
+        if key.startswith(prefix):
+            name, k = key[len(prefix):].rsplit("/", 1)
+            opt.state[params[name]][k] = v.clone()
+
+
+# ----------------------------------------------------------------------------- server
+
+
+class RoundMeter:
+    """Bytes and messages of the round's conversation (the engine's byte rule)."""
+
+    def __init__(self):
+        self.bytes, self.messages = 0, 0
+
+    def send(self, transport, route: str, cid: int, msg: Message) -> Message | None:
+        reply = transport.send(route, {cid: msg}).get(cid)
+        self.bytes += msg.nbytes()
+        self.messages += 1
+        if reply is not None:
+            self.bytes += reply.nbytes()
+            self.messages += 1
+        return reply
+
+
+class SplitServer(Server):
+    def __init__(self, params: SplitParams, ctx):
+        super().__init__(params, ctx)
+        require_multimodal_model(self.model, "split_learning")
+        if getattr(self.model, "infil", None) is not None:
+            raise ConfigError("model.two_projector: split_learning cuts after the self projectors; "
+                              "set model.two_projector = false")
+        self.server_params = {n: p for n, p in self.model.named_parameters() if not is_client_key(n)}
+        self.names = {id(p): n for n, p in self.server_params.items()}
+        self.opt = self.new_optimizer() if params.persistent_server_optimizer else None
+
+    def new_optimizer(self) -> torch.optim.Optimizer:
+        return make_optimizer(list(self.server_params.values()), self.ctx.train)
+
+    def batch_seed(self, rnd: int, cid: int, step: int) -> int:
+        """The torch seed of the server-side forward of one batch (its dropout)."""
+        from mmfl.engine.simulation import derive_seed  # lazy: the simulation imports the algorithms
+
+        return derive_seed(self.ctx.seed, rnd, cid, "sl_server", step)
+
+    # --- one batch ------------------------------------------------------------------
+    def serve_batch(self, rnd: int, cid: int, step: int, reply: Message, opt) -> tuple[Message, float]:
+        """Server forward, loss, backward and step on one ``sl_forward`` reply; the gradients
+        to send down (``grad/<m>``) and the loss."""
+        leaves, full, present, labels = unpack_activations(reply, self.model.feat_dim)
+        self.model.train()
+        opt.zero_grad(set_to_none=True)
+        seed_torch(self.batch_seed(rnd, cid, step))
+        out = server_forward(self.model, full, present, int(labels.shape[0]))
+        loss = server_loss(self.model, out, labels, self.params.probe)
+        loss.backward()
+        opt.step()
+        grads = {GRAD + m: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)).detach()
+                 for m, leaf in leaves.items()}
+        return Message(arrays=grads), float(loss.detach())
+
+    # --- the round --------------------------------------------------------------------
+    def round(self, rnd, cohort, transport):
+        meter = RoundMeter()
+        losses, done, examples = [], 0, 0
+        for cid in cohort:
+            n = self.session(rnd, cid, transport, meter, losses)
+            if n is not None:
+                done, examples = done + 1, examples + n
+        epochs = self.ctx.train.local_epochs
+        out = {"clients_replied": done, "num_examples": examples, "steps": len(losses),
+               "messages": meter.messages, "bytes_per_epoch": meter.bytes / epochs}
+        if losses:
+            out["train_loss"] = float(sum(losses) / len(losses))
+        return out
+
+    def session(self, rnd, cid, transport, meter: RoundMeter, losses: list[float]) -> int | None:
+        """One client's turn: begin, every batch, end. Returns its number of samples, or None
+        if a reply was missing (then its client-side weights are not taken; the server-side
+        steps of the batches before stay)."""
+        own = model_tensors(self.model)
+        keys = client_keys(own, self.ctx.modalities_of(cid))
+        begin = meter.send(transport, "sl_begin", cid, Message(arrays={k: own[k].detach().clone() for k in keys}))
+        if begin is None:
+            return None
+        opt = self.opt if self.opt is not None else self.new_optimizer()
+        for i in range(int(begin.scalars["num_batches"])):
+            fwd = meter.send(transport, "sl_forward", cid, Message(scalars={"batch": i}))
+            if fwd is None:
+                return None
+            grads, loss = self.serve_batch(rnd, cid, i, fwd, opt)
+            losses.append(loss)
+            if meter.send(transport, "sl_backward", cid, grads) is None:
+                return None
+        end = meter.send(transport, "sl_end", cid, Message())
+        if end is None:
+            return None
+        if sorted(end.arrays) != sorted(keys):
+            raise RuntimeError(f"client {cid} uploaded {sorted(end.arrays)}, expected {sorted(keys)}")
+        with torch.no_grad():
+            for k in keys:
+                own[k].copy_(end.arrays[k])
+        return int(begin.scalars["num_examples"])
+
+    # --- checkpointing -------------------------------------------------------------
+    def state_dict(self):
+        out = super().state_dict()
+        if self.opt is not None:
+            out.update(optimizer_state(self.opt, self.names, SERVER_OPT))
+        return out
+
+    def load_state_dict(self, sd):
+        super().load_state_dict(sd)
+        if self.opt is not None:
+            self.opt = self.new_optimizer()
+            load_optimizer_state(self.opt, self.server_params, sd, SERVER_OPT)
+
+
+# ----------------------------------------------------------------------------- client
+
+
+class SplitClient(Client):
+    """The client side of the cut; between messages it keeps its session in ``ctx.state["sl/*"]``."""
+
+    def _model(self) -> tuple[nn.Module, list[str]]:
+        model = self.ctx.model("local")
+        return model, client_keys(model_tensors(model), self.ctx.modalities)
+
+    def _load(self) -> tuple[nn.Module, list[str]]:
+        """The pooled model with this session's client-side weights (and buffers)."""
+        model, keys = self._model()
+        own = model_tensors(model)
+        with torch.no_grad():
+            for k in keys:
+                own[k].copy_(self.ctx.state[W + k])
+        model.train()
+        return model, keys
+
+    def _batch(self, i: int) -> tuple[dict[str, Tensor], Tensor]:
+        order = self.ctx.state[ORDER]
+        e, s, stop = batch_schedule(order.shape[1], self.ctx.train.batch_size, order.shape[0])[i]
+        return self.ctx.data.get(order[e, s:stop])
+
+    def _clear(self) -> None:
+        for k in [k for k in self.ctx.state if k.startswith(STATE)]:
+            del self.ctx.state[k]
+
+    def sl_begin(self, msg: Message) -> Message:
+        model, keys = self._model()
+        own = model_tensors(model)
+        if sorted(msg.arrays) != sorted(keys) or any(own[k].shape != msg.arrays[k].shape for k in keys):
+            raise ConfigError(f"client {self.ctx.cid}: split_learning hands one model from client to client; "
+                              "its encoders and projectors must have the server's architecture "
+                              "(no [[client_models]] changing them)")
+        self._clear()
+        n, g = len(self.ctx.data), self.ctx.generator()
+        self.ctx.state.update({W + k: msg.arrays[k].detach().clone() for k in keys})
+        self.ctx.state[ORDER] = torch.stack([torch.randperm(n, generator=g)
+                                             for _ in range(self.ctx.train.local_epochs)])
+        nb = len(batch_schedule(n, self.ctx.train.batch_size, self.ctx.train.local_epochs))
+        return Message(scalars={"num_batches": nb, "num_examples": n})
+
+    def sl_forward(self, msg: Message) -> Message:
+        i = int(msg.scalars["batch"])
+        inputs, labels = self._batch(i)
+        model, _ = self._load()
+        self.ctx.state[BATCH] = torch.tensor(i)
+        self.ctx.state[SEED] = torch.tensor(self.ctx.seed)
+        with torch.no_grad():
+            seed_torch(self.ctx.seed)  # the recompute in sl_backward draws the same dropout
+            acts = client_forward(model, inputs)
+        # the BatchNorm statistics this forward changed in the pooled model are not kept: the
+        # recompute in sl_backward updates them, once
+        return activation_message(acts, inputs, labels)
+
+    def sl_backward(self, msg: Message) -> Message:
+        inputs, _ = self._batch(int(self.ctx.state[BATCH]))
+        model, keys = self._load()
+        params = {n: p for n, p in model.named_parameters() if n in set(keys)}
+        for p in params.values():
+            p.grad = None
+        seed_torch(int(self.ctx.state[SEED]))
+        acts = client_forward(model, inputs)
+        outs, grads = [], []
+        for m, a in acts.items():
+            mask = inputs.get(PRESENT + m)
+            outs.append(a[mask.to(torch.bool).reshape(-1)] if mask is not None else a)
+            grads.append(msg.arrays[GRAD + m])
+        torch.autograd.backward(outs, grads)
+        opt = make_optimizer(list(params.values()), self.ctx.train)
+        load_optimizer_state(opt, params, self.ctx.state, OPT)
+        opt.step()
+        names = {id(p): n for n, p in params.items()}
+        own = model_tensors(model)
+        self.ctx.state.update({W + k: own[k].detach().clone() for k in keys})
+        self.ctx.state.update(optimizer_state(opt, names, OPT))
+        return Message()  # the .grad of the pooled model's client-side parameters stay (tests read them)
+
+    def sl_end(self, msg: Message) -> Message:
+        _, keys = self._model()
+        arrays = {k: self.ctx.state[W + k] for k in keys}
+        self._clear()
+        return Message(arrays=arrays)
+
+
+register("split_learning", SplitParams, SplitServer, SplitClient,
+         help="split learning (vanilla, sequential): client-side encoders + projectors, server-side fusion + "
+              "classifier; activations and labels up, gradients down, per batch")
