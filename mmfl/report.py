@@ -50,7 +50,7 @@ def summarize(rows: list[dict], cfg=None) -> dict:
     if evals:  # a multimodal model's last evaluation: per-modality and class-wise numbers
         last = evals[-1]
         for key in sorted(last):
-            if key.startswith(("accuracy/", "uar", "class_accuracy")):
+            if key.startswith(("accuracy/", "accuracy_top5", "uar", "class_accuracy")):
                 out[f"final_{key}"] = last[key]
     retrieval = [r for r in rows if "r1_sum" in r]  # a retrieval model (CreamFL's server)
     if retrieval:

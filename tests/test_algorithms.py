@@ -221,8 +221,8 @@ def test_solo_moves_no_model_bytes_and_reports_std(tmp_path):
         assert row["bytes_by_route"] == {"train": {"down": 0, "up": 3 * 16}}
         assert row["bytes_down"] == 0 and row["bytes_up"] == 3 * 16
         assert all(v == {"down": 0, "up": 16} for v in row["bytes_per_client"].values())
-        # evaluation: empty messages down; accuracy, test_loss, num_examples up
-        assert row["eval_bytes_down"] == 0 and row["eval_bytes_up"] == 3 * 24
+        # evaluation: empty messages down; accuracy, accuracy_top5 (10 classes), test_loss, num_examples up
+        assert row["eval_bytes_down"] == 0 and row["eval_bytes_up"] == 3 * 32
         accs = row["client_accuracy"]
         assert len(accs) == 3
         assert row["accuracy"] == pytest.approx(sum(accs) / 3)

@@ -18,4 +18,5 @@ def register(name: str, params: type | None, server, client, help: str, **flags)
 
 from mmfl.algorithms import centralized, fedavg, fedprox, local, moon, multimodal, scaffold  # noqa: E402,F401  (register)
 from mmfl.algorithms import fedcmi, fedmsplit, fedogm, prototypes  # noqa: E402,F401  (register; after multimodal)
-from mmfl.algorithms import creamfl  # noqa: E402,F401  (register)
+from mmfl.algorithms import creamfl, partialfl  # noqa: E402,F401  (register)
+from mmfl.algorithms import split  # noqa: E402,F401  (register; after multimodal)

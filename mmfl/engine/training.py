@@ -88,7 +88,8 @@ def local_train(
 @torch.no_grad()
 def evaluate_model(model: nn.Module, data: ArrayDataset, batch_size: int = 1000,
                    num_classes: int | None = None) -> dict:
-    """Top-1 accuracy and mean cross-entropy of ``model`` on ``data``.
+    """Top-1 accuracy (and top-5, ``accuracy_top5``, with more than 5 classes) and mean
+    cross-entropy of ``model`` on ``data``.
 
     For a multimodal model (outputs ``mod_logits``) also, per modality ``m``:
     ``accuracy/<m>`` (that modality's own head), and for the joint output and
@@ -98,7 +99,7 @@ def evaluate_model(model: nn.Module, data: ArrayDataset, batch_size: int = 1000,
     class absent from ``data``). The numbers that reveal modality imbalance.
     """
     model.eval()
-    correct, loss, n = 0, 0.0, 0
+    correct, top5, loss, n = 0, 0, 0.0, 0
     preds: dict[str, list[Tensor]] = {}
     ys: list[Tensor] = []
     for inputs, labels in data.batches(batch_size, shuffle=False):
@@ -106,6 +107,8 @@ def evaluate_model(model: nn.Module, data: ArrayDataset, batch_size: int = 1000,
         logits = out["logits"]
         loss += float(F.cross_entropy(logits, labels, reduction="sum"))
         correct += int((logits.argmax(1) == labels).sum())
+        if logits.shape[1] > 5:
+            top5 += int((logits.topk(5, dim=1).indices == labels.unsqueeze(1)).any(1).sum())
         n += labels.shape[0]
         if "mod_logits" in out:
             ys.append(labels)
@@ -113,6 +116,8 @@ def evaluate_model(model: nn.Module, data: ArrayDataset, batch_size: int = 1000,
             for m, lg in out["mod_logits"].items():
                 preds.setdefault(m, []).append(lg.argmax(1))
     row: dict = {"accuracy": correct / max(n, 1), "test_loss": loss / max(n, 1)}
+    if n and logits.shape[1] > 5:  # top-5 means something only with more than 5 classes
+        row["accuracy_top5"] = top5 / n
     if ys:
         y = torch.cat(ys)
         k = num_classes or int(y.max()) + 1

@@ -1,0 +1,368 @@
+"""PartialFL (Feng et al., "Enhancing Federated Learning with Partially Shared Modalities"
+style; paper ``003``): one modality may leave the device, the other and all labels may not.
+
+The data set has a **shareable** modality S (``shareable``: text, or an image of the
+same digit) and a **private** one P (speech, a photo). Three models (section 2, App. C):
+
+- **F_s**, the server model on S: ``encoders[S]`` + ``proj[S]`` of a second copy of
+  ``[model]`` kept on the server. Each client uploads its S data once (Alg. 1 line 4;
+  S is shareable, so it may leave; with frozen-encoder data sets it is the frozen
+  embedding, e.g. MiniLM of the emoji name). The server computes z_T = F_s(X_T^k)
+  (lines 8, 25) and trains F_s with the embedding alignment L^{L->S} (eq. 2) against
+  the clients' local embeddings z'_T (line 22, ``ServerTrain``).
+- **F_g**, the global model: ``[model]`` on P only (``global_model = "private"``: the
+  fusion's S slot stays empty) or on P and S (``"both"``: the multimodal embedding z_M is
+  the fusion output). Clients train it with CE + beta * L^{T->A} (eq. 3; eq. 1: z_A of the
+  sample against the server's z_T of the same sample, the batch's other z_A as
+  negatives); the server averages it (FedAvg, line 28; FedProx with ``mu``).
+- **F_k**, each client's local model on S: ``encoders[S]`` + ``proj[S]`` + ``heads[S]``,
+  CE + beta * L^{S->L} (eq. 4), kept in the client's state and never uploaded; only
+  its embeddings z'_T of the client's S data go up (line 17-18).
+
+Alternating minimization (section 2.5): per round the clients train with the server's
+z_T fixed, then the server trains F_s with the clients' z'_T fixed.
+
+Registered:
+
+- ``partialfl``: the above, F_g aggregated by FedAvg;
+- ``partialfl_prox``: F_g with FedProx's proximal term (mu = 0.01, the paper's);
+- ``pfl_fedavg`` / ``pfl_fedprox``: the FL baselines, F_g alone (no server model, no
+  local model, no alignment, nothing of S leaves the device);
+- ``pfl_centralized``: F_g trained on all clients' data pooled (the upper bound).
+
+Clients without S (``[modalities]``, the paper's Table 3) train F_g with CE only and
+upload nothing of S.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mmfl.algorithms import register
+from mmfl.algorithms.base import Client, Server
+from mmfl.algorithms.creamfl import _ServerOptimizer
+from mmfl.algorithms.fedavg import weighted_average, weighted_mean_scalar
+from mmfl.engine.message import Message
+from mmfl.engine.training import evaluate_model, load_into, make_optimizer, state_of
+from mmfl.errors import ConfigError
+
+X = "x/"  # client -> server, once: the client's shareable data, in its row order
+ZT = "zt"  # server -> client: the server model's embeddings z_T of the client's rows
+ZPRIME = "zprime"  # client -> server: the local model's embeddings z'_T of the client's rows
+LOCAL = "local/"  # client state: F_k
+
+
+@dataclass
+class PartialFLParams:
+    shareable: str = field(default="", metadata={
+        "help": "the modality that may leave the device (as data / frozen embeddings); the other is private. "
+                "Empty: the data set's modality named 'text', else the second in sorted order"})
+    global_model: Literal["private", "both"] = field(default="private", metadata={
+        "help": "F_g on the private modality only, or on both (multimodal; needs model.fusion sum/film/gated)"})
+    align: bool = field(default=True, metadata={
+        "help": "PartialFL's server model, local models and alignment losses (false: plain FedAvg/FedProx)"})
+    beta: float = field(default=0.01, metadata={"help": "weight of the alignment losses (eq. 3-4; paper 1e-3, 1e-2)"})
+    tau: float = field(default=0.1, metadata={"help": "temperature of eq. 1, 2, 4 (paper: 0.05, 0.1, 0.2)"})
+    mu: float = field(default=0.0, metadata={"help": "FedProx proximal weight on F_g (paper: 0.01; 0 = FedAvg)"})
+    server_lr: float = field(default=1e-3, metadata={"help": "Adam learning rate of the server model F_s"})
+    server_epochs: int = field(default=1, metadata={"help": "epochs of F_s over each client's data per round"})
+    server_batch_size: int = field(default=64, metadata={"help": "batch size of the server's F_s training"})
+
+    def __post_init__(self):
+        if self.global_model not in ("private", "both"):
+            raise ConfigError(f"algorithm.global_model: must be 'private' or 'both', got {self.global_model!r}")
+        for key in ("beta", "mu", "server_lr"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
+                raise ConfigError(f"algorithm.{key}: must be a number >= 0, got {v!r}")
+        if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or not self.tau > 0:
+            raise ConfigError(f"algorithm.tau: must be a number > 0, got {self.tau!r}")
+        if not isinstance(self.align, bool):
+            raise ConfigError(f"algorithm.align: expected true or false, got {self.align!r}")
+        for key in ("server_epochs", "server_batch_size"):
+            if isinstance(getattr(self, key), bool) or int(getattr(self, key)) < 1:
+                raise ConfigError(f"algorithm.{key}: must be >= 1, got {getattr(self, key)!r}")
+
+
+def anchored_contrastive(anchor: Tensor, positive: Tensor, tau: float) -> Tensor:
+    """Eq. 1 / 2 / 4, mean over the batch:
+    ``-log e^{a_i.p_i/tau} / (sum_{j != i} e^{a_i.a_j/tau} + e^{a_i.p_i/tau})`` --
+    the positive is the other embedding of the same sample, the negatives are the
+    *anchor's own* embeddings of the batch's other samples (intra-modal negatives).
+    ``anchor``, ``positive``: L2-normalised ``[B, d]``."""
+    b = anchor.shape[0]
+    pos = (anchor * positive).sum(-1, keepdim=True) / tau  # [B, 1]
+    neg = anchor @ anchor.t() / tau
+    neg = neg.masked_fill(torch.eye(b, dtype=torch.bool), float("-inf"))  # j != i
+    logits = torch.cat([pos, neg], dim=1)
+    return (torch.logsumexp(logits, dim=1) - pos.squeeze(1)).mean()
+
+
+def shareable_of(meta, name: str) -> tuple[str, str]:
+    """(shareable S, private P) among the data set's two modalities."""
+    mods = sorted(meta.modalities)
+    if len(mods) != 2:
+        raise ConfigError(f"data.name: PartialFL needs a data set with two modalities (a shareable and a "
+                          f"private one), '{meta.name}' has {mods}")
+    s = name or ("text" if "text" in mods else mods[1])
+    if s not in mods:
+        raise ConfigError(f"algorithm.shareable: {s!r} is not a modality of '{meta.name}' ({', '.join(mods)})")
+    return s, next(m for m in mods if m != s)
+
+
+def global_keys(model: nn.Module, private: str, variant: str, holds) -> list[str]:
+    """The state-dict keys of F_g a client holding ``holds`` trains and exchanges."""
+    mods = [private] if variant == "private" else [m for m in holds]
+    out = []
+    for k in model.state_dict():
+        head = k.split(".")[0]
+        if head in ("fusion", "classifier"):
+            out.append(k)
+        elif head in ("encoders", "proj", "heads") and k.split(".")[1] in mods:
+            out.append(k)
+    return out
+
+
+def branch_embed(model: nn.Module, m: str, x: Tensor) -> Tensor:
+    """``proj[m](encoders[m](x))`` (unnormalised)."""
+    return model.proj[m](model.encoders[m](x))
+
+
+def require_model(model: nn.Module, variant: str) -> None:
+    if not all(hasattr(model, a) for a in ("encoders", "proj", "heads", "fusion", "classifier")):
+        raise ConfigError("model.name: PartialFL needs model.name = \"multimodal\", "
+                          f"got a {type(model).__name__}")
+    if variant == "both" and model.fusion_out_dim != model.feat_dim:
+        raise ConfigError("model.fusion: PartialFL's multimodal global model aligns the fusion output with "
+                          f"z_T, so it must have feat_dim values: use fusion 'sum', 'film' or 'gated', not "
+                          f"{model.fusion_kind!r}")
+
+
+# ----------------------------------------------------------------------------- server
+
+
+class PartialFLServer(Server):
+    def __init__(self, params: PartialFLParams, ctx):
+        super().__init__(params, ctx)
+        self.s, self.p = shareable_of(ctx.meta, params.shareable)
+        require_model(self.model, params.global_model)
+        self.fs = ctx.make_model() if params.align else None  # F_s: its encoders[S] + proj[S]
+        self.fs_opt = _ServerOptimizer(self.fs, params.server_lr) if self.fs is not None else None
+        self.xs: dict[int, Tensor] = {}  # the shareable data each client uploaded once
+        self.uploaded = False
+
+    def collect_shareable(self, transport) -> None:
+        """Alg. 1 lines 2-5: every client holding S uploads X_T^k once."""
+        holders = [c for c in range(transport.num_clients) if self.s in self.ctx.modalities_of(c)]
+        replies = transport.send("upload", {c: Message() for c in holders})
+        self.xs.update({c: r.arrays[X + self.s] for c, r in replies.items() if X + self.s in r.arrays})
+        self.uploaded = True
+
+    @torch.no_grad()
+    def server_embeddings(self, x: Tensor) -> Tensor:
+        self.fs.eval()
+        out = torch.cat([F.normalize(branch_embed(self.fs, self.s, x[i:i + 1024]), dim=-1)
+                         for i in range(0, x.shape[0], 1024)])
+        self.fs.train()
+        return out
+
+    def round(self, rnd, cohort, transport):
+        p = self.params
+        metrics: dict = {}
+        if p.align and not self.uploaded:
+            self.collect_shareable(transport)
+        full = self.model.state_dict()
+        msgs = {}
+        for cid in cohort:
+            holds = self.ctx.modalities_of(cid)
+            arrays = {k: full[k] for k in global_keys(self.model, self.p, p.global_model, holds)}
+            if p.align and cid in self.xs:
+                arrays[ZT] = self.server_embeddings(self.xs[cid])  # lines 8/25, for the sampled clients
+            msgs[cid] = Message(arrays=arrays)
+        replies = transport.send("train", msgs)
+        if not replies:
+            return {"clients_replied": 0}
+        if p.align:  # step 4.1: F_s against each client's z'_T (eq. 2), the clients' side fixed
+            losses = [self.train_server(self.xs[c], replies[c].arrays[ZPRIME], rnd, c)
+                      for c in sorted(replies) if ZPRIME in replies[c].arrays and c in self.xs]
+            if losses:
+                metrics["server_align_loss"] = float(np.mean(losses))
+        states = [{k: v for k, v in replies[c].arrays.items() if k in full} for c in sorted(replies)]
+        weights = [float(replies[c].scalars["num_examples"]) for c in sorted(replies)]
+        self.model.load_state_dict(weighted_average(states, weights, previous=full))  # step 4.2
+        for key in ("train_loss", "global_loss", "local_loss", "align_loss"):
+            v = weighted_mean_scalar(replies, key)
+            if v is not None:
+                metrics[key] = v
+        metrics["clients_replied"] = len(replies)
+        return metrics
+
+    def train_server(self, x: Tensor, zprime: Tensor, rnd: int, cid: int) -> float:
+        """ServerTrain (Alg. 1 line 40): L^{L->S} (eq. 2), anchor z_T = F_s(X_T), positive z'_T."""
+        from mmfl.engine.simulation import derive_seed
+
+        gen = torch.Generator().manual_seed(derive_seed(self.ctx.seed, rnd, "server-train", cid))
+        total, steps = 0.0, 0
+        bs = self.params.server_batch_size
+        for _ in range(self.params.server_epochs):
+            order = torch.randperm(x.shape[0], generator=gen)
+            for s in range(0, x.shape[0], bs):
+                rows = order[s:s + bs]
+                if rows.numel() < 2:
+                    continue
+                zt = F.normalize(branch_embed(self.fs, self.s, x[rows]), dim=-1)
+                loss = anchored_contrastive(zt, zprime[rows], self.params.tau)
+                self.fs_opt.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                self.fs_opt.opt.step()
+                total, steps = total + float(loss.detach()), steps + 1
+        return total / max(steps, 1)
+
+    def test_view(self, test):
+        return test.with_features([self.p]) if self.params.global_model == "private" else test
+
+    def evaluate(self, rnd, test, transport):
+        return evaluate_model(self.model, self.test_view(test), num_classes=self.ctx.meta.num_classes)
+
+    def state_dict(self):
+        out = super().state_dict()
+        if self.fs is not None:
+            out.update({f"fs/{k}": v for k, v in self.fs.state_dict().items()})
+            out.update(self.fs_opt.state_dict())
+        out.update({f"{X}{c}": v for c, v in self.xs.items()})
+        return out
+
+    def load_state_dict(self, sd):
+        super().load_state_dict(sd)
+        if self.fs is not None:
+            self.fs.load_state_dict({k[3:]: v for k, v in sd.items() if k.startswith("fs/")})
+            self.fs_opt.load_state_dict(sd)
+        self.xs = {int(k[len(X):]): v for k, v in sd.items() if k.startswith(X)}
+        self.uploaded = bool(self.xs)
+
+
+# ----------------------------------------------------------------------------- client
+
+
+class PartialFLClient(Client):
+    def _modalities(self) -> tuple[str, str]:
+        return shareable_of(self.ctx.meta, self.params.shareable)
+
+    def upload(self, msg: Message) -> Message:
+        """Alg. 1 line 4: the shareable modality's data, rows in the client's order; no labels."""
+        s, _ = self._modalities()
+        feats, _ = self.ctx.data.get()
+        return Message(arrays={X + s: feats[s].contiguous()})
+
+    def train(self, msg: Message) -> Message:
+        p, ctx = self.params, self.ctx
+        s, priv = self._modalities()
+        has_s = s in ctx.modalities and ZT in msg.arrays and p.align
+        gmodel = ctx.model("global")
+        keys = [k for k in msg.arrays if k != ZT]
+        sd = dict(state_of(gmodel))
+        sd.update({k: msg.arrays[k] for k in keys})
+        load_into(gmodel, sd)
+        anchor = {k: msg.arrays[k].detach().clone() for k in keys} if p.mu > 0 else None
+        gparams = [q for name, q in gmodel.named_parameters() if name in set(keys)]
+        gopt = make_optimizer(gparams, ctx.train)
+        lmodel = lopt = None
+        if has_s:
+            lmodel = ctx.model("local")
+            own = {k[len(LOCAL):]: v for k, v in ctx.state.items() if k.startswith(LOCAL)}
+            sd = dict(state_of(lmodel))  # only the S branch is F_k; the rest of the instance is unused
+            sd.update(own if own else ctx.init_model().state_dict())
+            load_into(lmodel, sd)
+            lparams = [q for name, q in lmodel.named_parameters() if name.split(".")[:2] in
+                       (["encoders", s], ["proj", s], ["heads", s])]
+            lopt = make_optimizer(lparams, ctx.train)
+        zt = msg.arrays.get(ZT)
+        view = [priv] if p.global_model == "private" else [m for m in ctx.modalities]
+        gen = ctx.generator()
+        n = len(ctx.data)
+        stats = {"global": [0.0, 0], "local": [0.0, 0], "align": [0.0, 0]}
+        gmodel.train()
+        if lmodel is not None:
+            lmodel.train()
+        for _ in range(ctx.train.local_epochs):
+            order = torch.randperm(n, generator=gen)
+            for st in range(0, n, ctx.train.batch_size):
+                rows = order[st:st + ctx.train.batch_size]
+                if rows.numel() < 2:
+                    continue
+                inputs, labels = ctx.data.get(rows)
+                # eq. 3: F_g, CE + beta * L^{T->A} (eq. 1) against the server's z_T
+                out = gmodel({m: inputs[m] for m in view if m in inputs} | {
+                    k: v for k, v in inputs.items() if k.startswith("present/")})
+                loss_g = F.cross_entropy(out["logits"], labels)
+                if has_s and p.beta:
+                    za = out["mod_reps"][priv] if p.global_model == "private" else out["rep"]
+                    al = anchored_contrastive(F.normalize(za, dim=-1), zt[rows], p.tau)
+                    loss_g = loss_g + p.beta * al
+                    stats["align"][0] += float(al.detach())
+                    stats["align"][1] += 1
+                if anchor is not None:  # FedProx: mu/2 ||theta_g - theta_g^t||^2
+                    own = dict(gmodel.named_parameters())
+                    loss_g = loss_g + p.mu / 2 * sum(((own[k] - anchor[k]) ** 2).sum() for k in anchor if k in own)
+                gopt.zero_grad(set_to_none=True)
+                loss_g.backward()
+                gopt.step()
+                stats["global"][0] += float(loss_g.detach())
+                stats["global"][1] += 1
+                if lmodel is not None:  # eq. 4: F_k, CE + beta * L^{S->L} against z_T
+                    z = branch_embed(lmodel, s, inputs[s])
+                    loss_l = F.cross_entropy(lmodel.heads[s](z), labels)
+                    if p.beta:
+                        loss_l = loss_l + p.beta * anchored_contrastive(F.normalize(z, dim=-1), zt[rows], p.tau)
+                    lopt.zero_grad(set_to_none=True)
+                    loss_l.backward()
+                    lopt.step()
+                    stats["local"][0] += float(loss_l.detach())
+                    stats["local"][1] += 1
+        own = state_of(gmodel)
+        arrays = {k: own[k] for k in keys}
+        mean = {k: v[0] / max(v[1], 1) for k, v in stats.items()}
+        scalars = {"num_examples": n, "train_loss": mean["global"], "global_loss": mean["global"]}
+        if lmodel is not None:
+            ctx.state.update({LOCAL + k: v for k, v in state_of(lmodel).items()
+                              if k.split(".")[:2] in (["encoders", s], ["proj", s], ["heads", s])})
+            lmodel.eval()
+            with torch.no_grad():  # line 17: z'_T of all the client's S data
+                feats, _ = ctx.data.get()
+                arrays[ZPRIME] = F.normalize(branch_embed(lmodel, s, feats[s]), dim=-1)
+            scalars["local_loss"] = mean["local"]
+            if stats["align"][1]:
+                scalars["align_loss"] = mean["align"]
+        return Message(arrays=arrays, scalars=scalars)
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+def _preset(name: str, **defaults) -> type:
+    import typing
+    from dataclasses import make_dataclass
+
+    hints = typing.get_type_hints(PartialFLParams)
+    fields = [(k, hints[k], field(default=v, metadata=PartialFLParams.__dataclass_fields__[k].metadata))
+              for k, v in defaults.items()]
+    return make_dataclass(name, fields, bases=(PartialFLParams,), namespace={"__module__": __name__})
+
+
+register("partialfl", PartialFLParams, PartialFLServer, PartialFLClient,
+         help="PartialFL: shareable modality to a server model, private one and labels stay; contrastive "
+              "alignment of the server, global and local model (eq. 1-4); F_g by FedAvg")
+register("partialfl_prox", _preset("PartialFLProxParams", mu=0.01), PartialFLServer, PartialFLClient,
+         help="PartialFL with F_g aggregated by FedProx (mu 0.01)")
+register("pfl_fedavg", _preset("PflFedAvgParams", align=False), PartialFLServer, PartialFLClient,
+         help="PartialFL's FedAvg baseline: F_g alone (private modality, or both), nothing of S leaves")
+register("pfl_fedprox", _preset("PflFedProxParams", align=False, mu=0.01), PartialFLServer, PartialFLClient,
+         help="PartialFL's FedProx baseline (mu 0.01)")
+register("pfl_centralized", _preset("PflCentralizedParams", align=False), PartialFLServer, PartialFLClient,
+         pooled=True, help="PartialFL's centralized upper bound: F_g on all clients' data pooled")

@@ -1,0 +1,138 @@
+"""PartialFL: the alignment losses by hand (eq. 1, 2, 4), what crosses the network (the
+shareable modality once, embeddings; never labels or the private modality: the engine's
+privacy check runs on every reply), the server model staying on the server, clients
+without the shareable modality, and every registered name running."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mmfl.algorithms.partialfl import PartialFLServer, anchored_contrastive
+from mmfl.config import resolve
+from mmfl.engine.privacy import PrivacyError
+from mmfl.engine.runner import Experiment
+from mmfl.errors import ConfigError
+from mmfl.report import load_metrics
+
+NAMES = ["partialfl", "partialfl_prox", "pfl_fedavg", "pfl_fedprox", "pfl_centralized"]
+
+
+def test_anchored_contrastive_by_hand():
+    # eq. 1: -log e^{a_i.p_i/t} / (sum_{j != i} e^{a_i.a_j/t} + e^{a_i.p_i/t}), negatives = other anchors
+    a = F.normalize(torch.tensor([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]]), dim=-1)
+    p = F.normalize(torch.tensor([[0.8, 0.6], [0.0, 1.0], [1.0, 1.0]]), dim=-1)
+    t = 0.5
+    hand = []
+    for i in range(3):
+        pos = math.exp(float(a[i] @ p[i]) / t)
+        neg = sum(math.exp(float(a[i] @ a[j]) / t) for j in range(3) if j != i)
+        hand.append(-math.log(pos / (neg + pos)))
+    assert anchored_contrastive(a, p, t).item() == pytest.approx(sum(hand) / 3, rel=1e-6)
+    # the positives sit on the diagonal: swapping the positives' rows raises the loss
+    assert anchored_contrastive(a, p[[1, 2, 0]], t) > anchored_contrastive(a, p, t)
+
+
+def raw_config(tmp_path, algo="partialfl", **over):
+    """mfeat_pair: the image private, the Fourier/Zernike features shareable; 3 clients, one of
+    them without the shareable modality."""
+    raw = {"name": algo, "rounds": 2, "seed": 0, "output_dir": str(tmp_path), "threads": 1,
+           "data": {"name": "mfeat_pair"}, "partition": {"name": "iid", "num_clients": 3},
+           "modalities": {"name": "explicit", "holds": [["image", "features"], ["image", "features"], ["image"]]},
+           "model": {"name": "multimodal", "feat_dim": 16, "cnn_channels": [8], "mlp_hidden": [32]},
+           "algorithm": {"name": algo, "shareable": "features"},
+           "privacy": {"modalities": {"image": "private", "features": "shareable"}, "labels": "private"},
+           "train": {"local_epochs": 1, "batch_size": 32, "optimizer": "adam", "lr": 0.001}}
+    raw.update(over)
+    return raw
+
+
+def test_what_crosses_and_the_server_model_stays_on_the_server(tmp_path):
+    exp = Experiment(resolve(raw_config(tmp_path)), progress=False)
+    sent, got = [], []
+    send = exp.transport.send
+
+    def spy(route, messages):
+        sent.append((route, {c: sorted(m.arrays) for c, m in messages.items()}))
+        replies = send(route, messages)
+        got.append((route, {c: sorted(m.arrays) for c, m in replies.items()}))
+        return replies
+
+    exp.transport.send = spy
+    fs_before = {k: v.clone() for k, v in exp.server.fs.state_dict().items()}
+    exp.run()  # the engine's privacy check ran on every reply: no labels, no raw image
+    # round 1: the shareable data once, from the clients holding it
+    assert sent[0][0] == "upload" and sorted(sent[0][1]) == [0, 1]
+    assert got[0][1] == {0: ["x/features"], 1: ["x/features"]}
+    assert sum(1 for r, _ in sent if r == "upload") == 1
+    train = [(s, g) for (r, s), (_, g) in zip(sent, got) if r == "train"]
+    for down, up in train:
+        for c, keys in down.items():
+            assert ("zt" in keys) == (c != 2)  # the client without the shareable modality gets no z_T
+            assert not any(k.startswith(("encoders.features", "proj.features", "heads.features")) for k in keys)
+        for c, keys in up.items():
+            assert ("zprime" in keys) == (c != 2)
+            assert not any(k.startswith(("encoders.features", "heads.features")) for k in keys)  # F_k stays
+    fs_after = exp.server.fs.state_dict()
+    assert any(not torch.equal(fs_before[k], fs_after[k]) for k in fs_after)  # F_s learned (eq. 2)
+    rows = load_metrics(tmp_path / "partialfl")
+    assert all(math.isfinite(r["server_align_loss"]) and math.isfinite(r["accuracy"]) for r in rows)
+    assert "accuracy_top5" in rows[-1] and "uar" in rows[-1]
+    # the local model F_k is in the client's state, not on the server
+    assert any(k.startswith("local/encoders.features") for k in exp.store.load(0))
+    assert not any(k.startswith("local/") for k in exp.server.state_dict())
+
+
+def test_the_shareable_modality_declared_private_is_refused(tmp_path):
+    raw = raw_config(tmp_path, privacy={"modalities": {"image": "private", "features": "private"}})
+    with pytest.raises(PrivacyError, match="x/features"):
+        Experiment(resolve(raw), progress=False).run()
+
+
+def test_server_embeddings_change_between_rounds(tmp_path):
+    exp = Experiment(resolve(raw_config(tmp_path, rounds=2)), progress=False)
+    zts = []
+    send = exp.transport.send
+
+    def spy(route, messages):
+        if route == "train":
+            zts.append(messages[0].arrays["zt"].clone())
+        return send(route, messages)
+
+    exp.transport.send = spy
+    exp.run()
+    assert len(zts) == 2 and not torch.allclose(zts[0], zts[1])
+    assert torch.allclose(zts[0].norm(dim=1), torch.ones(zts[0].shape[0]), atol=1e-5)
+
+
+def test_multimodal_global_model_needs_a_feat_dim_fusion(tmp_path):
+    raw = raw_config(tmp_path)
+    raw["algorithm"]["global_model"] = "both"
+    with pytest.raises(ConfigError, match="model.fusion"):
+        Experiment(resolve(raw), progress=False)
+    raw["model"]["fusion"] = "sum"
+    Experiment(resolve({**raw, "rounds": 1}), progress=False).run()
+    assert math.isfinite(load_metrics(tmp_path / "partialfl")[-1]["accuracy"])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_method_runs(tmp_path, name):
+    raw = raw_config(tmp_path, name, rounds=1)
+    Experiment(resolve(raw), progress=False).run()
+    row = load_metrics(tmp_path / name)[-1]
+    assert math.isfinite(row["accuracy"]) and math.isfinite(row["uar"])
+    if name.startswith("pfl_"):
+        assert "server_align_loss" not in row
+
+
+def test_resume_continues_exactly(tmp_path):
+    Experiment(resolve(raw_config(tmp_path / "a")), progress=False).run()
+    Experiment(resolve(raw_config(tmp_path / "b", rounds=1)), progress=False).run()
+    Experiment(resolve(raw_config(tmp_path / "b")), progress=False).run(resume=True)
+    a, b = load_metrics(tmp_path / "a" / "partialfl"), load_metrics(tmp_path / "b" / "partialfl")
+    keys = ("accuracy", "server_align_loss", "train_loss", "bytes_up")
+    assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
+    assert isinstance(PartialFLServer, type)
