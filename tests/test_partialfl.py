@@ -108,6 +108,18 @@ def test_server_embeddings_change_between_rounds(tmp_path):
     assert torch.allclose(zts[0].norm(dim=1), torch.ones(zts[0].shape[0]), atol=1e-5)
 
 
+def test_a_client_without_the_private_modality_is_refused(tmp_path):
+    raw = raw_config(tmp_path)
+    raw["modalities"]["holds"] = [["image", "features"], ["image"], ["features"]]
+    with pytest.raises(ConfigError, match="client 2 lacks the private modality 'image'"):
+        Experiment(resolve(raw), progress=False)
+
+
+def test_centralized_ignores_clients_per_round(tmp_path):
+    Experiment(resolve(raw_config(tmp_path, "pfl_centralized", rounds=1, clients_per_round=2)), progress=False).run()
+    assert load_metrics(tmp_path / "pfl_centralized")[-1]["clients"] == 1
+
+
 def test_multimodal_global_model_needs_a_feat_dim_fusion(tmp_path):
     raw = raw_config(tmp_path)
     raw["algorithm"]["global_model"] = "both"

@@ -1,5 +1,5 @@
-"""PartialFL (Feng et al., "Enhancing Federated Learning with Partially Shared Modalities"
-style; paper ``003``): one modality may leave the device, the other and all labels may not.
+"""PartialFL ("Partial Federated Learning", paper ``003``; no public code): one modality may
+leave the device, the other and all labels may not.
 
 The data set has a **shareable** modality S (``shareable``: text, or an image of the
 same digit) and a **private** one P (speech, a photo). Three models (section 2, App. C):
@@ -152,6 +152,10 @@ class PartialFLServer(Server):
         super().__init__(params, ctx)
         self.s, self.p = shareable_of(ctx.meta, params.shareable)
         require_model(self.model, params.global_model)
+        lacking = [c for c in range(ctx.num_clients) if self.p not in ctx.modalities_of(c)]
+        if lacking:
+            raise ConfigError(f"modalities: client {lacking[0]} lacks the private modality {self.p!r}, which "
+                              "PartialFL's global model needs; only the shareable one may be missing")
         self.fs = ctx.make_model() if params.align else None  # F_s: its encoders[S] + proj[S]
         self.fs_opt = _ServerOptimizer(self.fs, params.server_lr) if self.fs is not None else None
         self.xs: dict[int, Tensor] = {}  # the shareable data each client uploaded once
@@ -301,6 +305,8 @@ class PartialFLClient(Client):
                 out = gmodel({m: inputs[m] for m in view if m in inputs} | {
                     k: v for k, v in inputs.items() if k.startswith("present/")})
                 loss_g = F.cross_entropy(out["logits"], labels)
+                for m, z in out["mod_reps"].items():  # per-modality heads as linear probes on detached
+                    loss_g = loss_g + F.cross_entropy(gmodel.heads[m](z.detach()), labels)  # reps (accuracy/<m>)
                 if has_s and p.beta:
                     za = out["mod_reps"][priv] if p.global_model == "private" else out["rep"]
                     al = anchored_contrastive(F.normalize(za, dim=-1), zt[rows], p.tau)

@@ -211,7 +211,8 @@ class Experiment:
         metrics_path = self.run_dir / "metrics.jsonl"
         for rnd in bar:
             t0 = time.perf_counter()
-            cohort = sample_cohort(cfg, rnd, self.federation.num_clients)
+            # a pooled (centralized) run has one client whatever clients_per_round says
+            cohort = [0] if self.spec.pooled else sample_cohort(cfg, rnd, self.federation.num_clients)
             self.transport.begin_round(rnd)
             row: dict = {"round": rnd + 1, "clients": len(cohort)}
             row.update(self.server.round(rnd, cohort, self.transport))
