@@ -29,6 +29,8 @@ A config has top-level run settings and one table per component::
     [privacy]                   # optional: what may leave a client (off when absent)
     modalities = { audio = "private", image = "shareable" }
     labels = "private"
+    [system]                    # optional: simulated wireless latency (off when absent)
+    bandwidth_hz = 1e6
 
 Component tables are validated against the registered parameter dataclass of
 the named entry, so a misspelt key is an error naming it.
@@ -160,6 +162,56 @@ class PrivacyConfig:
 
 
 @dataclass
+class SystemConfig:
+    """The ``[system]`` table: the wireless system model that turns each round's bytes and
+    FLOPs into simulated latency (:mod:`mmfl.engine.system`, docs/system.md). Absent table:
+    no system model, no ``sim_*`` metrics. Geometry, path loss and carrier frequency are the
+    paper's (Yin, Chen, Tao, sec. IV-A); the paper gives no values for the others, so their
+    defaults are common assumptions (docs/system.md says which)."""
+
+    name: Literal["wireless"] = field(default="wireless", metadata={"help": "the system model (only 'wireless')"})
+    diameter_m: float = field(default=100.0, metadata={
+        "help": "devices are placed uniformly in a disc of this diameter around the base station (m)"})
+    min_distance_m: float = field(default=1.0, metadata={
+        "help": "closest a device may be to the base station (m); the path-loss formula needs d > 0"})
+    carrier_ghz: float = field(default=2.6, metadata={"help": "carrier frequency f_c (GHz), in the path loss"})
+    fading: Literal["rayleigh", "none"] = field(default="rayleigh", metadata={
+        "help": "rayleigh: the channel amplitude is Rayleigh with mean 10^(-PL/20), redrawn every round; "
+                "none: the amplitude is that mean"})
+    bandwidth_hz: float = field(default=1e6, metadata={"help": "bandwidth B of each device's channel (Hz)"})
+    bs_power_dbm: float = field(default=30.0, metadata={"help": "base-station transmit power p^ (dBm), download"})
+    device_power_dbm: float = field(default=23.0, metadata={"help": "device transmit power p_k (dBm), upload"})
+    noise_dbm_per_hz: float = field(default=-174.0, metadata={"help": "AWGN power spectral density N_0 (dBm/Hz)"})
+    cycles_per_s: float | list[float] = field(default=1e9, metadata={
+        "help": "device computing frequency f_k (cycles/s): a number, or [min, max] drawn uniformly per device"})
+    flops_per_cycle: float = field(default=16.0, metadata={"help": "FLOPs per cycle e_k of every device"})
+    train_flops_factor: float = field(default=3.0, metadata={
+        "help": "FLOPs of one training step per FLOP of the forward pass (forward + backward ~ 3x forward)"})
+
+    def __post_init__(self):
+        import math
+
+        for key in ("diameter_m", "min_distance_m", "carrier_ghz", "bandwidth_hz", "flops_per_cycle",
+                    "train_flops_factor"):
+            v = getattr(self, key)
+            if not (math.isfinite(v) and v > 0):
+                raise ConfigError(f"system.{key}: must be a positive number, got {v}")
+        if self.min_distance_m > self.diameter_m / 2:
+            raise ConfigError(f"system.min_distance_m: must be at most the radius ({self.diameter_m / 2} m), "
+                              f"got {self.min_distance_m}")
+        for key in ("bs_power_dbm", "device_power_dbm", "noise_dbm_per_hz"):
+            if not math.isfinite(getattr(self, key)):
+                raise ConfigError(f"system.{key}: must be a finite number (dBm), got {getattr(self, key)}")
+        f = self.cycles_per_s
+        if isinstance(f, list):
+            if len(f) != 2 or not all(math.isfinite(v) and v > 0 for v in f) or f[0] > f[1]:
+                raise ConfigError(f"system.cycles_per_s: must be a positive number or [min, max] with "
+                                  f"0 < min <= max, got {f}")
+        elif not (math.isfinite(f) and f > 0):
+            raise ConfigError(f"system.cycles_per_s: must be a positive number or [min, max], got {f}")
+
+
+@dataclass
 class Component:
     """A ``[data]``/``[partition]``/``[model]``/``[algorithm]`` table: a name and raw values."""
 
@@ -210,6 +262,7 @@ class ExperimentConfig:
     client_models: list[ClientModel] = field(default_factory=list)
     client_data: list[ClientData] = field(default_factory=list)
     privacy: PrivacyConfig | None = None  # [privacy]; None: no rules (nothing checked)
+    system: SystemConfig | None = None  # [system]; None: no system model (no simulated latency)
 
     def to_dict(self) -> dict:
         """The resolved config (every default filled in), as TOML-able tables."""
@@ -233,6 +286,8 @@ class ExperimentConfig:
                  for kind in ("data", "partition")} for e in self.client_data]
         if self.privacy is not None:
             out["privacy"] = asdict(self.privacy)
+        if self.system is not None:
+            out["system"] = asdict(self.system)
         return _drop_none(out)
 
     def to_toml(self) -> str:
@@ -343,10 +398,11 @@ def resolve(raw: dict) -> ExperimentConfig:
     groups_raw = raw.pop("client_models", [])
     sources_raw = raw.pop("client_data", [])
     privacy_raw = raw.pop("privacy", None)
+    system_raw = raw.pop("system", None)
     run_fields = {f.name for f in fields(RunConfig)}
     for key in raw:
         if key not in run_fields:
-            known = sorted(run_fields | set(tables) | {"case", "client_data", "client_models", "privacy"})
+            known = sorted(run_fields | set(tables) | {"case", "client_data", "client_models", "privacy", "system"})
             raise ConfigError(f"{key}: unknown config key (known: {', '.join(known)})")
     run = build_params("", "settings", RunConfig, raw)
     train = build_params("train", "settings", TrainConfig, tables["train"])
@@ -361,8 +417,18 @@ def resolve(raw: dict) -> ExperimentConfig:
     groups = resolve_client_models(groups_raw, tables["model"], MODELS)
     sources = resolve_client_data(sources_raw, {"data": DATASETS, "partition": PARTITIONERS})
     privacy = resolve_privacy(privacy_raw)
+    system = resolve_system(system_raw)
     return ExperimentConfig(run=run, train=train, **comps, client_models=groups, client_data=sources,
-                            privacy=privacy)
+                            privacy=privacy, system=system)
+
+
+def resolve_system(table) -> SystemConfig | None:
+    """Validate ``[system]`` (None: the table is absent, no system model)."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError("system: must be a table, e.g. [system] with bandwidth_hz = 1e6")
+    return build_params("system", "wireless", SystemConfig, table)
 
 
 def resolve_privacy(table) -> PrivacyConfig | None:

@@ -34,7 +34,8 @@ def load_metrics(run_dir: str | Path) -> list[dict]:
 
 
 def summarize(rows: list[dict], cfg=None) -> dict:
-    """Final and best accuracy, total bytes and time of a run."""
+    """Final and best accuracy, total bytes and time of a run (and, for a run with a
+    ``[system]`` model, its total simulated time ``sim_time_total_s``)."""
     evals = [r for r in rows if "accuracy" in r]
     out = {
         "rounds": len(rows),
@@ -45,6 +46,10 @@ def summarize(rows: list[dict], cfg=None) -> dict:
         "wall_time_s": sum(r.get("wall_time_s", 0.0) for r in rows),
         "mean_round_time_s": (sum(r.get("train_time_s", 0.0) for r in rows) / len(rows)) if rows else None,
     }
+    sims = [r["sim_time_s"] for r in rows if "sim_time_s" in r]  # a [system] run: simulated latency
+    if sims:
+        out["sim_time_total_s"] = sum(sims)
+        out["mean_sim_round_s"] = sum(sims) / len(sims)
     if evals and "accuracy_std" in evals[-1]:
         out["final_accuracy_std"] = evals[-1]["accuracy_std"]
     if evals:  # a multimodal model's last evaluation: per-modality and class-wise numbers
@@ -145,7 +150,9 @@ def compare(run_dirs: list[str | Path], plot_path: str | Path | None = None) -> 
     authors = any("rsum_authors" in f for f in finals)
     if retrieval:
         extra += ["i2t R@1", "t2i R@1", "R@1 sum"] + (["rsum (authors)"] if authors else [])
-    cols = ["run", "algorithm", "rounds", "final acc", "best acc", *extra, "bytes up", "bytes down", "s/round"]
+    sim = any("sim_time_s" in r for _, _, rows in runs for r in rows)  # a [system] model's simulated time
+    cols = ["run", "algorithm", "rounds", "final acc", "best acc", *extra, "bytes up", "bytes down", "s/round",
+            *(["sim time (s)"] if sim else [])]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     fmt = lambda v: "-" if v is None else f"{100 * v:.2f}%"  # noqa: E731
     curves = {}
@@ -159,6 +166,8 @@ def compare(run_dirs: list[str | Path], plot_path: str | Path | None = None) -> 
             keys = ["i2t_r1", "t2i_r1", "r1_sum"] + (["rsum_authors"] if authors else [])
             cells += ["-" if final.get(k) is None else f"{final[k]:.2f}" for k in keys]
         cells += [_human_bytes(s["bytes_up"]), _human_bytes(s["bytes_down"]), f"{s['mean_round_time_s'] or 0:.2f}"]
+        if sim:
+            cells.append(f"{s['sim_time_total_s']:.4g}" if "sim_time_total_s" in s else "-")
         lines.append("| " + " | ".join(cells) + " |")
         curves[d.name] = rows
     if plot_path is not None:

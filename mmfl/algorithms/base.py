@@ -48,6 +48,7 @@ class ServerContext:
     make_model: Callable[[], nn.Module]  # a fresh model, initialised from ``seed``
     client_modalities: list[tuple[str, ...]] | None = None  # what each client holds (None: all, every client)
     public: ArrayDataset | None = None  # the public set known to server and clients (CreamFL), if any
+    system: Any = None  # the [system] model (mmfl.engine.system.WirelessSystem) for scheduling; None: none
 
     def modalities_of(self, cid: int) -> tuple[str, ...]:
         return tuple(self.meta.modalities) if self.client_modalities is None else self.client_modalities[cid]

@@ -5,7 +5,8 @@ Run folder ``<output_dir>/<name>/``:
 
 - ``config.toml``: the resolved config (every default filled in);
 - ``metrics.jsonl``: one JSON object per round (train and test metrics,
-  bytes up/down per route and per client, wall time);
+  bytes up/down per route and per client, wall time; with ``[system]`` the simulated
+  latency ``sim_*``, see :mod:`mmfl.engine.system`);
 - ``checkpoints/round_NNNNN/``: the state after the last round (see
   :mod:`mmfl.engine.checkpoint`);
 - ``summary.json`` and ``accuracy.png`` when the run finishes.
@@ -149,10 +150,17 @@ class Experiment:
                 self.make_model(held, group, None if src is None else fed.sources[src].meta)
         from mmfl.algorithms.base import ServerContext
 
+        self.system = None  # [system]: simulated latency per round (mmfl.engine.system)
+        if cfg.system is not None:
+            from mmfl.engine.system import WirelessSystem
+
+            self.system = WirelessSystem(cfg, fed, lambda cid: self.make_model(
+                fed.modalities_of(cid), fed.group_of(cid), fed.meta_of(cid)))
         self.server = self.spec.server(cfg.algorithm.params, ServerContext(
             meta=self.federation.meta, train=cfg.train, seed=cfg.run.seed,
             num_clients=self.federation.num_clients, make_model=self.make_model,
-            client_modalities=self.federation.client_modalities, public=self.federation.public))
+            client_modalities=self.federation.client_modalities, public=self.federation.public,
+            system=self.system))
         self.store = make_store(cfg.run.state_store, self.federation.num_clients, cfg.run_dir / "client_state")
         if transport is not None:
             self.transport = transport(self)
@@ -209,6 +217,7 @@ class Experiment:
         rounds = range(start, cfg.run.rounds)
         bar = _progress(rounds, cfg, self.progress)
         metrics_path = self.run_dir / "metrics.jsonl"
+        sim_total = self._sim_time_so_far() if self.system is not None else 0.0
         for rnd in bar:
             t0 = time.perf_counter()
             # a pooled (centralized) run has one client whatever clients_per_round says
@@ -227,6 +236,10 @@ class Experiment:
                 if ev["bytes_down"] or ev["bytes_up"]:
                     row["eval_bytes_down"], row["eval_bytes_up"] = ev["bytes_down"], ev["bytes_up"]
             row.update(train_comm)
+            if self.system is not None:  # the training conversation's bytes only, not evaluation's
+                row.update(self.system.round_latency(rnd, train_comm["bytes_per_client"]))
+                sim_total += row["sim_time_s"]
+                row["sim_time_total_s"] = sim_total
             dropped += [c for c in self.transport.log.dropped if c not in dropped]  # + dropped in evaluation
             if dropped:
                 row["dropped"] = dropped
@@ -243,6 +256,15 @@ class Experiment:
                 bar.set_postfix(r1_sum=f"{row['r1_sum']:.2f}")
         summary = self._finish()
         return summary
+
+    def _sim_time_so_far(self) -> float:
+        """Simulated seconds of the rounds already in ``metrics.jsonl`` (a resumed run)."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.is_file():
+            return 0.0
+        from mmfl.report import load_metrics
+
+        return float(sum(r.get("sim_time_s", 0.0) for r in load_metrics(self.run_dir)))
 
     def _checkpoint(self, rnd: int) -> None:
         # named by rounds completed, like the metrics rows: round_00003 holds the state after round 3
