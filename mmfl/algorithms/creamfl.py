@@ -77,13 +77,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmfl.algorithms import register
+from mmfl.algorithms import preset, register
 from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.fedavg import reply_weights, weighted_average, weighted_mean_scalar
 from mmfl.algorithms.public_terms import DEFAULT_CHUNK, aggregate_representations, global_local_contrastive_scores
 from mmfl.engine.message import Message
 from mmfl.engine.retrieval import evaluate_retrieval, pairs_to_retrieval
-from mmfl.engine.training import load_into, make_optimizer, state_of
+from mmfl.engine.training import load_into, load_optimizer_state, make_optimizer, optimizer_state, state_of
 from mmfl.errors import ConfigError
 
 AGGREGATIONS = ("gca", "mean", "avg", "iot", "variance", "entropy")
@@ -91,6 +91,7 @@ GLOBAL = "global/"  # server -> client: global representations of the public set
 CONSENSUS = "consensus/"  # server -> client (FedMD): last round's aggregated representations
 REP = "rep/"  # client -> server: the client's representations of the public set
 MODEL = "model/"  # client state: its own model
+OPT = "opt/"  # server checkpoint: the persistent Adam's state
 
 
 @dataclass
@@ -250,31 +251,6 @@ def retrieval_metrics(model: nn.Module, test, meta, modalities: tuple[str, str],
     return {k: v for k, v in out.items() if isinstance(v, float)}
 
 
-class _ServerOptimizer:
-    """The server's persistent Adam, its state checkpointed as flat tensors."""
-
-    def __init__(self, model: nn.Module, lr: float):
-        self.opt = torch.optim.Adam(model.parameters(), lr=lr)
-
-    def state_dict(self) -> dict[str, Tensor]:
-        out = {}
-        for idx, st in self.opt.state_dict()["state"].items():
-            for name, t in st.items():
-                out[f"opt/{idx}/{name}"] = t if isinstance(t, Tensor) else torch.tensor(t)
-        return out
-
-    def load_state_dict(self, sd: dict[str, Tensor]) -> None:
-        state: dict[int, dict] = {}
-        for k, t in sd.items():
-            if k.startswith("opt/"):
-                _, idx, name = k.split("/", 2)
-                state.setdefault(int(idx), {})[name] = t
-        if state:
-            full = self.opt.state_dict()
-            full["state"] = state
-            self.opt.load_state_dict(full)
-
-
 # ----------------------------------------------------------------------------- server
 
 
@@ -295,7 +271,7 @@ class CreamFLServer(Server):
             raise ConfigError("model.name: CreamFL-style algorithms need model.name = \"multimodal\", "
                               f"got a {type(self.model).__name__}")
         self.public = select_public(ctx.public, params.public_size)
-        self.opt = _ServerOptimizer(self.model, params.server_lr)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=params.server_lr)  # persistent, checkpointed
         self.consensus: dict[str, Tensor] = {}
 
     # what each client receives
@@ -392,9 +368,9 @@ class CreamFLServer(Server):
                     continue
                 z = reps_of(self.model, inputs, self.pair)
                 loss = info_nce(z[a], z[b], self.params.temperature)
-                self.opt.opt.zero_grad(set_to_none=True)
+                self.opt.zero_grad(set_to_none=True)
                 loss.backward()
-                self.opt.opt.step()
+                self.opt.step()
                 total, steps = total + float(loss.detach()), steps + 1
         return total / max(steps, 1)
 
@@ -415,9 +391,9 @@ class CreamFLServer(Server):
                 inputs, _ = self.public.get(rows)
                 z = reps_of(self.model, inputs, list(agg))
                 loss = self.params.kd_weight * sum(F.mse_loss(z[m], agg[m][rows]) for m in z)
-                self.opt.opt.zero_grad(set_to_none=True)
+                self.opt.zero_grad(set_to_none=True)
                 loss.backward()
-                self.opt.opt.step()
+                self.opt.step()
                 total, steps = total + float(loss.detach()), steps + 1
         return total / max(steps, 1)
 
@@ -426,13 +402,13 @@ class CreamFLServer(Server):
 
     def state_dict(self):
         out = super().state_dict()
-        out.update(self.opt.state_dict())
+        out.update(optimizer_state(self.opt, {id(p): n for n, p in self.model.named_parameters()}, OPT))
         out.update({CONSENSUS + m: t for m, t in self.consensus.items()})
         return out
 
     def load_state_dict(self, sd):
         super().load_state_dict(sd)
-        self.opt.load_state_dict(sd)
+        load_optimizer_state(self.opt, dict(self.model.named_parameters()), sd, OPT)
         self.consensus = {k[len(CONSENSUS):]: v for k, v in sd.items() if k.startswith(CONSENSUS)}
 
 
@@ -670,38 +646,34 @@ class WeightSharingClient(CreamFLClient):
 # ----------------------------------------------------------------------------- registry
 
 
-def _preset(name: str, base=CreamFLParams, **defaults) -> type:
-    """A params dataclass like ``base`` with other defaults (the registered presets)."""
-    import typing
-    from dataclasses import make_dataclass
-
-    hints = typing.get_type_hints(base)
-    fields = [(k, hints[k], field(default=v, metadata=base.__dataclass_fields__[k].metadata))
-              for k, v in defaults.items()]
-    return make_dataclass(name, fields, bases=(base,), namespace={"__module__": __name__})
-
-
 register("creamfl", CreamFLParams, CreamFLServer, CreamFLClient,
          help="CreamFL: representations of a public set, GCA (eq. 4-6), inter/intra LCR (eq. 1-3), distillation (eq. 7)")
-register("reamfl_mean", _preset("ReamFLMeanParams", aggregation="mean", inter=False, intra=False),
+register("reamfl_mean",
+         preset("ReamFLMeanParams", CreamFLParams, aggregation="mean", inter=False, intra=False),
          CreamFLServer, CreamFLClient, help="reamFL+Mean: CreamFL without GCA and LCR, mean of representations")
-register("reamfl_avg", _preset("ReamFLAvgParams", aggregation="avg", inter=False, intra=False),
+register("reamfl_avg",
+         preset("ReamFLAvgParams", CreamFLParams, aggregation="avg", inter=False, intra=False),
          CreamFLServer, CreamFLClient, help="reamFL+Avg: CreamFL without GCA and LCR, sample-count weights")
-register("reamfl_iot", _preset("ReamFLIoTParams", aggregation="iot", inter=False, intra=False),
+register("reamfl_iot",
+         preset("ReamFLIoTParams", CreamFLParams, aggregation="iot", inter=False, intra=False),
          CreamFLServer, CreamFLClient, help="reamFL+IoT: CreamFL without GCA and LCR, image-text clients x 100")
-register("fedmd", _preset("FedMDParams", aggregation="mean", inter=False, intra=False, local_distill="consensus"),
+register("fedmd",
+         preset("FedMDParams", CreamFLParams, aggregation="mean", inter=False, intra=False, local_distill="consensus"),
          CreamFLServer, CreamFLClient,
          help="FedMD on representations: mean consensus, clients digest it; CreamFL's server model distills")
-register("fedet", _preset("FedETParams", aggregation="variance", inter=False, intra=False, local_distill="global"),
+register("fedet",
+         preset("FedETParams", CreamFLParams, aggregation="variance", inter=False, intra=False, local_distill="global"),
          CreamFLServer, CreamFLClient,
          help="FedET on representations: variance-weighted ensemble, clients distill from the server")
-register("fedgems", _preset("FedGEMSParams", aggregation="entropy", inter=False, intra=False, local_distill="global"),
+register("fedgems",
+         preset("FedGEMSParams", CreamFLParams, aggregation="entropy", inter=False, intra=False, local_distill="global"),
          CreamFLServer, CreamFLClient,
          help="FedGEMS on representations: entropy-selected ensemble, clients distill from the server")
 register("creamfl_fedavg", WeightSharingParams,
          WeightSharingServer, WeightSharingClient,
          help="FedAvg in CreamFL's setting: server-size client models, weights averaged, public pairs to "
               "image-text clients")
-register("creamfl_fediot", _preset("CreamFedIoTParams", WeightSharingParams, iot=True),
+register("creamfl_fediot",
+         preset("CreamFedIoTParams", WeightSharingParams, iot=True),
          WeightSharingServer, WeightSharingClient,
          help="FedIoT in CreamFL's setting: as creamfl_fedavg, image-text clients weigh 100")

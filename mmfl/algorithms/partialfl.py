@@ -44,12 +44,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmfl.algorithms import register
+from mmfl.algorithms import preset, register
 from mmfl.algorithms.base import Client, Server
-from mmfl.algorithms.creamfl import _ServerOptimizer
 from mmfl.algorithms.fedavg import weighted_average, weighted_mean_scalar
 from mmfl.engine.message import Message
-from mmfl.engine.training import evaluate_model, load_into, make_optimizer, state_of
+from mmfl.engine.training import (evaluate_model, load_into, load_optimizer_state, make_optimizer,
+                                  optimizer_state, state_of)
 from mmfl.errors import ConfigError
 
 X = "x/"  # client -> server, once: the client's shareable data, in its row order
@@ -157,7 +157,7 @@ class PartialFLServer(Server):
             raise ConfigError(f"modalities: client {lacking[0]} lacks the private modality {self.p!r}, which "
                               "PartialFL's global model needs; only the shareable one may be missing")
         self.fs = ctx.make_model() if params.align else None  # F_s: its encoders[S] + proj[S]
-        self.fs_opt = _ServerOptimizer(self.fs, params.server_lr) if self.fs is not None else None
+        self.fs_opt = torch.optim.Adam(self.fs.parameters(), lr=params.server_lr) if self.fs is not None else None
         self.xs: dict[int, Tensor] = {}  # the shareable data each client uploaded once
         self.uploaded = False
 
@@ -222,9 +222,9 @@ class PartialFLServer(Server):
                     continue
                 zt = F.normalize(branch_embed(self.fs, self.s, x[rows]), dim=-1)
                 loss = anchored_contrastive(zt, zprime[rows], self.params.tau)
-                self.fs_opt.opt.zero_grad(set_to_none=True)
+                self.fs_opt.zero_grad(set_to_none=True)
                 loss.backward()
-                self.fs_opt.opt.step()
+                self.fs_opt.step()
                 total, steps = total + float(loss.detach()), steps + 1
         return total / max(steps, 1)
 
@@ -238,7 +238,7 @@ class PartialFLServer(Server):
         out = super().state_dict()
         if self.fs is not None:
             out.update({f"fs/{k}": v for k, v in self.fs.state_dict().items()})
-            out.update(self.fs_opt.state_dict())
+            out.update(optimizer_state(self.fs_opt, {id(p): n for n, p in self.fs.named_parameters()}, "opt/"))
         out.update({f"{X}{c}": v for c, v in self.xs.items()})
         return out
 
@@ -246,7 +246,7 @@ class PartialFLServer(Server):
         super().load_state_dict(sd)
         if self.fs is not None:
             self.fs.load_state_dict({k[3:]: v for k, v in sd.items() if k.startswith("fs/")})
-            self.fs_opt.load_state_dict(sd)
+            load_optimizer_state(self.fs_opt, dict(self.fs.named_parameters()), sd, "opt/")
         self.xs = {int(k[len(X):]): v for k, v in sd.items() if k.startswith(X)}
         self.uploaded = bool(self.xs)
 
@@ -351,24 +351,18 @@ class PartialFLClient(Client):
 # ----------------------------------------------------------------------------- registry
 
 
-def _preset(name: str, **defaults) -> type:
-    import typing
-    from dataclasses import make_dataclass
-
-    hints = typing.get_type_hints(PartialFLParams)
-    fields = [(k, hints[k], field(default=v, metadata=PartialFLParams.__dataclass_fields__[k].metadata))
-              for k, v in defaults.items()]
-    return make_dataclass(name, fields, bases=(PartialFLParams,), namespace={"__module__": __name__})
-
-
 register("partialfl", PartialFLParams, PartialFLServer, PartialFLClient,
          help="PartialFL: shareable modality to a server model, private one and labels stay; contrastive "
               "alignment of the server, global and local model (eq. 1-4); F_g by FedAvg")
-register("partialfl_prox", _preset("PartialFLProxParams", mu=0.01), PartialFLServer, PartialFLClient,
+register("partialfl_prox",
+         preset("PartialFLProxParams", PartialFLParams, mu=0.01), PartialFLServer, PartialFLClient,
          help="PartialFL with F_g aggregated by FedProx (mu 0.01)")
-register("pfl_fedavg", _preset("PflFedAvgParams", align=False), PartialFLServer, PartialFLClient,
+register("pfl_fedavg",
+         preset("PflFedAvgParams", PartialFLParams, align=False), PartialFLServer, PartialFLClient,
          help="PartialFL's FedAvg baseline: F_g alone (private modality, or both), nothing of S leaves")
-register("pfl_fedprox", _preset("PflFedProxParams", align=False, mu=0.01), PartialFLServer, PartialFLClient,
+register("pfl_fedprox",
+         preset("PflFedProxParams", PartialFLParams, align=False, mu=0.01), PartialFLServer, PartialFLClient,
          help="PartialFL's FedProx baseline (mu 0.01)")
-register("pfl_centralized", _preset("PflCentralizedParams", align=False), PartialFLServer, PartialFLClient,
+register("pfl_centralized",
+         preset("PflCentralizedParams", PartialFLParams, align=False), PartialFLServer, PartialFLClient,
          pooled=True, help="PartialFL's centralized upper bound: F_g on all clients' data pooled")

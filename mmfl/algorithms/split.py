@@ -54,7 +54,7 @@ from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.multimodal import masked_ce, require_multimodal_model
 from mmfl.data.base import PRESENT
 from mmfl.engine.message import Message
-from mmfl.engine.training import make_optimizer, model_tensors, seed_torch
+from mmfl.engine.training import load_optimizer_state, make_optimizer, model_tensors, optimizer_state, seed_torch
 from mmfl.errors import ConfigError
 from mmfl.models.multimodal import branch_of
 
@@ -176,29 +176,6 @@ def unpack_activations(msg: Message, feat_dim: int) -> tuple[dict[str, Tensor], 
             full[m] = leaf.new_zeros(b, feat_dim).index_put((rows,), leaf)
         leaves[m], present[m] = leaf, mask
     return leaves, full, present, labels
-
-
-# ----------------------------------------------------------------------------- optimizer state as tensors
-
-
-def optimizer_state(opt: torch.optim.Optimizer, names: dict[int, str], prefix: str) -> dict[str, Tensor]:
-    """The per-parameter state of ``opt`` as ``{prefix}{param name}/{field}`` tensors."""
-    out = {}
-    for p, st in opt.state.items():
-        for k, v in st.items():
-            if v is None:
-                continue
-            out[f"{prefix}{names[id(p)]}/{k}"] = (v if isinstance(v, Tensor) else torch.tensor(v)).detach().clone()
-    return out
-
-
-def load_optimizer_state(opt: torch.optim.Optimizer, params: dict[str, Tensor], sd: dict[str, Tensor],
-                         prefix: str) -> None:
-    """Inverse of :func:`optimizer_state` (copies, so the saved tensors are never changed in place)."""
-    for key, v in sd.items():
-        if key.startswith(prefix):
-            name, k = key[len(prefix):].rsplit("/", 1)
-            opt.state[params[name]][k] = v.clone()
 
 
 # ----------------------------------------------------------------------------- server
