@@ -41,15 +41,14 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import multiprocessing
 import os
-import platform
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
+
+from mmfl.sweep import machine, run_pool
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -273,25 +272,7 @@ def execute(s: dict, raw_dir: Path, workers: int) -> int:
     if not todo:
         return 0
     warm_caches(s)
-    t0 = time.perf_counter()
-    ctx = multiprocessing.get_context("spawn")
-    done_secs = []
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = [pool.submit(_run_one, name, raw, str(raw_dir)) for name, raw in todo]
-        for i, fut in enumerate(as_completed(futures), 1):
-            name, secs, err = fut.result()
-            done_secs.append(secs)
-            el = time.perf_counter() - t0
-            eta = el / i * (len(todo) - i)
-            status = f"FAILED {err}" if err else f"{secs:.1f}s"
-            print(f"[{i}/{len(todo)}] {name}: {status} (elapsed {el / 60:.1f} min, ~{eta / 60:.1f} min left)",
-                  flush=True)
-    elapsed = time.perf_counter() - t0
-    (raw_dir / "last_invocation.json").write_text(json.dumps(
-        {"runs": len(todo), "wall_s": elapsed, "workers": workers, "run_s_sum": sum(done_secs),
-         "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-         "finished": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=2))
-    return len(todo)
+    return run_pool(todo, _run_one, raw_dir, workers)
 
 
 # ----------------------------------------------------------------------------- report
@@ -596,21 +577,6 @@ def fig4(s, raw, out_png: Path) -> list[str]:
     return lines
 
 
-def _machine() -> str:
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}, torch {torch.__version__}, "
-            "one torch thread per run")
-
-
 def scale_lines(s, raw) -> list[str]:
     from mmfl.config import resolve
 
@@ -658,7 +624,7 @@ def write_report(s, raw: Path, path: Path, png: Path, quick: bool) -> None:
         f"{s['fig4_seed']} only.",
         "- Metrics: the server model's final-round Recall@K (%) on the setting's test pairs (a few hundred "
         "pairs, so a single R@1 step is a fraction of a point); R@1 sum = i2t R@1 + t2i R@1, rsum = all six.",
-        f"- Machine: {_machine()}.",
+        f"- Machine: {machine()}.",
         f"- Runs: {len(finished)} of {len(planned)} planned finished; summed run time {run_s / 60:.1f} min of "
         "single-thread compute (the rounds' wall times)"
         + (f"; the last invocation ran {last['runs']} runs in {last['wall_s'] / 60:.1f} min wall with "

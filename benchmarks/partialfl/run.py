@@ -57,15 +57,14 @@ import argparse
 import copy
 import json
 import math
-import multiprocessing
 import os
-import platform
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
+
+from mmfl.sweep import machine, run_pool
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -250,23 +249,7 @@ def execute(s: dict, raw_dir: Path, workers: int) -> int:
     if not todo:
         return 0
     warm_caches(s)
-    t0 = time.perf_counter()
-    ctx = multiprocessing.get_context("spawn")
-    secs = []
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = [pool.submit(_run_one, name, raw, str(raw_dir)) for name, raw in todo]
-        for i, fut in enumerate(as_completed(futures), 1):
-            name, sec, err = fut.result()
-            secs.append(sec)
-            el = time.perf_counter() - t0
-            status = f"FAILED {err}" if err else f"{sec:.1f}s"
-            print(f"[{i}/{len(todo)}] {name}: {status} (elapsed {el / 60:.1f} min, "
-                  f"~{el / i * (len(todo) - i) / 60:.1f} min left)", flush=True)
-    (raw_dir / "last_invocation.json").write_text(json.dumps(
-        {"runs": len(todo), "wall_s": time.perf_counter() - t0, "workers": workers, "run_s_sum": sum(secs),
-         "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-         "finished": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=2))
-    return len(todo)
+    return run_pool(todo, _run_one, raw_dir, workers)
 
 
 # ----------------------------------------------------------------------------- results
@@ -627,21 +610,6 @@ def findings(s, raw) -> list[str]:
     return out
 
 
-def _machine() -> str:
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}, torch {torch.__version__}, "
-            "one torch thread per run")
-
-
 def scale_lines(s) -> list[str]:
     from mmfl.config import resolve
 
@@ -707,7 +675,7 @@ def write_report(s, raw: Path, path: Path, quick: bool) -> None:
         "- Metrics: the global model's final-round test UAR (unweighted average recall = macro recall over "
         "the classes present in the test set, the paper's speech metric), top-1 and top-5 accuracy (the "
         "paper's Food-101 metric), in %. Bold: the paper's metric for the setting.",
-        f"- Machine: {_machine()}.",
+        f"- Machine: {machine()}.",
         f"- Runs: {len(finished)} of {len(planned)} planned finished; summed run time {run_s / 60:.1f} min of "
         "single-thread compute (the rounds' wall times)"
         + (f"; the last invocation ran {last['runs']} runs in {last['wall_s'] / 60:.1f} min wall with "

@@ -75,16 +75,15 @@ import argparse
 import copy
 import json
 import math
-import multiprocessing
 import os
-import platform
 import shutil
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
+
+from mmfl.sweep import machine, run_pool
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -365,23 +364,7 @@ def execute(s: dict, raw_dir: Path, workers: int) -> int:
     if not todo:
         return 0
     warm_caches(s)
-    t0 = time.perf_counter()
-    ctx = multiprocessing.get_context("spawn")
-    secs = []
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = [pool.submit(_run_one, name, raw, str(raw_dir)) for name, raw in todo]
-        for i, fut in enumerate(as_completed(futures), 1):
-            name, sec, err = fut.result()
-            secs.append(sec)
-            el = time.perf_counter() - t0
-            status = f"FAILED {err}" if err else f"{sec:.1f}s"
-            print(f"[{i}/{len(todo)}] {name}: {status} (elapsed {el / 60:.1f} min, "
-                  f"~{el / i * (len(todo) - i) / 60:.1f} min left)", flush=True)
-    (raw_dir / "last_invocation.json").write_text(json.dumps(
-        {"runs": len(todo), "wall_s": time.perf_counter() - t0, "workers": workers, "run_s_sum": sum(secs),
-         "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-         "finished": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=2))
-    return len(todo)
+    return run_pool(todo, _run_one, raw_dir, workers)
 
 
 # ----------------------------------------------------------------------------- results
@@ -953,21 +936,6 @@ def findings(s, raw) -> list[str]:
 # ----------------------------------------------------------------------------- the report
 
 
-def _machine() -> str:
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}, torch {torch.__version__}, "
-            "one torch thread per run")
-
-
 def _fmt_cycles(c) -> str:
     return f"U[{c[0]:g}, {c[1]:g}]" if isinstance(c, (list, tuple)) else f"{c:g}"
 
@@ -1041,7 +1009,7 @@ def write_report(s, raw: Path, path: Path, png: Path, quick: bool) -> None:
         f"- Seeds {s['seeds']} (run seed: model init, partition, modality assignment, cohorts, the `[system]` "
         "placement and fading, the personalized test subsets; the data sets' own splits are fixed); "
         "mean ± std (population, ddof 0) over seeds.",
-        f"- Machine: {_machine()}.",
+        f"- Machine: {machine()}.",
         f"- Runs: {len(finished)} of {len(planned)} planned finished; summed run time {run_s / 60:.1f} min of "
         "single-thread compute (the rounds' wall times)"
         + (f"; the last invocation ran {last['runs']} runs in {last['wall_s'] / 60:.1f} min wall with "

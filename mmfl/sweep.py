@@ -1,0 +1,55 @@
+"""Running many configs: a pool of worker processes, each run in its own spawned process
+with one torch thread, progress on stdout, a record of the invocation. The benchmark
+scripts (``benchmarks/*/run.py``) build their configs and call :func:`run_pool`."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import platform
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Callable
+
+
+def run_pool(todo: list[tuple[str, dict]], run_one: Callable[[str, dict, str], tuple[str, float, str | None]],
+             raw_dir: Path, workers: int) -> int:
+    """Run ``run_one(name, raw_config, raw_dir) -> (name, seconds, error or None)`` for every
+    ``(name, raw_config)`` of ``todo`` in ``workers`` spawned processes (``run_one`` must be a
+    module-level function); print each result as it finishes and write
+    ``raw_dir/last_invocation.json`` (runs, wall and summed run seconds, load). Returns the
+    number of runs."""
+    t0 = time.perf_counter()
+    secs: list[float] = []
+    load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(run_one, name, raw, str(raw_dir)) for name, raw in todo]
+        for i, fut in enumerate(as_completed(futures), 1):
+            name, sec, err = fut.result()
+            secs.append(sec)
+            el = time.perf_counter() - t0
+            status = f"FAILED {err}" if err else f"{sec:.1f}s"
+            print(f"[{i}/{len(todo)}] {name}: {status} (elapsed {el / 60:.1f} min, "
+                  f"~{el / i * (len(todo) - i) / 60:.1f} min left)", flush=True)
+    (Path(raw_dir) / "last_invocation.json").write_text(json.dumps(
+        {"runs": len(todo), "wall_s": time.perf_counter() - t0, "workers": workers, "run_s_sum": sum(secs),
+         "load_average_at_start": load, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=2))
+    return len(todo)
+
+
+def machine() -> str:
+    """``"<n> CPUs (<model>), Python x.y.z, torch v, one torch thread per run"``."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}, torch {torch.__version__}, "
+            "one torch thread per run")
