@@ -170,7 +170,19 @@ def _pair_bundle(name: str, splits: dict, p, info: dict) -> DatasetBundle:
 # ----------------------------------------------------------------------------- MS-COCO captions
 
 @dataclass
-class _PairParams:
+class FrozenEncoderParams:
+    """The frozen encoders an image-text loader puts its files through (captions, food101)."""
+
+    image_encoder: str = field(default="mobilenet_v2", metadata={
+        "help": "frozen image encoder: mobilenet_v2 (1280-d, ImageNet) or pixels:<s> (s*s grey pixels)"})
+    image_size: int = field(default=224, metadata={
+        "help": "images are scaled to fill this square (centre crop) before encoding (>= 32)"})
+    text_encoder: str = field(default="minilm", metadata={
+        "help": "frozen text encoder: minilm (384-d all-MiniLM-L6-v2) or hash[:<d>] (hashed words)"})
+
+
+@dataclass
+class _PairParams(FrozenEncoderParams):
     """What every caption-pair loader takes besides its own layout keys."""
 
     max_images: int = field(default=0, metadata={
@@ -179,12 +191,6 @@ class _PairParams:
         "help": "seeded random subset of this many test images (0 = all)"})
     captions_per_image: int = field(default=5, metadata={
         "help": "keep the first this many captions of each image (0 = all; COCO has 5-7)"})
-    image_encoder: str = field(default="mobilenet_v2", metadata={
-        "help": "frozen image encoder: mobilenet_v2 (1280-d, ImageNet) or pixels:<s> (s*s grey pixels)"})
-    image_size: int = field(default=224, metadata={
-        "help": "images are scaled to fill this square (centre crop) before encoding (>= 32)"})
-    text_encoder: str = field(default="minilm", metadata={
-        "help": "frozen text encoder: minilm (384-d all-MiniLM-L6-v2) or hash[:<d>] (hashed words)"})
     seed: int = field(default=0, metadata={"help": "seed of the image subsets"})
     public_images: int = field(default=0, metadata={
         "help": "move a seeded subset of this many train images, with their captions, into the public "

@@ -40,7 +40,8 @@ import torch
 
 from mmfl.data import DATASETS
 from mmfl.data.base import ArrayDataset, DatasetBundle, DatasetMeta
-from mmfl.data.captions import IMAGE_BATCH, _check_counts, _check_encoders, clean_caption, read_image
+from mmfl.data.captions import (IMAGE_BATCH, FrozenEncoderParams, _check_counts, _check_encoders, clean_caption,
+                                read_image)
 from mmfl.errors import ConfigError, DataError
 
 FOOD101_VERSION = 1  # bump when the code changes what the loader returns
@@ -48,7 +49,7 @@ SPLITS = ("train", "test")
 
 
 @dataclass
-class Food101Params:
+class Food101Params(FrozenEncoderParams):
     root: str = field(default="", metadata={
         "help": "(required) UPMC Food-101 folder holding texts/{train,test}_titles.csv and "
                 "images/{train,test}/<class>/"})
@@ -58,12 +59,6 @@ class Food101Params:
         "help": "seeded subset of this many test pairs, stratified by class (0 = all)"})
     max_words: int = field(default=0, metadata={
         "help": "encode the first this many words of each text (0 = all; MiniLM reads at most 256 word pieces)"})
-    image_encoder: str = field(default="mobilenet_v2", metadata={
-        "help": "frozen image encoder: mobilenet_v2 (1280-d, ImageNet) or pixels:<s> (s*s grey pixels)"})
-    image_size: int = field(default=224, metadata={
-        "help": "images are scaled to fill this square (centre crop) before encoding (>= 32)"})
-    text_encoder: str = field(default="minilm", metadata={
-        "help": "frozen text encoder: minilm (384-d all-MiniLM-L6-v2) or hash[:<d>] (hashed words)"})
     skip_missing_images: bool = field(default=False, metadata={
         "help": "leave out rows whose image file is missing (counted in meta.info) instead of failing"})
     seed: int = field(default=0, metadata={"help": "seed of the subsets"})
