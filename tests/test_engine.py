@@ -268,3 +268,12 @@ def test_client_state_store_round_trip():
     again = ClientStateStore()
     again.load_state_dict(load(save(store.state_dict())))
     assert all(torch.equal(again.state_dict()[k], v) for k, v in flat.items())
+
+
+def test_a_nonfinite_loss_or_accuracy_stops_the_run_with_one_line():
+    from mmfl.engine.runner import _check_finite
+
+    _check_finite({"accuracy": 0.5, "train_loss": 1.0, "distill_loss": 0.1, "bytes_up": 3}, 0)
+    for key in ("accuracy", "train_loss", "distill_loss", "server_align_loss"):
+        with pytest.raises(MMFLError, match=rf"^round 2: {key} is nan; training diverged"):
+            _check_finite({"accuracy": 0.5, key: float("nan")}, 1)

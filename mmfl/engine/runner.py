@@ -292,9 +292,8 @@ def _progress(rounds, cfg, enabled: bool):
 
 
 def _check_finite(row: dict, rnd: int) -> None:
-    for k in ("train_loss", "accuracy", "test_loss", "distill_loss", "server_public_loss"):
-        v = row.get(k)
-        if isinstance(v, float) and not np.isfinite(v):
+    for k, v in row.items():  # the accuracy and every loss an algorithm reports (train, test, distill, ...)
+        if (k == "accuracy" or k.endswith("loss")) and isinstance(v, float) and not np.isfinite(v):
             raise MMFLError(f"round {rnd + 1}: {k} is {v}; training diverged (lower train.lr?)")
 
 
