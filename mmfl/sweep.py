@@ -53,3 +53,29 @@ def machine() -> str:
         pass
     return (f"{os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}, torch {torch.__version__}, "
             "one torch thread per run")
+
+
+def verdict(a: list[float], b: list[float], scale: float = 1.0) -> tuple[float, float, str]:
+    """A claim "a > b" over seeds: ``(delta, spread, text)`` with delta = (mean(a) - mean(b)) x
+    ``scale`` and spread = (std(a) + std(b)) x ``scale`` (NaN for one seed). The claim *holds*
+    or is *reversed*, *beyond the spread* when |delta| > spread, else *within* it."""
+    import numpy as np
+
+    d = float(np.mean(a) - np.mean(b)) * scale
+    spread = float(np.std(a) + np.std(b)) * scale if len(a) > 1 and len(b) > 1 else float("nan")
+    if abs(d) < 1e-9:
+        return d, spread, "tie"
+    if np.isnan(spread):
+        return d, spread, "holds (1 seed)" if d > 0 else "reversed (1 seed)"
+    if d > spread:
+        return d, spread, "holds, beyond the spread"
+    if d > 0:
+        return d, spread, "holds, within the spread"
+    if -d > spread:
+        return d, spread, "**reversed**, beyond the spread"
+    return d, spread, "reversed, within the spread"
+
+
+def spread_text(spread: float, digits: int = 1) -> str:
+    """A spread for a table cell ("—" for one seed)."""
+    return "—" if spread != spread else f"{spread:.{digits}f}"

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mmfl.sweep import machine, run_pool
+from mmfl.sweep import machine, run_pool, spread_text, verdict
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -357,21 +357,6 @@ def _means(raw, setting, s, rows: dict[str, tuple[str, dict]]) -> dict[str, list
     return out
 
 
-def _verdict(a: list[float], b: list[float]) -> tuple[float, float, str]:
-    """Δ = mean(a) − mean(b), the spread (std(a) + std(b)), and a verdict on 'a > b'."""
-    d = float(np.mean(a) - np.mean(b))
-    spread = float(np.std(a) + np.std(b)) if len(a) > 1 and len(b) > 1 else float("nan")
-    if abs(d) < 1e-9:
-        return d, spread, "tie"
-    if np.isnan(spread):
-        return d, spread, "holds (1 seed)" if d > 0 else "reversed (1 seed)"
-    if d > spread:
-        return d, spread, "holds, beyond the spread"
-    if d > 0:
-        return d, spread, "holds, within the spread"
-    if -d > spread:
-        return d, spread, "**reversed**, beyond the spread"
-    return d, spread, "reversed, within the spread"
 
 
 T1_CLAIMS = [  # the paper's Table 1 ordering, as pairwise claims "a > b"
@@ -383,10 +368,6 @@ T1_CLAIMS = [  # the paper's Table 1 ordering, as pairwise claims "a > b"
 T3_CLAIMS = [  # Table 3, as pairwise claims (indices into ABLATION)
     (6, 4), (6, 5), (4, 3), (5, 3), (3, 2), (3, 1), (3, 0), (2, 0), (1, 0),
 ]
-
-
-def _sp(spread: float) -> str:
-    return "—" if np.isnan(spread) else f"{spread:.1f}"
 
 
 def _count(verdicts: list[tuple[float, str]], table: str) -> str:
@@ -414,9 +395,9 @@ def ordering(s, raw) -> tuple[list[str], list[str]]:
             verdicts = []
             for a, b in T1_CLAIMS:
                 if a in t1 and b in t1:
-                    d, sp, v = _verdict(t1[a], t1[b])
+                    d, sp, v = verdict(t1[a], t1[b])
                     verdicts.append((d, v))
-                    lines.append(f"| {LABEL[a]} > {LABEL[b]} | {d:+.1f} | {_sp(sp)} | {v} |")
+                    lines.append(f"| {LABEL[a]} > {LABEL[b]} | {d:+.1f} | {spread_text(sp)} | {v} |")
             lines.append("")
             if verdicts:
                 summary.append("  " + _count(verdicts, "Table 1"))
@@ -429,9 +410,9 @@ def ordering(s, raw) -> tuple[list[str], list[str]]:
                 verdicts = []
                 for a, b in T3_CLAIMS:
                     if str(a) in t3 and str(b) in t3:
-                        d, sp, v = _verdict(t3[str(a)], t3[str(b)])
+                        d, sp, v = verdict(t3[str(a)], t3[str(b)])
                         verdicts.append((d, v))
-                        lines.append(f"| {ABLATION[a][0]} > {ABLATION[b][0]} | {d:+.1f} | {_sp(sp)} | {v} |")
+                        lines.append(f"| {ABLATION[a][0]} > {ABLATION[b][0]} | {d:+.1f} | {spread_text(sp)} | {v} |")
                 lines.append("")
                 if verdicts:
                     rank = sorted(t3, key=lambda k: -np.mean(t3[k]))

@@ -64,7 +64,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mmfl.sweep import machine, run_pool
+from mmfl.sweep import machine, run_pool, spread_text, verdict
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -317,24 +317,8 @@ def _ms(vals: list[float], n_expected: int, key: str = "uar", digits: int = 1) -
 
 
 def _verdict(a: list[float], b: list[float]) -> tuple[float, float, str]:
-    """Δ = mean(a) − mean(b) (points), the spread std(a) + std(b), and a verdict on 'a > b'."""
-    d = float(np.mean(a) - np.mean(b)) * 100
-    spread = float(np.std(a) + np.std(b)) * 100 if len(a) > 1 and len(b) > 1 else float("nan")
-    if abs(d) < 1e-9:
-        return d, spread, "tie"
-    if np.isnan(spread):
-        return d, spread, "holds (1 seed)" if d > 0 else "reversed (1 seed)"
-    if d > spread:
-        return d, spread, "holds, beyond the spread"
-    if d > 0:
-        return d, spread, "holds, within the spread"
-    if -d > spread:
-        return d, spread, "**reversed**, beyond the spread"
-    return d, spread, "reversed, within the spread"
-
-
-def _sp(x: float) -> str:
-    return "—" if np.isnan(x) else f"{x:.1f}"
+    """A claim 'a > b' on fractions, in points."""
+    return verdict(a, b, scale=100.0)
 
 
 def _count(verdicts: list[str], what: str) -> str:
@@ -395,7 +379,7 @@ def fig_section(s, raw) -> tuple[list[str], list[str]]:
                     if a in vals and b in vals:
                         d, sp, v = _verdict(vals[a], vals[b])
                         verdicts.append(v)
-                        out.append(f"| {LABEL[a]} > {LABEL[b]} | {d:+.1f} | {_sp(sp)} | {v} |")
+                        out.append(f"| {LABEL[a]} > {LABEL[b]} | {d:+.1f} | {spread_text(sp)} | {v} |")
                 out.append("")
                 if verdicts:
                     summary.append("  " + _count(verdicts, "Fig. 2/4"))
@@ -459,14 +443,14 @@ def t2_section(s, raw) -> tuple[list[str], list[str]]:
                 d, sp, v = _verdict(pf[b], fl[b])
                 verdicts.append(v)
                 gaps[(variant, b)] = d
-                lines.append(f"| {variant}, beta {b:g}: PartialFL > FL | {d:+.1f} | {_sp(sp)} | {v} |")
+                lines.append(f"| {variant}, beta {b:g}: PartialFL > FL | {d:+.1f} | {spread_text(sp)} | {v} |")
         bs = sorted(s["t2_betas"], reverse=True)
         for lab, series in (("FL", fl), ("PartialFL", pf)):
             for hi, lo in zip(bs, bs[1:]):
                 if series[hi] and series[lo]:
                     d, sp, v = _verdict(series[hi], series[lo])
                     verdicts.append(v)
-                    lines.append(f"| {variant}, {lab}: beta {hi:g} > beta {lo:g} | {d:+.1f} | {_sp(sp)} | {v} |")
+                    lines.append(f"| {variant}, {lab}: beta {hi:g} > beta {lo:g} | {d:+.1f} | {spread_text(sp)} | {v} |")
     lines.append("")
     for variant in VARIANTS:
         g = {b: gaps[(variant, b)] for b in s["t2_betas"] if (variant, b) in gaps}
@@ -515,11 +499,11 @@ def t3_section(s, raw) -> tuple[list[str], list[str]]:
         for hi, lo in zip(pq, pq[1:]):
             d, sp, v = _verdict(vals[("partialfl", hi)], vals[("partialfl", lo)])
             verdicts.append(v)
-            out.append(f"| PartialFL: q {hi:g} > q {lo:g} | {d:+.1f} | {_sp(sp)} | {v} |")
+            out.append(f"| PartialFL: q {hi:g} > q {lo:g} | {d:+.1f} | {spread_text(sp)} | {v} |")
         if vals.get(("partialfl", 1.0)) and vals.get(("pfl_fedavg", 1.0)):
             d, sp, v = _verdict(vals[("partialfl", 1.0)], vals[("pfl_fedavg", 1.0)])
             verdicts.append(v)
-            out.append(f"| PartialFL q 1 > FedAvg | {d:+.1f} | {_sp(sp)} | {v} |")
+            out.append(f"| PartialFL q 1 > FedAvg | {d:+.1f} | {spread_text(sp)} | {v} |")
         out.append("")
         eq = []
         for a, b in ((("pfl_fedavg", 1.0), ("pfl_fedavg", 0.0)), (("partialfl", 0.0), ("pfl_fedavg", 0.0))):

@@ -83,7 +83,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mmfl.sweep import machine, run_pool
+from mmfl.sweep import machine, run_pool, spread_text, verdict
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -435,24 +435,7 @@ def _ms(vals: list[float], n_expected: int, scale: float = 100.0, digits: int = 
 
 
 def _verdict(a: list[float], b: list[float], scale: float = 100.0) -> tuple[float, float, str]:
-    """Δ = mean(a) − mean(b) (scaled), the spread std(a) + std(b), and a verdict on 'a > b'."""
-    d = float(np.mean(a) - np.mean(b)) * scale
-    spread = float(np.std(a) + np.std(b)) * scale if len(a) > 1 and len(b) > 1 else float("nan")
-    if abs(d) < 1e-12:
-        return d, spread, "tie"
-    if np.isnan(spread):
-        return d, spread, "holds (1 seed)" if d > 0 else "reversed (1 seed)"
-    if d > spread:
-        return d, spread, "holds, beyond the spread"
-    if d > 0:
-        return d, spread, "holds, within the spread"
-    if -d > spread:
-        return d, spread, "**reversed**, beyond the spread"
-    return d, spread, "reversed, within the spread"
-
-
-def _sp(x: float, digits: int = 1) -> str:
-    return "—" if np.isnan(x) else f"{x:.{digits}f}"
+    return verdict(a, b, scale)
 
 
 def _count(verdicts: list[str], what: str) -> str:
@@ -474,7 +457,7 @@ def _claims(rows: list[tuple[str, list[float], list[float], float, int]], unit: 
             continue
         d, sp, v = _verdict(a, b, scale)
         verdicts.append(v)
-        lines.append(f"| {text} | {d:+.{digits}f} | {_sp(sp, digits)} | {v} |")
+        lines.append(f"| {text} | {d:+.{digits}f} | {spread_text(sp, digits)} | {v} |")
     return (lines + [""] if verdicts else []), verdicts
 
 
