@@ -79,3 +79,20 @@ def verdict(a: list[float], b: list[float], scale: float = 1.0) -> tuple[float, 
 def spread_text(spread: float, digits: int = 1) -> str:
     """A spread for a table cell ("—" for one seed)."""
     return "—" if spread != spread else f"{spread:.{digits}f}"
+
+
+def warm_caches(raw_configs: list[dict]) -> None:
+    """Load every data set of these configs once (``[data]`` and ``[[client_data]]``), so
+    features computed and cached on first use are there before the workers race to fill
+    the caches."""
+    from mmfl.config import resolve
+    from mmfl.data import DATASETS
+
+    seen = set()
+    for raw in raw_configs:
+        cfg = resolve(raw)
+        for comp in [cfg.data, *[e.data for e in cfg.client_data]]:
+            key = (comp.name, repr(comp.params))
+            if key not in seen:
+                seen.add(key)
+                DATASETS.get(comp.name).factory(comp.params)

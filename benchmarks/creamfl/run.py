@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mmfl.sweep import machine, run_pool, spread_text, verdict
+from mmfl.sweep import machine, run_pool, spread_text, verdict, warm_caches
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -251,18 +251,6 @@ def _run_one(name: str, raw: dict, raw_dir: str) -> tuple[str, float, str | None
         return name, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
 
 
-def warm_caches(s: dict) -> None:
-    """Load every data set once (frozen-encoder features are cached on first use) before
-    the workers race to fill the caches."""
-    from mmfl.config import resolve
-    from mmfl.data import DATASETS
-
-    for setting in s["settings"]:
-        cfg = resolve(base_raw(setting, s))
-        for comp in [cfg.data, *[e.data for e in cfg.client_data]]:
-            DATASETS.get(comp.name).factory(comp.params)
-
-
 def execute(s: dict, raw_dir: Path, workers: int) -> int:
     """Run what is not finished yet; return how many runs this call ran."""
     runs = plan(s)
@@ -271,7 +259,7 @@ def execute(s: dict, raw_dir: Path, workers: int) -> int:
           f"{len(todo)} to do, {workers} workers", flush=True)
     if not todo:
         return 0
-    warm_caches(s)
+    warm_caches([base_raw(setting, s) for setting in s["settings"]])
     return run_pool(todo, _run_one, raw_dir, workers)
 
 

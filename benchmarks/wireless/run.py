@@ -83,7 +83,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mmfl.sweep import machine, run_pool, spread_text, verdict
+from mmfl.sweep import machine, run_pool, spread_text, verdict, warm_caches
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -345,17 +345,6 @@ def _run_one(name: str, raw: dict, raw_dir: str) -> tuple[str, float, str | None
         return name, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
 
 
-def warm_caches(s: dict) -> None:
-    """Load every data set once (the audio features are cached on first use) before the
-    workers race to fill the caches."""
-    from mmfl.config import resolve
-    from mmfl.data import DATASETS
-
-    for setting in s["settings"]:
-        cfg = resolve(base_raw(setting, s))
-        DATASETS.get(cfg.data.name).factory(cfg.data.params)
-
-
 def execute(s: dict, raw_dir: Path, workers: int) -> int:
     runs = plan(s)
     todo = [(n, r) for n, r in runs if not _done(raw_dir, n, r)]
@@ -363,7 +352,7 @@ def execute(s: dict, raw_dir: Path, workers: int) -> int:
           f"{len(todo)} to do, {workers} workers", flush=True)
     if not todo:
         return 0
-    warm_caches(s)
+    warm_caches([base_raw(setting, s) for setting in s["settings"]])
     return run_pool(todo, _run_one, raw_dir, workers)
 
 
