@@ -47,6 +47,7 @@ from torch import Tensor, nn
 from mmfl.algorithms import preset, register
 from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.fedavg import weighted_average, weighted_mean_scalar
+from mmfl.algorithms.multimodal import only_held
 from mmfl.engine.message import Message
 from mmfl.engine.training import (evaluate_model, load_into, load_optimizer_state, make_optimizer,
                                   optimizer_state, state_of)
@@ -118,15 +119,7 @@ def shareable_of(meta, name: str) -> tuple[str, str]:
 
 def global_keys(model: nn.Module, private: str, variant: str, holds) -> list[str]:
     """The state-dict keys of F_g a client holding ``holds`` trains and exchanges."""
-    mods = [private] if variant == "private" else [m for m in holds]
-    out = []
-    for k in model.state_dict():
-        head = k.split(".")[0]
-        if head in ("fusion", "classifier"):
-            out.append(k)
-        elif head in ("encoders", "proj", "heads") and k.split(".")[1] in mods:
-            out.append(k)
-    return out
+    return list(only_held(model.state_dict(), (private,) if variant == "private" else tuple(holds)))
 
 
 def branch_embed(model: nn.Module, m: str, x: Tensor) -> Tensor:
