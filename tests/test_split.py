@@ -12,8 +12,8 @@ import torch
 from mmfl.algorithms import ALGORITHMS
 from mmfl.algorithms.base import ClientContext, ServerContext
 from mmfl.algorithms.multimodal import MFedAvgClient, MFedAvgParams
-from mmfl.algorithms.split import (ACT, GRAD, LABELS, ORDER, RoundMeter, SplitClient, SplitParams, SplitServer,
-                                   batch_schedule, client_keys, is_client_key)
+from mmfl.algorithms.split import (ACT, GRAD, GRAD_REP, LABELS, ORDER, REP, ZREP, RoundMeter, SplitClient,
+                                   SplitParams, SplitServer, batch_schedule, client_keys, is_client_key)
 from mmfl.config import TrainConfig, resolve
 from mmfl.data.base import PRESENT, ArrayDataset, DatasetMeta
 from mmfl.engine.runner import Experiment
@@ -45,8 +45,9 @@ class DirectTransport:
     """Delivers each message to the client's handler in this process, with a persistent state per
     client (what the engine's store does), and records every (route, message, reply)."""
 
-    def __init__(self, data, train, pools):
+    def __init__(self, data, train, pools, params=None):
         self.num_clients = len(data)
+        self.params = params
         self.data, self.train, self.pools = data, train, pools
         self.states = {cid: {} for cid in data}
         self.log = []
@@ -58,24 +59,25 @@ class DirectTransport:
                                 meta=META, train=self.train, state=dict(self.states[cid]),
                                 model_pool=lambda key, c=cid: self.pools[c], modalities=HOLDS[cid])
             seed_torch(ctx.seed)
-            reply = SplitClient(None, ctx).handle(route, msg)
+            reply = SplitClient(self.params, ctx).handle(route, msg)
             self.log.append((cid, route, msg, reply, dict(ctx.state)))
             self.states[cid] = ctx.state
             out[cid] = reply
         return out
 
 
-def setup(train, data=None, **params):
+def setup(train, data=None, dropout=0.3, **params):
     data = data or toy_data()
     datas = {0: data, 1: data.with_features(["image"])}
-    server = SplitServer(SplitParams(**params), ServerContext(META, train, seed=0, num_clients=2,
-                                                              make_model=make_model, client_modalities=HOLDS))
-    pools = {c: make_model().keep_only(HOLDS[c]) for c in (0, 1)}
+    params = SplitParams(**params)
+    server = SplitServer(params, ServerContext(META, train, seed=0, num_clients=2,
+                                               make_model=lambda: make_model(dropout), client_modalities=HOLDS))
+    pools = {c: make_model(dropout).keep_only(HOLDS[c]) for c in (0, 1)}
     for p in pools.values():  # the pooled models start from other weights: the session must load them
         with torch.no_grad():
             for t in p.parameters():
                 t.add_(1.0)
-    return server, DirectTransport(datas, train, pools), datas
+    return server, DirectTransport(datas, train, pools, params), datas
 
 
 def unsplit_loss(model, out, labels):
@@ -175,6 +177,126 @@ def test_a_session_trains_like_the_unsplit_model(optimizer):
     assert losses == pytest.approx(ref_losses, abs=1e-5)
     for k, v in ref.state_dict().items():
         assert torch.allclose(server.model.state_dict()[k].to(v.dtype), v, atol=1e-5), k
+
+
+# ----------------------------------------------------------------------------- U-shaped
+
+
+@pytest.mark.parametrize("cid", [0, 1], ids=["both-modalities-with-masks", "image-only"])
+def test_u_shaped_gradients_equal_the_unsplit_model_and_labels_stay(cid):
+    """U-shaped: the encoders' outputs go up without labels, the fusion output comes down, the
+    client's d loss / d rep goes up, the encoder gradients come down; every parameter's
+    gradient and the step equal the unsplit model's (dropout 0: the client draws it)."""
+    train = TrainConfig(local_epochs=1, batch_size=64, lr=0.05, momentum=0.9, weight_decay=1e-4)
+    server, transport, datas = setup(train, dropout=0.0, u_shaped=True)
+    ref = make_model(0.0).keep_only(HOLDS[cid])
+    ref.load_state_dict({k: v for k, v in server.model.state_dict().items() if k in ref.state_dict()})
+    losses = []
+    server.session(0, cid, transport, RoundMeter(), losses)
+
+    routes = [r for _, r, *_ in transport.log]
+    assert routes == ["sl_begin", "sl_forward", "sl_tail", "sl_backward", "sl_end"]
+    begin = transport.log[0][2]
+    assert sorted(begin.arrays) == sorted(client_keys(model_tensors(ref), HOLDS[cid], u_shaped=True))
+    assert {k.split(".")[0] for k in begin.arrays} == {"encoders", "classifier", "heads"}
+    state = transport.log[0][4]
+    inputs, labels = datas[cid].get(state[ORDER][0])
+    fwd, tail_down, tail_up, grads = (transport.log[1][3], transport.log[2][2], transport.log[2][3],
+                                      transport.log[3][2])
+    for _, _, _, reply, _ in transport.log:  # no reply carries the labels
+        assert LABELS not in reply.arrays
+        assert all(not torch.equal(v.reshape(-1).to(labels.dtype), labels) for v in reply.arrays.values()
+                   if v.numel() == labels.numel())
+
+    ref.train()
+    out = ref(inputs)
+    loss = unsplit_loss(ref, out, labels)
+    loss.backward()
+    assert losses == pytest.approx([float(loss.detach())], abs=1e-6)
+    for m in HOLDS[cid]:
+        mask = inputs.get(PRESENT + m)
+        rows = mask if mask is not None else torch.ones(labels.shape[0], dtype=torch.bool)
+        assert torch.allclose(fwd.arrays[ACT + m], out["mod_feats"][m][rows], atol=1e-6)
+        assert torch.allclose(tail_down.arrays[ZREP + m], out["mod_reps"][m][rows], atol=1e-6)
+        assert grads.arrays[GRAD + m].shape == fwd.arrays[ACT + m].shape
+    assert torch.allclose(tail_down.arrays[REP], out["rep"], atol=1e-6)
+    assert tail_up.arrays[GRAD_REP].shape == out["rep"].shape
+
+    client_grads = dict(transport.pools[cid].named_parameters())
+    server_grads = dict(server.model.named_parameters())
+    for name, p in ref.named_parameters():
+        side = client_grads if is_client_key(name, u_shaped=True) else server_grads
+        assert (side is server_grads) == (name.split(".")[0] in ("proj", "fusion")), name
+        got, want = side[name].grad, (p.grad if p.grad is not None else torch.zeros_like(p))
+        assert got is not None and torch.allclose(got, want, atol=1e-6), name
+
+    opt = make_optimizer(ref.parameters(), train)
+    opt.step()
+    end = transport.log[4][3]
+    for k, v in ref.state_dict().items():
+        got = end.arrays[k] if is_client_key(k, u_shaped=True) else server.model.state_dict()[k]
+        assert torch.allclose(got.to(v.dtype), v, atol=1e-6), k
+    assert transport.states[cid] == {}
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_u_shaped_session_trains_like_the_unsplit_model(optimizer):
+    train = TrainConfig(local_epochs=2, batch_size=5, lr=0.05, momentum=0.9, weight_decay=1e-4, optimizer=optimizer)
+    server, transport, datas = setup(train, dropout=0.0, u_shaped=True)
+    ref = make_model(0.0)
+    ref.load_state_dict(server.model.state_dict())
+    losses = []
+    server.session(0, 0, transport, RoundMeter(), losses)
+    order = transport.log[0][4][ORDER]
+    ref.train()
+    opt = make_optimizer(ref.parameters(), train)
+    ref_losses = []
+    for e, s, stop in batch_schedule(12, 5, 2):
+        inputs, labels = datas[0].get(order[e, s:stop])
+        opt.zero_grad(set_to_none=True)
+        loss = unsplit_loss(ref, ref(inputs), labels)
+        loss.backward()
+        opt.step()
+        ref_losses.append(float(loss.detach()))
+    assert len(losses) == 6 and losses == pytest.approx(ref_losses, abs=1e-5)
+    for k, v in ref.state_dict().items():
+        assert torch.allclose(server.model.state_dict()[k].to(v.dtype), v, atol=1e-5), k
+
+
+def test_u_shaped_runs_under_private_labels_where_vanilla_is_refused(tmp_path):
+    """With ``[privacy] labels = "private"`` the engine refuses vanilla split learning's first
+    labelled upload; the U-shaped variant trains, and its bytes are the cut tensors both ways."""
+    privacy = {"default": "shareable", "labels": "private"}
+    raw = raw_config(tmp_path / "v", privacy=privacy)
+    with pytest.raises(Exception, match="label"):
+        Experiment(resolve(raw), progress=False).run()
+
+    raw = raw_config(tmp_path / "u", algo="split_learning_u", privacy=privacy, model={
+        "name": "multimodal", "feat_dim": 8, "cnn_channels": [4], "mlp_hidden": [16], "dropout": 0.0})
+    exp = Experiment(resolve(raw), progress=False)
+    exp.run()
+    row = load_metrics(tmp_path / "u" / "split_learning_u")[-1]
+    assert math.isfinite(row["accuracy"]) and row["accuracy"] > 0.2
+    batches = up_acts = 0
+    for cid, data in enumerate(exp.federation.clients):
+        sched = batch_schedule(len(data), 64, 2)
+        batches += len(sched)
+        for m in exp.federation.modalities_of(cid):
+            up_acts += exp.server.model.encoders[m](data.get()[0][m][:2]).shape[1] * len(data) * 2 * 4
+    by_route = row["bytes_by_route"]
+    assert by_route["sl_forward"] == {"down": 8 * batches, "up": up_acts + 8 * batches}  # + the batch size
+    assert by_route["sl_backward"] == {"down": up_acts, "up": 0}
+    n_rows = sum(len(d) for d in exp.federation.clients) * 2
+    assert by_route["sl_tail"]["up"] == n_rows * exp.server.model.fusion_out_dim * 4 + 8 * batches  # + the loss
+    assert row["messages"] == 2 * (3 * 2 + 3 * batches) and row["steps"] == batches
+
+
+def test_u_shaped_needs_server_side_parameters():
+    ctx = ServerContext(META, TrainConfig(), 0, 1, lambda: MultimodalModel(
+        dict(META.modalities), 3, feat_dim=6, cnn_channels=[4], mlp_hidden=[8], projector="none"))
+    with pytest.raises(ConfigError, match="no parameters"):
+        SplitServer(SplitParams(u_shaped=True), ctx)
+    SplitServer(SplitParams(), ctx)  # vanilla: the classifier is the server's
 
 
 # ----------------------------------------------------------------------------- through the engine

@@ -18,16 +18,19 @@ Settings (the configs as they are, except ``threads = 1``, the run's ``seed`` an
 
 Groups:
 
-- ``fig``: Fig. 2 / Fig. 4 analog: pfl_centralized, split_learning, pfl_fedavg, pfl_fedprox,
-  partialfl, partialfl_prox, each with a uni-modal global model (the private modality only,
+- ``fig``: Fig. 2 / Fig. 4 analog: pfl_centralized, split_learning, split_learning_u (U-shaped,
+  not in the paper), pfl_fedavg, pfl_fedprox, partialfl, partialfl_prox, each with a uni-modal global model (the private modality only,
   ``algorithm.global_model = "private"``) and a multimodal one (``"both"``, fusion "sum"),
   seeds 0, 1, 2, both settings. Split learning: "both" = clients hold both modalities (the
   client side is both encoders + projectors, the server side the fusion and classifier);
   "private" = every client holds the private modality only (``[modalities] mixed`` with
   ``multimodal_fraction = 0``), and its final model is evaluated on the private modality
   only (the engine's own evaluation feeds the test set's shareable modality through the
-  never-trained branch). Split learning uploads each batch's labels, so its runs set
-  ``privacy.labels = "shareable"``; every other run keeps the configs' ``labels = "private"``.
+  never-trained branch). Vanilla split learning uploads each batch's labels, so its runs set
+  ``privacy.labels = "shareable"``; every other run (U-shaped split learning included) keeps
+  the configs' ``labels = "private"``. U-shaped: same client sets; the cuts are after the
+  encoders and after the fusion (client: encoders + classifier + heads, server: projectors +
+  fusion).
   Centralized: one pooled client (the engine samples it every round) with the same model.
 - ``t2``: Table 2 analog (emoji): Dirichlet beta (the paper's alpha) 1.0, 0.5, 0.1 for
   pfl_fedavg vs partialfl, both global models (beta 0.5 = the ``fig`` runs).
@@ -44,7 +47,7 @@ its seed. Runs go to ``benchmarks/results/raw/partialfl/<run>/``; a finished run
 stopped (a failed run, with its failed.txt, is tried again). ``--workers`` worker processes
 (spawn) with one torch thread each.
 
-Cost: 117 runs (digits 45, emoji 72), estimated from the --quick runs' per-round times on a
+Cost: 129 runs (digits 51, emoji 78; 117 before split_learning_u was added), estimated from the --quick runs' per-round times on a
 shared machine (load ~4 on 2 cores, the runs at nice 19): about 115 min of single-thread compute
 (digits 0.9-2.6 s per round, emoji 0.25-0.8 s), so roughly 45-60 minutes wall with 2 workers
 on 2 cores (less when the cores are idle). ``--quick``: 33 runs of 3 rounds, 1 seed, about
@@ -74,8 +77,11 @@ SETTING_TITLE = {"digits": "spoken digits: FSDD audio (private) + MNIST image (s
 # the paper's metric per setting: UAR for speech (IEMOCAP / MSP-Improv), top-5 for Food-101
 PRIMARY = {"digits": "uar", "emoji": "accuracy_top5"}
 METRICS = [("uar", "UAR"), ("accuracy", "top-1"), ("accuracy_top5", "top-5")]
-METHODS = ["pfl_centralized", "split_learning", "pfl_fedavg", "pfl_fedprox", "partialfl", "partialfl_prox"]
-LABEL = {"pfl_centralized": "Centralized", "split_learning": "Split learning", "pfl_fedavg": "FedAvg",
+METHODS = ["pfl_centralized", "split_learning", "split_learning_u", "pfl_fedavg", "pfl_fedprox", "partialfl",
+           "partialfl_prox"]
+SPLIT = ("split_learning", "split_learning_u")
+LABEL = {"pfl_centralized": "Centralized", "split_learning": "Split learning",
+         "split_learning_u": "Split learning, U-shaped", "pfl_fedavg": "FedAvg",
          "pfl_fedprox": "FedProx", "partialfl": "PartialFL + FedAvg", "partialfl_prox": "PartialFL + FedProx"}
 VARIANTS = ["private", "both"]
 VLABEL = {"private": "uni-modal global model (private modality only)",
@@ -139,9 +145,10 @@ def make_run(setting: str, method: str, variant: str, seed: int, s: dict,
     share, priv = modalities_of(setting)
     raw["seed"] = seed
     tags = []
-    if method == "split_learning":
-        raw["algorithm"] = {"name": "split_learning"}
-        raw["privacy"]["labels"] = "shareable"  # split learning uploads each batch's labels
+    if method in SPLIT:
+        raw["algorithm"] = {"name": method}
+        if method == "split_learning":
+            raw["privacy"]["labels"] = "shareable"  # vanilla split learning uploads each batch's labels
         if variant == "private":
             raw["modalities"] = {"name": "mixed", "multimodal_fraction": 0.0, "modalities": [priv]}
     else:
@@ -192,7 +199,7 @@ def plan(s: dict) -> list[tuple[str, dict]]:
 
 def _needs_private_eval(raw: dict) -> list[str] | None:
     """Split learning with clients holding the private modality only: evaluate on it only."""
-    if raw["algorithm"]["name"] == "split_learning" and raw.get("modalities", {}).get("name") == "mixed":
+    if raw["algorithm"]["name"] in SPLIT and raw.get("modalities", {}).get("name") == "mixed":
         return list(raw["modalities"]["modalities"])
     return None
 
@@ -351,8 +358,8 @@ def fig_section(s, raw) -> tuple[list[str], list[str]]:
                 else:
                     up = _ms(_vals(raw, names, "_mb_up"), n, "_", 2)
                     down = _ms(_vals(raw, names, "_mb_down"), n, "_", 2)
-                ep = _ms(_vals(raw, names, "_mb_epoch"), n, "_", 2) if m == "split_learning" else "—"
-                msgs = _ms(_vals(raw, names, "_msgs"), n, "_", 0) if m == "split_learning" else "—"
+                ep = _ms(_vals(raw, names, "_mb_epoch"), n, "_", 2) if m in SPLIT else "—"
+                msgs = _ms(_vals(raw, names, "_msgs"), n, "_", 0) if m in SPLIT else "—"
                 out.append(f"| {LABEL[m]} | " + " | ".join(cells) + f" | {up} | {down} | {ep} | {msgs} |")
             out.append("")
             vals = {m: _vals(raw, fig_names(setting, m, variant, s), prim) for m in s["methods"]}
@@ -573,12 +580,15 @@ def findings(s, raw) -> list[str]:
             out.append(f"- **{setting}**: multimodal − uni-modal global model ({name}, points): "
                        + ", ".join(diffs) + ".")
         sl = _vals(raw, fig_names(setting, "split_learning", "private", s), "_mb_round")
+        su = _vals(raw, fig_names(setting, "split_learning_u", "private", s), "_mb_round")
         fa = _vals(raw, fig_names(setting, "pfl_fedavg", "private", s), "_mb_round")
         pfb = _vals(raw, fig_names(setting, "partialfl", "private", s), "_mb_total")
         fab = _vals(raw, fig_names(setting, "pfl_fedavg", "private", s), "_mb_total")
         if sl and fa:
             out.append(f"- **{setting}** bytes, uni-modal: split learning {np.mean(sl):.2f} MB / round vs FedAvg "
                        f"{np.mean(fa):.2f} MB / round ({np.mean(sl) / np.mean(fa):.2f}x)"
+                       + (f", U-shaped split learning {np.mean(su):.2f} MB / round "
+                          f"({np.mean(su) / np.mean(fa):.2f}x)" if su else "")
                        + (f"; PartialFL's whole run {np.mean(pfb):.1f} MB vs FedAvg's {np.mean(fab):.1f} MB "
                           f"({np.mean(pfb) / np.mean(fab):.2f}x)" if pfb and fab else "") + ".")
     return out
@@ -633,7 +643,9 @@ def write_report(s, raw: Path, path: Path, quick: bool) -> None:
         "- Methods: `pfl_centralized` (one pooled client: the upper bound; it presupposes collecting the private "
         "modality and the labels, which the privacy premise forbids, and the engine's privacy check cannot see "
         "it because the pooling happens before any message), `split_learning` (vanilla, sequential over the "
-        "round's cohort; it uploads labels, so these runs set `privacy.labels = \"shareable\"`), `pfl_fedavg`, "
+        "round's cohort; it uploads labels, so these runs set `privacy.labels = \"shareable\"`), "
+        "`split_learning_u` (U-shaped, not in the paper: the client keeps the encoders and the classifier, the "
+        "server the projectors and the fusion, so the labels stay private), `pfl_fedavg`, "
         "`pfl_fedprox` (mu 0.01), `partialfl`, `partialfl_prox`; every other run has the configs' `[privacy]` "
         "with the labels and the private modality private, checked on every reply. Registered defaults, "
         "nothing tuned on these results (the paper tunes tau in {0.05, 0.1, 0.2} and beta in {0.001, 0.01} "
@@ -642,7 +654,7 @@ def write_report(s, raw: Path, path: Path, quick: bool) -> None:
         "(the paper tests on held-out sessions); emoji, 20% of the emoji held out by emoji (380 pairs, one of "
         "the 99 subcategories absent, so UAR averages over 98).",
         "- Uni-modal split learning: every client holds the private modality only, the cut is after its "
-        "projector; the final server model is evaluated on the test set's private modality alone "
+        "projector (U-shaped: after its encoder and after the fusion); the final server model is evaluated on the test set's private modality alone "
         "(`eval_private.json` in the run folder).",
         f"- Seeds {s['seeds']} (run seed: model init, client sampling, Dirichlet partition; the data sets' "
         "own splits are fixed; the speaker split is the data's); mean ± std (population, ddof 0) over seeds.",

@@ -32,6 +32,25 @@ One round visits the cohort's clients one after the other. For client ``k``:
 3. ``sl_end`` (up): the client's trained client-side weights, which the server
    keeps and hands to the next client in ``sl_begin``.
 
+**U-shaped** (``split_learning_u``, ``u_shaped = true``; Vepakomma et al. 2018, "no label
+sharing"): the labels stay on the client, which keeps both ends of the model:
+
+- **client side**: ``encoders[m]`` of the modalities it holds (the front; its output
+  ``f_m = encoders[m](x_m)`` is the first cut), and the joint ``classifier`` with the
+  dropout before it and the per-modality heads ``heads[m]`` (the tail);
+- **server side**: the projectors ``proj[m]`` and the ``fusion`` (the middle).
+
+Per batch ``i``: ``sl_forward`` -> ``act/<m>`` = ``f_m`` (rows holding ``m``), the masks and
+the batch size, no labels; the server runs the projectors and the fusion and sends
+``sl_tail`` (down: ``rep`` ``[B, out_dim]``, the fusion's output, and ``z/<m>`` = the
+projector outputs of the rows holding ``m`` for the probes) -> the client runs the
+dropout, the classifier and the heads, the loss with its own labels, and backpropagates
+to ``rep`` and its tail parameters; it replies ``grad_rep`` = d loss / d ``rep`` and the
+loss. The server backpropagates ``grad_rep`` through the fusion and projectors, steps its
+optimizer and sends ``grad/<m>`` = d loss / d ``act/<m>`` (``sl_backward``); the client
+recomputes its front, backpropagates, and takes one optimizer step over front and tail.
+Three round trips per batch instead of two; the labels never leave the device.
+
 Every exchange is a ``transport.send``, so the engine counts activations,
 labels, gradients and weights like any other algorithm's bytes; the round adds
 ``bytes_per_epoch`` (the round's bytes / ``local_epochs``) and ``messages``.
@@ -49,7 +68,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from mmfl.algorithms import register
+from mmfl.algorithms import preset, register
 from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.multimodal import masked_ce, require_multimodal_model
 from mmfl.data.base import PRESENT
@@ -59,12 +78,15 @@ from mmfl.errors import ConfigError
 from mmfl.models.multimodal import branch_of
 
 CLIENT_MODULES = ("encoders", "proj")  # the client side of the cut; everything else is the server's
+U_FRONT, U_TAIL = ("encoders",), ("classifier", "heads")  # U-shaped: the client's two ends; proj + fusion: the server's
 ACT = "act/"  # client -> server: cut-layer activations of modality m (rows holding m)
 GRAD = "grad/"  # server -> client: d loss / d act/<m>
-LABELS = "labels"  # client -> server: the batch's labels
+LABELS = "labels"  # client -> server: the batch's labels (vanilla only)
+REP, ZREP, GRAD_REP = "rep", "z/", "grad_rep"  # U-shaped: fusion output down, projector outputs down, its gradient up
 STATE = "sl/"  # client state during a session: weights, optimizer, batch order, current batch
 W, OPT = STATE + "w/", STATE + "opt/"
 ORDER, BATCH, SEED = STATE + "order", STATE + "batch", STATE + "seed"
+TAIL_GRAD = STATE + "g/"  # U-shaped: the tail's gradients, from sl_tail until the step in sl_backward
 SERVER_OPT = "opt/"  # server checkpoint: the persistent server optimizer's state
 
 
@@ -75,9 +97,12 @@ class SplitParams:
     persistent_server_optimizer: bool = field(default=False, metadata={
         "help": "keep one server optimizer for the whole run (checkpointed); false: a fresh one per client "
                 "session, like the client's"})
+    u_shaped: bool = field(default=False, metadata={
+        "help": "U-shaped split learning: the client keeps the encoders and the classifier + heads, the server "
+                "the projectors + fusion; labels never leave the client"})
 
     def __post_init__(self):
-        for key in ("probe", "persistent_server_optimizer"):
+        for key in ("probe", "persistent_server_optimizer", "u_shaped"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"algorithm.{key}: expected true or false, got {getattr(self, key)!r}")
 
@@ -85,14 +110,18 @@ class SplitParams:
 # ----------------------------------------------------------------------------- the cut
 
 
-def is_client_key(key: str) -> bool:
-    """Whether a state-dict key of the multimodal model is on the client side of the cut."""
-    return key.split(".", 1)[0] in CLIENT_MODULES and branch_of(key) is not None
+def is_client_key(key: str, u_shaped: bool = False) -> bool:
+    """Whether a state-dict key of the multimodal model is on the client side of the cut(s)."""
+    top = key.split(".", 1)[0]
+    if u_shaped:
+        return top == "classifier" or (top in U_FRONT + U_TAIL and branch_of(key) is not None)
+    return top in CLIENT_MODULES and branch_of(key) is not None
 
 
-def client_keys(keys, holds) -> list[str]:
-    """The client-side keys (encoders and projectors) of the modalities in ``holds``."""
-    return [k for k in keys if is_client_key(k) and branch_of(k) in holds]
+def client_keys(keys, holds, u_shaped: bool = False) -> list[str]:
+    """The client-side keys of a client holding ``holds``: vanilla, the encoders and projectors
+    of its modalities; U-shaped, its encoders and heads and the joint classifier."""
+    return [k for k in keys if is_client_key(k, u_shaped) and branch_of(k) in (*holds, None)]
 
 
 def batch_schedule(n: int, batch_size: int, epochs: int) -> list[tuple[int, int, int]]:
@@ -109,9 +138,26 @@ def batch_schedule(n: int, batch_size: int, epochs: int) -> list[tuple[int, int,
     return out
 
 
-def client_forward(model: nn.Module, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The cut-layer activations ``proj[m](encoders[m](x_m))`` ``[B, d]`` of the held modalities."""
+def client_forward(model: nn.Module, inputs: dict[str, Tensor], u_shaped: bool = False) -> dict[str, Tensor]:
+    """The cut-layer activations of the held modalities: ``proj[m](encoders[m](x_m))`` ``[B, d]``,
+    or U-shaped the encoder outputs ``encoders[m](x_m)``."""
+    if u_shaped:
+        return {m: model.encoders[m](inputs[m]) for m in model.holds if m in inputs}
     return {m: model.proj[m](model.encoders[m](inputs[m])) for m in model.holds if m in inputs}
+
+
+def middle_forward(model: nn.Module, acts: dict[str, Tensor], present: dict[str, Tensor | None],
+                   batch: int) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
+    """U-shaped server side: ``(rep, z, masks)``, the projectors on the full-batch encoder
+    outputs ``acts[m]`` and the fusion of the masked slots, as :meth:`MultimodalModel.forward`
+    computes them (the projectors are row-wise, so a missing row's zeros change no other row)."""
+    device, dtype = model.classifier.weight.device, model.classifier.weight.dtype
+    masks = {m: (p.to(device=device, dtype=torch.bool).reshape(batch) if p is not None
+                 else torch.ones(batch, dtype=torch.bool, device=device)) for m, p in present.items()}
+    z = {m: model.proj[m](a) for m, a in acts.items()}
+    zeros = torch.zeros(batch, model.feat_dim, device=device, dtype=dtype)
+    slots = [torch.where(masks[m].unsqueeze(1), z[m], zeros) if m in z else zeros for m in model.modalities]
+    return model.fusion(slots), z, masks
 
 
 def server_forward(model: nn.Module, acts: dict[str, Tensor], present: dict[str, Tensor | None],
@@ -143,9 +189,10 @@ def server_loss(model: nn.Module, out: dict, labels: Tensor, probe: bool) -> Ten
     return task + total
 
 
-def activation_message(acts: dict[str, Tensor], inputs: dict[str, Tensor], labels: Tensor) -> Message:
+def activation_message(acts: dict[str, Tensor], inputs: dict[str, Tensor], labels: Tensor,
+                       send_labels: bool = True) -> Message:
     """``sl_forward``'s reply: each modality's activations of the rows holding it, its mask
-    (only where the data has one) and the labels."""
+    (only where the data has one) and the labels (U-shaped: the batch size instead)."""
     arrays = {}
     for m, a in acts.items():
         mask = inputs.get(PRESENT + m)
@@ -154,15 +201,18 @@ def activation_message(acts: dict[str, Tensor], inputs: dict[str, Tensor], label
             arrays[PRESENT + m] = mask
             a = a[mask]
         arrays[ACT + m] = a.detach()
-    arrays[LABELS] = labels
-    return Message(arrays=arrays)
+    if send_labels:
+        arrays[LABELS] = labels
+        return Message(arrays=arrays)
+    return Message(arrays=arrays, scalars={"batch_size": int(labels.shape[0])})
 
 
-def unpack_activations(msg: Message, feat_dim: int) -> tuple[dict[str, Tensor], dict[str, Tensor], dict, Tensor]:
-    """``(leaves, full, present, labels)``: the received activations as leaves requiring grad,
-    scattered into full-batch ``[B, d]`` tensors (zeros where a sample lacks ``m``), the masks."""
-    labels = msg.arrays[LABELS]
-    b = int(labels.shape[0])
+def unpack_activations(msg: Message) -> tuple[dict[str, Tensor], dict[str, Tensor], dict, Tensor | None, int]:
+    """``(leaves, full, present, labels, B)``: the received activations as leaves requiring grad,
+    scattered into full-batch ``[B, d]`` tensors (zeros where a sample lacks ``m``), the masks,
+    the labels (None U-shaped) and the batch size."""
+    labels = msg.arrays.get(LABELS)
+    b = int(labels.shape[0]) if labels is not None else int(msg.scalars["batch_size"])
     leaves, full, present = {}, {}, {}
     for key in sorted(k for k in msg.arrays if k.startswith(ACT)):
         m = key[len(ACT):]
@@ -173,9 +223,13 @@ def unpack_activations(msg: Message, feat_dim: int) -> tuple[dict[str, Tensor], 
         else:
             mask = mask.to(torch.bool).reshape(b)
             rows = mask.nonzero(as_tuple=True)[0]
-            full[m] = leaf.new_zeros(b, feat_dim).index_put((rows,), leaf)
+            full[m] = leaf.new_zeros(b, leaf.shape[1]).index_put((rows,), leaf)
         leaves[m], present[m] = leaf, mask
-    return leaves, full, present, labels
+    return leaves, full, present, labels, b
+
+
+def rows_of(t: Tensor, mask: Tensor | None) -> Tensor:
+    return t[mask.to(torch.bool).reshape(-1)] if mask is not None else t
 
 
 # ----------------------------------------------------------------------------- server
@@ -204,7 +258,11 @@ class SplitServer(Server):
         if getattr(self.model, "infil", None) is not None:
             raise ConfigError("model.two_projector: split_learning cuts after the self projectors; "
                               "set model.two_projector = false")
-        self.server_params = {n: p for n, p in self.model.named_parameters() if not is_client_key(n)}
+        self.u = params.u_shaped
+        self.server_params = {n: p for n, p in self.model.named_parameters() if not is_client_key(n, self.u)}
+        if not self.server_params:
+            raise ConfigError("split_learning_u: the server side (projectors + fusion) has no parameters; "
+                              "set model.projector to 'linear' or 'mlp', or use a fusion with parameters")
         self.names = {id(p): n for n, p in self.server_params.items()}
         self.opt = self.new_optimizer() if params.persistent_server_optimizer else None
 
@@ -221,7 +279,7 @@ class SplitServer(Server):
     def serve_batch(self, rnd: int, cid: int, step: int, reply: Message, opt) -> tuple[Message, float]:
         """Server forward, loss, backward and step on one ``sl_forward`` reply; the gradients
         to send down (``grad/<m>``) and the loss."""
-        leaves, full, present, labels = unpack_activations(reply, self.model.feat_dim)
+        leaves, full, present, labels, _ = unpack_activations(reply)
         self.model.train()
         opt.zero_grad(set_to_none=True)
         seed_torch(self.batch_seed(rnd, cid, step))
@@ -232,6 +290,30 @@ class SplitServer(Server):
         grads = {GRAD + m: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)).detach()
                  for m, leaf in leaves.items()}
         return Message(arrays=grads), float(loss.detach())
+
+    def serve_middle(self, cid: int, reply: Message, opt, meter: RoundMeter, transport) -> tuple[Message, float] | None:
+        """U-shaped: projectors + fusion on one ``sl_forward`` reply, ``sl_tail`` down (the fusion
+        output and, for the probes, the projector outputs), backward of the returned
+        ``grad_rep`` and the server step; the gradients to send down and the client's loss
+        (None if the client did not answer)."""
+        leaves, full, present, _, b = unpack_activations(reply)
+        self.model.train()
+        opt.zero_grad(set_to_none=True)
+        rep, z, masks = middle_forward(self.model, full, present, b)
+        down = {REP: rep.detach()}
+        if self.params.probe:
+            down.update({ZREP + m: rows_of(z[m], present[m]).detach() for m in z})
+        tail = meter.send(transport, "sl_tail", cid, Message(arrays=down))
+        if tail is None:
+            return None
+        grad_rep = tail.arrays[GRAD_REP]
+        if grad_rep.shape != rep.shape:
+            raise RuntimeError(f"client {cid} sent grad_rep of shape {tuple(grad_rep.shape)}, expected {tuple(rep.shape)}")
+        rep.backward(grad_rep.to(rep.dtype))
+        opt.step()
+        grads = {GRAD + m: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)).detach()
+                 for m, leaf in leaves.items()}
+        return Message(arrays=grads), float(tail.scalars["loss"])
 
     # --- the round --------------------------------------------------------------------
     def round(self, rnd, cohort, transport):
@@ -253,7 +335,7 @@ class SplitServer(Server):
         if a reply was missing (then its client-side weights are not taken; the server-side
         steps of the batches before stay)."""
         own = model_tensors(self.model)
-        keys = client_keys(own, self.ctx.modalities_of(cid))
+        keys = client_keys(own, self.ctx.modalities_of(cid), self.u)
         begin = meter.send(transport, "sl_begin", cid, Message(arrays={k: own[k].detach().clone() for k in keys}))
         if begin is None:
             return None
@@ -262,7 +344,13 @@ class SplitServer(Server):
             fwd = meter.send(transport, "sl_forward", cid, Message(scalars={"batch": i}))
             if fwd is None:
                 return None
-            grads, loss = self.serve_batch(rnd, cid, i, fwd, opt)
+            if self.u:
+                served = self.serve_middle(cid, fwd, opt, meter, transport)
+                if served is None:
+                    return None
+                grads, loss = served
+            else:
+                grads, loss = self.serve_batch(rnd, cid, i, fwd, opt)
             losses.append(loss)
             if meter.send(transport, "sl_backward", cid, grads) is None:
                 return None
@@ -296,9 +384,13 @@ class SplitServer(Server):
 class SplitClient(Client):
     """The client side of the cut; between messages it keeps its session in ``ctx.state["sl/*"]``."""
 
+    @property
+    def u(self) -> bool:
+        return bool(getattr(self.params, "u_shaped", False))
+
     def _model(self) -> tuple[nn.Module, list[str]]:
         model = self.ctx.model("local")
-        return model, client_keys(model_tensors(model), self.ctx.modalities)
+        return model, client_keys(model_tensors(model), self.ctx.modalities, self.u)
 
     def _load(self) -> tuple[nn.Module, list[str]]:
         """The pooled model with this session's client-side weights (and buffers)."""
@@ -324,7 +416,7 @@ class SplitClient(Client):
         own = model_tensors(model)
         if sorted(msg.arrays) != sorted(keys) or any(own[k].shape != msg.arrays[k].shape for k in keys):
             raise ConfigError(f"client {self.ctx.cid}: split_learning hands one model from client to client; "
-                              "its encoders and projectors must have the server's architecture "
+                              "its client side must have the server's architecture "
                               "(no [[client_models]] changing them)")
         self._clear()
         n, g = len(self.ctx.data), self.ctx.generator()
@@ -342,10 +434,36 @@ class SplitClient(Client):
         self.ctx.state[SEED] = torch.tensor(self.ctx.seed)
         with torch.no_grad():
             seed_torch(self.ctx.seed)  # the recompute in sl_backward draws the same dropout
-            acts = client_forward(model, inputs)
+            acts = client_forward(model, inputs, self.u)
         # the BatchNorm statistics this forward changed in the pooled model are not kept: the
         # recompute in sl_backward updates them, once
-        return activation_message(acts, inputs, labels)
+        return activation_message(acts, inputs, labels, send_labels=not self.u)
+
+    def sl_tail(self, msg: Message) -> Message:
+        """U-shaped: dropout + classifier + heads on the server's fusion output, MFedAvg's loss
+        with the client's own labels; keeps the tail's gradients for the step in sl_backward
+        and replies d loss / d rep and the loss."""
+        inputs, labels = self._batch(int(self.ctx.state[BATCH]))
+        model, keys = self._load()
+        rep = msg.arrays[REP].detach().clone().requires_grad_(True)
+        b = int(labels.shape[0])
+        masks, z = {}, {}
+        for m in model.holds:
+            mask = inputs.get(PRESENT + m)
+            masks[m] = (mask.to(torch.bool).reshape(b) if mask is not None else torch.ones(b, dtype=torch.bool))
+            if ZREP + m in msg.arrays:
+                rows = masks[m].nonzero(as_tuple=True)[0]
+                zm = msg.arrays[ZREP + m]
+                z[m] = zm.new_zeros(b, zm.shape[1]).index_put((rows,), zm)
+        tail = {n: p for n, p in model.named_parameters() if n in set(keys) and n.split(".", 1)[0] in U_TAIL}
+        for p in tail.values():
+            p.grad = None
+        logits = model.classifier(model.dropout(rep))
+        loss = server_loss(model, {"logits": logits, "mod_reps": z, "present": masks}, labels, bool(z))
+        loss.backward()
+        self.ctx.state.update({TAIL_GRAD + n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
+                               for n, p in tail.items()})
+        return Message(arrays={GRAD_REP: rep.grad.detach()}, scalars={"loss": float(loss.detach())})
 
     def sl_backward(self, msg: Message) -> Message:
         inputs, _ = self._batch(int(self.ctx.state[BATCH]))
@@ -354,13 +472,15 @@ class SplitClient(Client):
         for p in params.values():
             p.grad = None
         seed_torch(int(self.ctx.state[SEED]))
-        acts = client_forward(model, inputs)
+        acts = client_forward(model, inputs, self.u)
         outs, grads = [], []
         for m, a in acts.items():
-            mask = inputs.get(PRESENT + m)
-            outs.append(a[mask.to(torch.bool).reshape(-1)] if mask is not None else a)
+            outs.append(rows_of(a, inputs.get(PRESENT + m)))
             grads.append(msg.arrays[GRAD + m])
         torch.autograd.backward(outs, grads)
+        for n, p in params.items():  # U-shaped: the tail's gradients from sl_tail
+            if TAIL_GRAD + n in self.ctx.state:
+                p.grad = self.ctx.state.pop(TAIL_GRAD + n).clone()
         opt = make_optimizer(list(params.values()), self.ctx.train)
         load_optimizer_state(opt, params, self.ctx.state, OPT)
         opt.step()
@@ -380,3 +500,6 @@ class SplitClient(Client):
 register("split_learning", SplitParams, SplitServer, SplitClient,
          help="split learning (vanilla, sequential): client-side encoders + projectors, server-side fusion + "
               "classifier; activations and labels up, gradients down, per batch")
+register("split_learning_u", preset("SplitUParams", SplitParams, u_shaped=True), SplitServer, SplitClient,
+         help="U-shaped split learning (sequential): the client keeps the encoders and the classifier + heads, "
+              "the server the projectors + fusion; labels never leave the client")
