@@ -30,6 +30,7 @@ def test_packaged_config_resolves(path):
     ("creamfl_mfeat.toml", ["algorithm.name=creamfl_fediot", "client_models=[]"]),
     ("partialfl_digits.toml", ['algorithm={name="split_learning"}', 'privacy.labels="shareable"']),
     ("partialfl_emoji.toml", ['algorithm={name="split_learning_u"}']),
+    ("partialfl_digits.toml", ['partition={name="dirichlet", num_clients=20, beta=0.5}', "clients_per_round=10"]),
     ("partialfl_digits.toml", ["algorithm.name=pfl_centralized"]),
     ("partialfl_emoji.toml", ["algorithm.global_model=both"]),
     ("wireless_mfeat.toml", ['algorithm={name="fedfomo"}']),

@@ -40,6 +40,8 @@ Groups:
   digits q in {1, 0.5, 0} (the paper's speech values); partialfl at every q and
   pfl_fedavg at q = 1 and q = 0 (its uni-modal model never reads the shareable modality,
   so q should not change it: a check).
+- ``dir``: the issue's second digits split: Dirichlet(0.5) label skew over 20 clients, 10 per
+  round, instead of one client per speaker; pfl_fedavg vs partialfl, both global models.
 
 A run's folder name is derived from its setting, method, global model, the overrides and
 its seed. Runs go to ``benchmarks/results/raw/partialfl/<run>/``; a finished run
@@ -47,7 +49,7 @@ its seed. Runs go to ``benchmarks/results/raw/partialfl/<run>/``; a finished run
 stopped (a failed run, with its failed.txt, is tried again). ``--workers`` worker processes
 (spawn) with one torch thread each.
 
-Cost: 129 runs (digits 51, emoji 78; 117 before split_learning_u was added), estimated from the --quick runs' per-round times on a
+Cost: 141 runs (digits 63, emoji 78; 117 before split_learning_u and ``dir`` were added), estimated from the --quick runs' per-round times on a
 shared machine (load ~4 on 2 cores, the runs at nice 19): about 115 min of single-thread compute
 (digits 0.9-2.6 s per round, emoji 0.25-0.8 s), so roughly 45-60 minutes wall with 2 workers
 on 2 cores (less when the cores are idle). ``--quick``: 33 runs of 3 rounds, 1 seed, about
@@ -89,10 +91,15 @@ VLABEL = {"private": "uni-modal global model (private modality only)",
 T2_BETAS = [1.0, 0.5, 0.1]
 T2_METHODS = ["pfl_fedavg", "partialfl"]
 T3_Q = {"digits": [1.0, 0.5, 0.0], "emoji": [1.0, 0.5, 0.25, 0.0]}
+# ``dir``: digits with a Dirichlet split over more clients (the issue's second digits setting)
+DIR_PARTITION = {"name": "dirichlet", "num_clients": 20, "beta": 0.5}
+DIR_PER_ROUND = 10
+DIR_METHODS = ["pfl_fedavg", "partialfl"]
 
 FULL = dict(seeds=[0, 1, 2], rounds={"digits": 50, "emoji": 80}, settings=list(SETTINGS),
-            groups=["fig", "t2", "t3"], methods=METHODS, t2_betas=T2_BETAS, t3_q=T3_Q)
-QUICK = dict(seeds=[0], rounds={"digits": 3, "emoji": 3}, settings=list(SETTINGS), groups=["fig", "t2", "t3"],
+            groups=["fig", "t2", "t3", "dir"], methods=METHODS, t2_betas=T2_BETAS, t3_q=T3_Q)
+QUICK = dict(seeds=[0], rounds={"digits": 3, "emoji": 3}, settings=list(SETTINGS),
+             groups=["fig", "t2", "t3", "dir"],
              methods=METHODS, t2_betas=[0.5, 0.1], t3_q={"digits": [1.0, 0.0], "emoji": [1.0, 0.5, 0.0]},
              quick=True)
 
@@ -138,9 +145,10 @@ def _fmt_v(v) -> str:
 
 
 def make_run(setting: str, method: str, variant: str, seed: int, s: dict,
-             beta: float | None = None, q: float | None = None) -> tuple[str, dict]:
+             beta: float | None = None, q: float | None = None, dirichlet: bool = False) -> tuple[str, dict]:
     """(run name, raw config). ``beta``: Dirichlet concentration (None or the config's: no tag);
-    ``q``: share of clients holding the shareable modality (None or 1: all of them, no tag)."""
+    ``q``: share of clients holding the shareable modality (None or 1: all of them, no tag);
+    ``dirichlet``: :data:`DIR_PARTITION` instead of the config's split (tag ``dir20``)."""
     raw = base_raw(setting, s)
     share, priv = modalities_of(setting)
     raw["seed"] = seed
@@ -156,6 +164,10 @@ def make_run(setting: str, method: str, variant: str, seed: int, s: dict,
         raw["algorithm"]["global_model"] = variant
         if variant == "both":
             raw["model"]["fusion"] = "sum"
+    if dirichlet:
+        raw["partition"] = dict(DIR_PARTITION)
+        raw["clients_per_round"] = DIR_PER_ROUND
+        tags.append(f"dir{DIR_PARTITION['num_clients']}")
     if beta is not None and beta != raw["partition"].get("beta"):
         raw["partition"]["beta"] = beta
         tags.append(f"beta={_fmt_v(beta)}")
@@ -190,6 +202,11 @@ def plan(s: dict) -> list[tuple[str, dict]]:
                 for q in s["t3_q"][setting]:
                     for m in (["partialfl", "pfl_fedavg"] if q in (0.0, 1.0) else ["partialfl"]):
                         name, raw = make_run(setting, m, "private", seed, s, q=q)
+                        runs.setdefault(name, raw)
+            if "dir" in s["groups"] and setting == "digits":
+                for variant in VARIANTS:
+                    for m in DIR_METHODS:
+                        name, raw = make_run(setting, m, variant, seed, s, dirichlet=True)
                         runs.setdefault(name, raw)
     return list(runs.items())
 
@@ -463,6 +480,35 @@ def t2_section(s, raw) -> tuple[list[str], list[str]]:
     return out + ["Checks:", ""] + lines + [""], summary
 
 
+def dir_section(s, raw) -> tuple[list[str], list[str]]:
+    """The digits Dirichlet split next to the speaker split, FL vs PartialFL."""
+    if "dir" not in s["groups"] or "digits" not in s["settings"]:
+        return [], []
+    n, setting = len(s["seeds"]), "digits"
+    d = DIR_PARTITION
+    out = [f"Digits with a Dirichlet({d['beta']:g}) label split over {d['num_clients']} clients, {DIR_PER_ROUND} per "
+           "round (same data, model and rounds as the speaker split; the speaker split's rows are the Fig. 2 "
+           f"runs). %, mean ± std over seeds {s['seeds']}.", "",
+           "| global model | split | method | **UAR** | top-1 | top-5 |", "|---|---|---|---|---|---|"]
+    lines, summary, verdicts = ["| claim (UAR) | Δ (points) | spread | here |", "|---|---|---|---|"], [], []
+    for variant in VARIANTS:
+        for split, kw in (("speaker (6)", {}), (f"Dirichlet ({d['num_clients']})", {"dirichlet": True})):
+            vals = {}
+            for m in DIR_METHODS:
+                names = fig_names(setting, m, variant, s, **kw)
+                vals[m] = _vals(raw, names, "uar")
+                out.append(f"| {variant} | {split} | {LABEL[m]} | "
+                           + " | ".join(_mstr(raw, names, k, n) for k, _ in METRICS) + " |")
+            if all(vals.values()):
+                dd, sp, v = _verdict(vals["partialfl"], vals["pfl_fedavg"])
+                verdicts.append(v)
+                lines.append(f"| {variant}, {split}: PartialFL > FedAvg | {dd:+.1f} | {spread_text(sp)} | {v} |")
+    out.append("")
+    if verdicts:
+        summary.append("- **digits, Dirichlet split**: " + _count(verdicts, "PartialFL > FL"))
+    return out + lines + [""], summary
+
+
 def t3_section(s, raw) -> tuple[list[str], list[str]]:
     if "t3" not in s["groups"]:
         return [], []
@@ -692,6 +738,10 @@ def write_report(s, raw: Path, path: Path, quick: bool) -> None:
         lines, summ = t3_section(s, raw)
         summary += summ
         out += ["## Table 3 analog: fraction q of clients holding the shareable modality", "", *lines]
+    if "dir" in s["groups"]:
+        lines, summ = dir_section(s, raw)
+        summary += summ
+        out += ["## Digits with a Dirichlet split", "", *lines]
     if "fig" in s["groups"]:
         out += ["## Communication", "", *comm_section(s, raw)]
     out += ["## Does the paper's ordering hold?", "",
