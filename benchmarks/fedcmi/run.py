@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
+
+from mmfl.sweep import run_pool, warm_caches
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -139,21 +139,8 @@ def execute(s: dict, raw_dir: Path, jobs: int) -> int:
     print(f"fedcmi benchmark: {len(todo)} runs to do", flush=True)
     if not todo:
         return 0
-    # warm the data caches once, before the workers race to fill them
-    from mmfl.data import DATASETS as REG
-
-    for ds in DATASETS:
-        d = base_config(s, ds)["data"]
-        REG.get(d["name"]).factory(REG.params(d["name"], {k: v for k, v in d.items() if k != "name"}))
-    t0 = time.perf_counter()
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        futures = [pool.submit(_run_one, name, raw, str(raw_dir)) for name, raw in todo]
-        for i, fut in enumerate(as_completed(futures), 1):
-            name, secs, err = fut.result()
-            status = f"FAILED {err}" if err else f"{secs:.1f}s"
-            print(f"[{i}/{len(todo)}] {name}: {status} (elapsed {time.perf_counter() - t0:.0f}s)", flush=True)
-    return len(todo)
+    warm_caches([base_config(s, ds) for ds in DATASETS])  # before the workers race to fill the caches
+    return run_pool(todo, _run_one, raw_dir, jobs)
 
 
 # ----------------------------------------------------------------------------- report
@@ -378,7 +365,8 @@ def write_report(s, raw: Path, path: Path, quick: bool, elapsed: tuple[int, floa
         "- Every method uses its defaults (`mmfl list`); nothing was tuned on these results.",
         f"- Seeds {s['seeds']}; mean ± std over seeds. Runs: {len(times)}, total run time "
         f"{sum(times) / 60:.1f} min of single-thread compute (the rounds' wall times, summed)"
-        + (f"; the last invocation ran {elapsed[0]} of them in {elapsed[1] / 60:.1f} min wall with 2 workers"
+        + (f"; the last invocation ran {elapsed[0]} of them in {elapsed[1] / 60:.1f} min wall with "
+           f"{elapsed[2]} workers"
            if elapsed and elapsed[0] else "") + ".",
         "",
     ]
@@ -416,7 +404,7 @@ def main(argv=None) -> int:
     if not args.tables_only:
         t0 = time.perf_counter()
         n = execute(s, raw, args.jobs)
-        elapsed = (n, time.perf_counter() - t0)
+        elapsed = (n, time.perf_counter() - t0, args.jobs)
     if args.group:
         s["groups"] = FULL["groups"] if not args.quick else QUICK["groups"]
     out = ROOT / "benchmarks" / "results" / ("fedcmi-quick.md" if args.quick else "fedcmi.md")
