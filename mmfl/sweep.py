@@ -1,6 +1,6 @@
 """Running many configs: a pool of worker processes, each run in its own spawned process
 with one torch thread, progress on stdout, a record of the invocation. The benchmark
-scripts (``benchmarks/*/run.py``) build their configs and call :func:`run_pool`."""
+scripts (``benchmarks/*/run.py``) build their configs and call :func:`run_missing`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,55 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Callable
+
+
+def run_one(name: str, raw: dict, raw_dir: str, post: Callable | None = None,
+            reuse_finished: bool = False) -> tuple[str, float, str | None]:
+    """Run one raw config as ``raw_dir/name`` in this process with one torch thread (a
+    :func:`run_pool` worker). ``post(raw, cfg, run_dir, exp)`` runs afterwards (its extra
+    files; ``exp`` is None when ``reuse_finished`` skipped a run whose summary.json exists).
+    A failure is recorded in ``run_dir/failed.txt`` and returned, not raised; a success
+    removes an old failed.txt. Returns ``(name, seconds, error or None)``."""
+    import torch
+
+    from mmfl.config import resolve
+    from mmfl.engine.runner import Experiment
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    d = Path(raw_dir) / name
+    try:
+        cfg = resolve(dict(raw, name=name, output_dir=str(raw_dir)))
+        exp = None
+        if not (reuse_finished and (d / "summary.json").exists()):
+            exp = Experiment(cfg, progress=False)
+            exp.run(overwrite=True)
+        if post is not None:
+            post(raw, cfg, d, exp)
+        (d / "failed.txt").unlink(missing_ok=True)
+        return name, time.perf_counter() - t0, None
+    except Exception as e:  # a failed run is recorded and reported, not fatal
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "failed.txt").write_text(f"{type(e).__name__}: {e}\n")
+        return name, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
+
+
+def run_missing(label: str, runs: list[tuple[str, dict]], raw_dir: Path, workers: int,
+                warm: list[dict], done: Callable[[str, dict], bool] | None = None,
+                post: Callable | None = None, reuse_finished: bool = False) -> int:
+    """Run the ``(name, raw config)`` of ``runs`` that are not ``done`` (default: their
+    summary.json exists) with :func:`run_one` in a :func:`run_pool`, after loading the data
+    sets of the ``warm`` configs once (:func:`warm_caches`). Returns how many it ran."""
+    from functools import partial
+
+    done = done or (lambda name, raw: (Path(raw_dir) / name / "summary.json").exists())
+    todo = [(n, r) for n, r in runs if not done(n, r)]
+    print(f"{label} benchmark: {len(runs)} runs planned, {len(runs) - len(todo)} finished, "
+          f"{len(todo)} to do, {workers} workers", flush=True)
+    if not todo:
+        return 0
+    warm_caches(warm)
+    return run_pool(todo, partial(run_one, post=post, reuse_finished=reuse_finished), raw_dir, workers)
 
 
 def run_pool(todo: list[tuple[str, dict]], run_one: Callable[[str, dict, str], tuple[str, float, str | None]],

@@ -43,12 +43,11 @@ import copy
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-from mmfl.sweep import machine, run_pool, spread_text, verdict, warm_caches
+from mmfl.sweep import machine, run_missing, spread_text, verdict
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -230,37 +229,9 @@ def plan(s: dict) -> list[tuple[str, dict]]:
 # ----------------------------------------------------------------------------- execution
 
 
-def _run_one(name: str, raw: dict, raw_dir: str) -> tuple[str, float, str | None]:
-    import torch
-
-    torch.set_num_threads(1)
-    from mmfl.config import resolve
-    from mmfl.engine.runner import Experiment
-
-    t0 = time.perf_counter()
-    try:
-        cfg = resolve(dict(raw, name=name, output_dir=raw_dir))
-        Experiment(cfg, progress=False).run(overwrite=True)
-        failed = Path(raw_dir) / name / "failed.txt"
-        if failed.exists():
-            failed.unlink()
-        return name, time.perf_counter() - t0, None
-    except Exception as e:  # a failed run is recorded and reported, not fatal
-        (Path(raw_dir) / name).mkdir(parents=True, exist_ok=True)
-        (Path(raw_dir) / name / "failed.txt").write_text(f"{type(e).__name__}: {e}\n")
-        return name, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
-
-
 def execute(s: dict, raw_dir: Path, workers: int) -> int:
     """Run what is not finished yet; return how many runs this call ran."""
-    runs = plan(s)
-    todo = [(n, r) for n, r in runs if not (raw_dir / n / "summary.json").exists()]
-    print(f"creamfl benchmark: {len(runs)} runs planned, {len(runs) - len(todo)} finished, "
-          f"{len(todo)} to do, {workers} workers", flush=True)
-    if not todo:
-        return 0
-    warm_caches([base_raw(setting, s) for setting in s["settings"]])
-    return run_pool(todo, _run_one, raw_dir, workers)
+    return run_missing("creamfl", plan(s), raw_dir, workers, [base_raw(setting, s) for setting in s["settings"]])
 
 
 # ----------------------------------------------------------------------------- report
@@ -343,8 +314,6 @@ def _means(raw, setting, s, rows: dict[str, tuple[str, dict]]) -> dict[str, list
         if v:
             out[key] = v
     return out
-
-
 
 
 T1_CLAIMS = [  # the paper's Table 1 ordering, as pairwise claims "a > b"

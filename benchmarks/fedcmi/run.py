@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mmfl.sweep import run_pool, warm_caches
+from mmfl.sweep import run_missing
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -109,38 +109,12 @@ def plan(s: dict) -> list[tuple[str, str, list[str]]]:
     return runs
 
 
-def _run_one(name: str, raw: dict, raw_dir: str) -> tuple[str, float, str | None]:
-    import torch
-
-    torch.set_num_threads(1)
-    from mmfl.config import resolve
-    from mmfl.engine.runner import Experiment
-
-    t0 = time.perf_counter()
-    try:
-        cfg = resolve(dict(raw, name=name, output_dir=raw_dir))
-        Experiment(cfg, progress=False).run(overwrite=True)
-        return name, time.perf_counter() - t0, None
-    except Exception as e:  # a failed run is recorded and reported, not fatal
-        (Path(raw_dir) / name).mkdir(parents=True, exist_ok=True)
-        (Path(raw_dir) / name / "failed.txt").write_text(f"{type(e).__name__}: {e}\n")
-        return name, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
-
-
 def execute(s: dict, raw_dir: Path, jobs: int) -> int:
     """Run what is not finished yet; return how many runs this call ran."""
     from mmfl.config import apply_overrides
 
-    todo = []
-    for name, ds, over in plan(s):
-        if (raw_dir / name / "summary.json").exists():
-            continue
-        todo.append((name, apply_overrides(base_config(s, ds), over)))
-    print(f"fedcmi benchmark: {len(todo)} runs to do", flush=True)
-    if not todo:
-        return 0
-    warm_caches([base_config(s, ds) for ds in DATASETS])  # before the workers race to fill the caches
-    return run_pool(todo, _run_one, raw_dir, jobs)
+    runs = [(name, apply_overrides(base_config(s, ds), over)) for name, ds, over in plan(s)]
+    return run_missing("fedcmi", runs, raw_dir, jobs, [base_config(s, ds) for ds in DATASETS])
 
 
 # ----------------------------------------------------------------------------- report

@@ -64,12 +64,11 @@ import json
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-from mmfl.sweep import machine, run_pool, spread_text, verdict, warm_caches
+from mmfl.sweep import machine, run_missing, spread_text, verdict
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -226,44 +225,22 @@ def _done(raw_dir: Path, name: str, raw: dict) -> bool:
     return (d / "summary.json").exists() and (_needs_private_eval(raw) is None or (d / "eval_private.json").exists())
 
 
-def _run_one(name: str, raw: dict, raw_dir: str) -> tuple[str, float, str | None]:
-    import torch
-
-    torch.set_num_threads(1)
-    from mmfl.config import resolve
-    from mmfl.engine.runner import Experiment
+def _post(raw: dict, cfg, run_dir: Path, exp) -> None:
+    """Split learning with private-only clients: the split model on the private modality
+    alone (the shareable slot: zeros, as in training), into eval_private.json."""
     from mmfl.engine.training import evaluate_model
 
-    t0 = time.perf_counter()
-    try:
-        cfg = resolve(dict(raw, name=name, output_dir=raw_dir))
-        exp = Experiment(cfg, progress=False)
-        exp.run(overwrite=True)
-        mods = _needs_private_eval(raw)
-        if mods is not None:  # the split model on the private modality alone (the shareable slot: zeros,
-            row = evaluate_model(exp.server.model, exp.federation.test.with_features(mods),  # as in training)
-                                 num_classes=exp.federation.meta.num_classes)
-            row = {k: v for k, v in row.items() if not k.startswith("class_accuracy")}
-            (Path(raw_dir) / name / "eval_private.json").write_text(json.dumps(row, indent=1))
-        failed = Path(raw_dir) / name / "failed.txt"
-        if failed.exists():
-            failed.unlink()
-        return name, time.perf_counter() - t0, None
-    except Exception as e:  # a failed run is recorded and reported, not fatal
-        (Path(raw_dir) / name).mkdir(parents=True, exist_ok=True)
-        (Path(raw_dir) / name / "failed.txt").write_text(f"{type(e).__name__}: {e}\n")
-        return name, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
+    mods = _needs_private_eval(raw)
+    if mods is not None:
+        row = evaluate_model(exp.server.model, exp.federation.test.with_features(mods),
+                             num_classes=exp.federation.meta.num_classes)
+        row = {k: v for k, v in row.items() if not k.startswith("class_accuracy")}
+        (run_dir / "eval_private.json").write_text(json.dumps(row, indent=1))
 
 
 def execute(s: dict, raw_dir: Path, workers: int) -> int:
-    runs = plan(s)
-    todo = [(n, r) for n, r in runs if not _done(raw_dir, n, r)]
-    print(f"partialfl benchmark: {len(runs)} runs planned, {len(runs) - len(todo)} finished, "
-          f"{len(todo)} to do, {workers} workers", flush=True)
-    if not todo:
-        return 0
-    warm_caches([base_raw(setting, s) for setting in s["settings"]])
-    return run_pool(todo, _run_one, raw_dir, workers)
+    return run_missing("partialfl", plan(s), raw_dir, workers, [base_raw(setting, s) for setting in s["settings"]],
+                       done=lambda n, r: _done(raw_dir, n, r), post=_post)
 
 
 # ----------------------------------------------------------------------------- results

@@ -78,12 +78,11 @@ import math
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-from mmfl.sweep import machine, run_pool, spread_text, verdict, warm_caches
+from mmfl.sweep import machine, run_missing, spread_text, verdict
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -307,7 +306,8 @@ def xi_history(cfg, run_dir: Path) -> dict:
             "eta_hat": cfg.algorithm.params.eta_hat}
 
 
-def _post(cfg, d: Path, raw: dict) -> None:
+def _post(raw: dict, cfg, d: Path, exp=None) -> None:
+    """The files a run's reading needs beyond its own (:func:`_needs`), from its checkpoints."""
     need = _needs(raw)
     if "eval_personal.json" in need and not (d / "eval_personal.json").exists():
         (d / "eval_personal.json").write_text(json.dumps(personal_eval(cfg, d), indent=1))
@@ -321,39 +321,9 @@ def _post(cfg, d: Path, raw: dict) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def _run_one(name: str, raw: dict, raw_dir: str) -> tuple[str, float, str | None]:
-    import torch
-
-    torch.set_num_threads(1)
-    from mmfl.config import resolve
-    from mmfl.engine.runner import Experiment
-
-    t0 = time.perf_counter()
-    d = Path(raw_dir) / name
-    try:
-        cfg = resolve(dict(raw, name=name, output_dir=raw_dir))
-        if not (d / "summary.json").exists():
-            Experiment(cfg, progress=False).run(overwrite=True)
-        _post(cfg, d, raw)
-        failed = d / "failed.txt"
-        if failed.exists():
-            failed.unlink()
-        return name, time.perf_counter() - t0, None
-    except Exception as e:  # a failed run is recorded and reported, not fatal
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "failed.txt").write_text(f"{type(e).__name__}: {e}\n")
-        return name, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
-
-
 def execute(s: dict, raw_dir: Path, workers: int) -> int:
-    runs = plan(s)
-    todo = [(n, r) for n, r in runs if not _done(raw_dir, n, r)]
-    print(f"wireless benchmark: {len(runs)} runs planned, {len(runs) - len(todo)} finished, "
-          f"{len(todo)} to do, {workers} workers", flush=True)
-    if not todo:
-        return 0
-    warm_caches([base_raw(setting, s) for setting in s["settings"]])
-    return run_pool(todo, _run_one, raw_dir, workers)
+    return run_missing("wireless", plan(s), raw_dir, workers, [base_raw(setting, s) for setting in s["settings"]],
+                       done=lambda n, r: _done(raw_dir, n, r), post=_post, reuse_finished=True)
 
 
 # ----------------------------------------------------------------------------- results
