@@ -83,7 +83,8 @@ from mmfl.algorithms.fedavg import reply_weights, weighted_average, weighted_mea
 from mmfl.algorithms.public_terms import DEFAULT_CHUNK, aggregate_representations, global_local_contrastive_scores
 from mmfl.engine.message import Message
 from mmfl.engine.retrieval import evaluate_retrieval, pairs_to_retrieval
-from mmfl.engine.training import load_into, load_optimizer_state, make_optimizer, optimizer_state, state_of
+from mmfl.engine.training import (load_into, load_optimizer_state, make_optimizer, optimizer_state,
+                                 shuffled_batches, state_of)
 from mmfl.errors import ConfigError
 
 AGGREGATIONS = ("gca", "mean", "avg", "iot", "variance", "entropy")
@@ -382,19 +383,14 @@ class CreamFLServer(Server):
         n = len(self.public)
         total, steps = 0.0, 0
         self.model.train()
-        for _ in range(self.params.distill_epochs):
-            order = torch.randperm(n, generator=gen)
-            for s in range(0, n, self.params.server_batch_size):
-                rows = order[s:s + self.params.server_batch_size]
-                if rows.numel() < 2:
-                    continue
-                inputs, _ = self.public.get(rows)
-                z = reps_of(self.model, inputs, list(agg))
-                loss = self.params.kd_weight * sum(F.mse_loss(z[m], agg[m][rows]) for m in z)
-                self.opt.zero_grad(set_to_none=True)
-                loss.backward()
-                self.opt.step()
-                total, steps = total + float(loss.detach()), steps + 1
+        for rows in shuffled_batches(n, self.params.server_batch_size, gen, self.params.distill_epochs):
+            inputs, _ = self.public.get(rows)
+            z = reps_of(self.model, inputs, list(agg))
+            loss = self.params.kd_weight * sum(F.mse_loss(z[m], agg[m][rows]) for m in z)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            self.opt.step()
+            total, steps = total + float(loss.detach()), steps + 1
         return total / max(steps, 1)
 
     def evaluate(self, rnd, test, transport):
@@ -511,13 +507,7 @@ class CreamFLClient(Client):
 
     def public_pass(self, model, opt, public, gen, stat, loss_of) -> None:
         held = [m for m in self.pair() if m in model.holds]
-        n = len(public)
-        order = torch.randperm(n, generator=gen)
-        bs = self.ctx.train.batch_size
-        for s in range(0, n, bs):
-            rows = order[s:s + bs]
-            if rows.numel() < 2:
-                continue
+        for rows in shuffled_batches(len(public), self.ctx.train.batch_size, gen):
             inputs, _ = public.get(rows)
             z = reps_of(model, inputs, held)
             loss = loss_of(z, rows)

@@ -50,7 +50,7 @@ from mmfl.algorithms.fedavg import weighted_average, weighted_mean_scalar
 from mmfl.algorithms.multimodal import only_held
 from mmfl.engine.message import Message
 from mmfl.engine.training import (evaluate_model, load_into, load_optimizer_state, make_optimizer,
-                                  optimizer_state, state_of)
+                                  optimizer_state, shuffled_batches, state_of)
 from mmfl.errors import ConfigError
 
 X = "x/"  # client -> server, once: the client's shareable data, in its row order
@@ -207,18 +207,13 @@ class PartialFLServer(Server):
         gen = torch.Generator().manual_seed(derive_seed(self.ctx.seed, rnd, "server-train", cid))
         total, steps = 0.0, 0
         bs = self.params.server_batch_size
-        for _ in range(self.params.server_epochs):
-            order = torch.randperm(x.shape[0], generator=gen)
-            for s in range(0, x.shape[0], bs):
-                rows = order[s:s + bs]
-                if rows.numel() < 2:
-                    continue
-                zt = F.normalize(branch_embed(self.fs, self.s, x[rows]), dim=-1)
-                loss = anchored_contrastive(zt, zprime[rows], self.params.tau)
-                self.fs_opt.zero_grad(set_to_none=True)
-                loss.backward()
-                self.fs_opt.step()
-                total, steps = total + float(loss.detach()), steps + 1
+        for rows in shuffled_batches(x.shape[0], bs, gen, self.params.server_epochs):
+            zt = F.normalize(branch_embed(self.fs, self.s, x[rows]), dim=-1)
+            loss = anchored_contrastive(zt, zprime[rows], self.params.tau)
+            self.fs_opt.zero_grad(set_to_none=True)
+            loss.backward()
+            self.fs_opt.step()
+            total, steps = total + float(loss.detach()), steps + 1
         return total / max(steps, 1)
 
     def test_view(self, test):
@@ -287,43 +282,38 @@ class PartialFLClient(Client):
         gmodel.train()
         if lmodel is not None:
             lmodel.train()
-        for _ in range(ctx.train.local_epochs):
-            order = torch.randperm(n, generator=gen)
-            for st in range(0, n, ctx.train.batch_size):
-                rows = order[st:st + ctx.train.batch_size]
-                if rows.numel() < 2:
-                    continue
-                inputs, labels = ctx.data.get(rows)
-                # eq. 3: F_g, CE + beta * L^{T->A} (eq. 1) against the server's z_T
-                out = gmodel({m: inputs[m] for m in view if m in inputs} | {
-                    k: v for k, v in inputs.items() if k.startswith("present/")})
-                loss_g = F.cross_entropy(out["logits"], labels)
-                for m, z in out["mod_reps"].items():  # per-modality heads as linear probes on detached
-                    loss_g = loss_g + F.cross_entropy(gmodel.heads[m](z.detach()), labels)  # reps (accuracy/<m>)
-                if has_s and p.beta:
-                    za = out["mod_reps"][priv] if p.global_model == "private" else out["rep"]
-                    al = anchored_contrastive(F.normalize(za, dim=-1), zt[rows], p.tau)
-                    loss_g = loss_g + p.beta * al
-                    stats["align"][0] += float(al.detach())
-                    stats["align"][1] += 1
-                if anchor is not None:  # FedProx: mu/2 ||theta_g - theta_g^t||^2
-                    own = dict(gmodel.named_parameters())
-                    loss_g = loss_g + p.mu / 2 * sum(((own[k] - anchor[k]) ** 2).sum() for k in anchor if k in own)
-                gopt.zero_grad(set_to_none=True)
-                loss_g.backward()
-                gopt.step()
-                stats["global"][0] += float(loss_g.detach())
-                stats["global"][1] += 1
-                if lmodel is not None:  # eq. 4: F_k, CE + beta * L^{S->L} against z_T
-                    z = branch_embed(lmodel, s, inputs[s])
-                    loss_l = F.cross_entropy(lmodel.heads[s](z), labels)
-                    if p.beta:
-                        loss_l = loss_l + p.beta * anchored_contrastive(F.normalize(z, dim=-1), zt[rows], p.tau)
-                    lopt.zero_grad(set_to_none=True)
-                    loss_l.backward()
-                    lopt.step()
-                    stats["local"][0] += float(loss_l.detach())
-                    stats["local"][1] += 1
+        for rows in shuffled_batches(n, ctx.train.batch_size, gen, ctx.train.local_epochs):
+            inputs, labels = ctx.data.get(rows)
+            # eq. 3: F_g, CE + beta * L^{T->A} (eq. 1) against the server's z_T
+            out = gmodel({m: inputs[m] for m in view if m in inputs} | {
+                k: v for k, v in inputs.items() if k.startswith("present/")})
+            loss_g = F.cross_entropy(out["logits"], labels)
+            for m, z in out["mod_reps"].items():  # per-modality heads as linear probes on detached
+                loss_g = loss_g + F.cross_entropy(gmodel.heads[m](z.detach()), labels)  # reps (accuracy/<m>)
+            if has_s and p.beta:
+                za = out["mod_reps"][priv] if p.global_model == "private" else out["rep"]
+                al = anchored_contrastive(F.normalize(za, dim=-1), zt[rows], p.tau)
+                loss_g = loss_g + p.beta * al
+                stats["align"][0] += float(al.detach())
+                stats["align"][1] += 1
+            if anchor is not None:  # FedProx: mu/2 ||theta_g - theta_g^t||^2
+                own = dict(gmodel.named_parameters())
+                loss_g = loss_g + p.mu / 2 * sum(((own[k] - anchor[k]) ** 2).sum() for k in anchor if k in own)
+            gopt.zero_grad(set_to_none=True)
+            loss_g.backward()
+            gopt.step()
+            stats["global"][0] += float(loss_g.detach())
+            stats["global"][1] += 1
+            if lmodel is not None:  # eq. 4: F_k, CE + beta * L^{S->L} against z_T
+                z = branch_embed(lmodel, s, inputs[s])
+                loss_l = F.cross_entropy(lmodel.heads[s](z), labels)
+                if p.beta:
+                    loss_l = loss_l + p.beta * anchored_contrastive(F.normalize(z, dim=-1), zt[rows], p.tau)
+                lopt.zero_grad(set_to_none=True)
+                loss_l.backward()
+                lopt.step()
+                stats["local"][0] += float(loss_l.detach())
+                stats["local"][1] += 1
         own = state_of(gmodel)
         arrays = {k: own[k] for k in keys}
         mean = {k: v[0] / max(v[1], 1) for k, v in stats.items()}

@@ -47,7 +47,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from mmfl.engine.message import Message
-from mmfl.engine.training import seed_torch
+from mmfl.engine.training import seed_torch, shuffled_batches
 
 log = logging.getLogger("mmfl")
 
@@ -132,16 +132,8 @@ def model_blocker(model: nn.Module, train) -> str | None:
 def client_batches(data, batch_size: int, epochs: int, generator: torch.Generator) -> list[Tensor]:
     """The row indices (into the shared feature tensors) of every local step of one
     client, in order: the batches :func:`~mmfl.engine.training.local_train` would draw."""
-    n = len(data)
-    out = []
-    for _ in range(epochs):
-        order = torch.randperm(n, generator=generator)
-        for s in range(0, n, batch_size):
-            rows = order[s:s + batch_size]
-            if rows.shape[0] < 2 and n >= 2:
-                continue  # local_train skips batches of one
-            out.append(data.indices[rows] if data.indices is not None else rows)
-    return out
+    return [data.indices[rows] if data.indices is not None else rows
+            for rows in shuffled_batches(len(data), batch_size, generator, epochs, keep_single=True)]
 
 
 def _stack(trees: list[dict[str, Any]]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ touch gradients before each step (SCAFFOLD); the loop itself lives here once.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,22 @@ def seed_torch(seed: int) -> None:
         torch.manual_seed(seed)
     else:
         torch.default_generator.manual_seed(seed)
+
+
+
+def shuffled_batches(n: int, batch_size: int, generator: torch.Generator, epochs: int = 1,
+                     keep_single: bool = False) -> Iterator[Tensor]:
+    """Row positions ``[b]`` of every mini-batch of ``epochs`` passes over ``range(n)``, each a
+    fresh ``randperm`` from ``generator`` (drawn as the pass starts) cut into batches of
+    ``batch_size``. A batch of one row is skipped (BatchNorm), unless ``keep_single`` and the
+    data has a single row (:func:`local_train`'s rule)."""
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=generator)
+        for s in range(0, n, batch_size):
+            rows = order[s:s + batch_size]
+            if rows.numel() < 2 and not (keep_single and n < 2):
+                continue
+            yield rows
 
 
 def local_train(
