@@ -46,15 +46,21 @@ def test_scores_and_coefficients_by_hand():
 
     k, dom, ratio = ogm_coefficients({"a": 1.5, "b": 0.5}, alpha=0.8)  # eq. 10, 11
     assert (dom, ratio) == ("a", pytest.approx(3.0))
-    assert k == {"a": pytest.approx(1 - math.tanh(0.8 * 2.0)), "b": 1.0}
+    assert k == {"a": pytest.approx(1 - math.tanh(0.8 * 3.0)), "b": 1.0}  # 1 - tanh(alpha * rho)
     k, dom, ratio = ogm_coefficients({"a": 0.7, "b": 1.4}, alpha=0.5)
-    assert dom == "b" and ratio == pytest.approx(2.0) and k == {"a": 1.0, "b": pytest.approx(1 - math.tanh(0.5))}
+    assert dom == "b" and ratio == pytest.approx(2.0) and k == {"a": 1.0, "b": pytest.approx(1 - math.tanh(0.5 * 2.0))}
     k, _, ratio = ogm_coefficients({"a": 1.0, "b": 1.0}, alpha=0.8)  # balanced: no modulation
     assert ratio == 1.0 and k == {"a": 1.0, "b": 1.0}
     # M > 2: dominant = argmax, ratio = s_dom / mean of the others
     k, dom, ratio = ogm_coefficients({"a": 1.0, "b": 2.0, "c": 4.0}, alpha=1.0)
     assert dom == "c" and ratio == pytest.approx(4 / 1.5)
-    assert k == {"a": 1.0, "b": 1.0, "c": pytest.approx(1 - math.tanh(4 / 1.5 - 1))}
+    assert k == {"a": 1.0, "b": 1.0, "c": pytest.approx(1 - math.tanh(4 / 1.5))}
+    # the hand value: rho = 1.17, alpha = 0.8 gives 1 - tanh(0.936) = 0.2667 (the old
+    # relu(rho - 1) form gave 0.87, 3-10x too weak a modulation)
+    k, _, _ = ogm_coefficients({"a": 1.17, "b": 1.0}, alpha=0.8)
+    assert k["a"] == pytest.approx(0.26662, abs=1e-4)
+    k, _, _ = ogm_coefficients({"a": 1.0 + 1e-9, "b": 1.0}, alpha=0.8)  # barely dominant: full strength
+    assert k["a"] == pytest.approx(1 - math.tanh(0.8), abs=1e-6)
 
 
 def ogm_client(seed: int = 11, **params) -> FedOGMClient:
@@ -89,7 +95,7 @@ def test_client_coefficient_and_modulated_gradients_by_hand():
     # rows 0..2 hold both modalities (row 3 lacks b): s_a = 3 * 1/3, s_b = (2 e^3 + 1) / (e^3 + 2)
     e3 = math.exp(3)
     ratio = (2 * e3 + 1) / (e3 + 2)
-    k = 1 - math.tanh(0.8 * (ratio - 1))
+    k = 1 - math.tanh(0.8 * ratio)  # OGM-GE eq. 11
     assert coeffs == {"a": 1.0, "b": pytest.approx(k)}
     assert client._log == [(pytest.approx(k), pytest.approx(ratio))]
     assert any(n.startswith("encoders.b.") for n in before)

@@ -6,7 +6,7 @@ Per local step, on the batch's samples that hold all of the client's modalities:
 
     s_m   = sum_k softmax(out_m(x_k))[y_k]                       (OGM-GE eq. 9)
     rho   = s_dom / mean_{m != dom} s_m,  dom = argmax_m s_m      (eq. 10; M = 2: s_a / s_v)
-    k_dom = 1 - tanh(alpha * relu(rho - 1)),  k_m = 1 otherwise   (eq. 11, as the authors' code)
+    k_dom = 1 - tanh(alpha * rho) if rho > 1,  k_m = 1 otherwise  (eq. 11, as OGM-GE and FedCMI's code)
     g_m  <- k_m * g_m  (+ N(0, std(g_m)^2) with GE)               (eq. 12 and the GE noise)
 
 for the gradient ``g_m`` of each parameter tensor of modality ``m``'s encoder,
@@ -96,8 +96,9 @@ def ogm_coefficients(scores: dict[str, float], alpha: float) -> tuple[dict[str, 
 
     ``dominant = argmax_m s_m`` (first in sorted order on a tie), ``ratio = s_dom / mean of
     the others' s_m`` (OGM-GE eq. 10, where M = 2 gives ``s_a / s_v``), ``k[dominant] =
-    1 - tanh(alpha * relu(ratio - 1))`` and ``k[m] = 1`` for the others (eq. 11 in the
-    authors' code's form, see the docs).
+    1 - tanh(alpha * ratio)`` when ``ratio > 1`` and ``k[m] = 1`` otherwise (OGM-GE eq. 11,
+    as printed and as both the OGM-GE and the FedCMI authors' code compute it). A batch
+    with equal scores (``ratio == 1``) has no dominant modality and is not modulated.
     """
     if len(scores) < 2:
         raise ValueError(f"OGM-GE needs two or more modalities, got {sorted(scores)}")
@@ -106,7 +107,8 @@ def ogm_coefficients(scores: dict[str, float], alpha: float) -> tuple[dict[str, 
     others = [scores[m] for m in names if m != dom]
     ratio = scores[dom] / max(sum(others) / len(others), 1e-12)
     k = {m: 1.0 for m in names}
-    k[dom] = 1.0 - math.tanh(alpha * max(ratio - 1.0, 0.0))
+    if ratio > 1.0:  # eq. 11: k = 1 - tanh(alpha * rho) for the dominant modality (rho > 1)
+        k[dom] = 1.0 - math.tanh(alpha * ratio)
     return k, dom, ratio
 
 
