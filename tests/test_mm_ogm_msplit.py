@@ -1,6 +1,5 @@
-"""FedOGM (OGM-GE in local training) and FedMSplit (graph-personalized modules): hand-computed
-scores, coefficients and attention weights, gradient modulation, server state, and tiny
-end-to-end runs (with FedMSplit's checkpoint/resume)."""
+"""FedOGM (OGM-GE in local training): hand-computed scores and coefficients, gradient
+modulation, and a tiny end-to-end run. (FedMSplit's tests are in tests/test_fedmsplit.py.)"""
 
 from __future__ import annotations
 
@@ -9,11 +8,9 @@ import math
 import pytest
 import torch
 
-from mmfl.algorithms.base import ClientContext, ServerContext
-from mmfl.algorithms.fedmsplit import STATE_PREFIX, FedMSplitParams, FedMSplitServer, attention_matrix
+from mmfl.algorithms.base import ClientContext
 from mmfl.algorithms.fedogm import (FedOGMClient, FedOGMParams, modality_outputs, ogm_coefficients,
                                     true_class_scores)
-from mmfl.algorithms.multimodal import only_held
 from mmfl.config import TrainConfig, load_config
 from mmfl.data.base import PRESENT, ArrayDataset, DatasetMeta
 from mmfl.engine.message import Message
@@ -142,103 +139,6 @@ def test_ogm_outside_the_modulation_window_is_mfedavg():
     assert not client._active
 
 
-# ============================================================================= FedMSplit
-
-
-def msplit_server(holds, **params) -> FedMSplitServer:
-    ctx = ServerContext(meta=META, train=TrainConfig(), seed=0, num_clients=len(holds), make_model=tiny_model,
-                        client_modalities=holds)
-    return FedMSplitServer(FedMSplitParams(**params), ctx)
-
-
-def upload(server, cid, scale):
-    """Client ``cid``'s reply: the global state plus a fixed perturbation, only its modules."""
-    g = torch.Generator().manual_seed(100 + cid)
-    state = {k: v + scale * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
-             for k, v in server.model.state_dict().items()}
-    return Message(arrays=only_held(state, server.ctx.modalities_of(cid)),
-                   scalars={"num_examples": 10 + cid, "train_loss": 1.0, "steps": 1})
-
-
-def test_attention_matrix_by_hand():
-    v = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
-    a = attention_matrix(v, tau=0.5)
-    r = 1 / math.sqrt(2)  # cos(v0, v1) = 0, cos(v0, v2) = cos(v1, v2) = 1/sqrt(2), cos(vi, vi) = 1
-    logits = [[1, 0, r], [0, 1, r], [r, r, 1]]
-    for i in range(3):
-        z = sum(math.exp(c / 0.5) for c in logits[i])
-        for j in range(3):
-            assert float(a[i, j]) == pytest.approx(math.exp(logits[i][j] / 0.5) / z)
-
-
-HOLDS = [("a", "b"), ("a", "b"), ("a",), ("a", "b")]
-
-
-def test_msplit_personalizes_over_the_clients_holding_each_module():
-    server = msplit_server(HOLDS, tau=0.2, personal_mix=0.5)
-    replies = {c: upload(server, c, 0.1 * (c + 1)) for c in range(3)}  # client 3 never replies
-    server.aggregate_train(0, replies)
-    glob = dict(server.model.state_dict())
-    msgs = server.configure_train(1, [0, 1, 2, 3])
-
-    def by_hand(cid, keys, peers):
-        pk = [k for k in keys if k.endswith(("weight", "bias"))]
-        vec = {j: torch.cat([replies[j].arrays[k].reshape(-1).double() for k in pk]) for j in peers}
-        cos = {j: float(torch.dot(vec[cid], vec[j]) / (vec[cid].norm() * vec[j].norm())) for j in peers}
-        z = sum(math.exp(c / 0.2) for c in cos.values())
-        w = {j: math.exp(cos[j] / 0.2) / z for j in peers}
-        return {k: 0.5 * glob[k].double() + 0.5 * sum(w[j] * replies[j].arrays[k].double() for j in peers)
-                for k in keys}
-
-    enc_a = [k for k in glob if k.startswith("encoders.a.")]
-    enc_b = [k for k in glob if k.startswith("encoders.b.")]
-    for cid in (0, 1, 2):
-        for k, v in by_hand(cid, enc_a, [0, 1, 2]).items():  # encoders.a: all three hold it
-            assert torch.allclose(msgs[cid].arrays[k].double(), v, atol=1e-6), (cid, k)
-    for cid in (0, 1):
-        for k, v in by_hand(cid, enc_b, [0, 1]).items():  # encoders.b: only clients 0 and 1
-            assert torch.allclose(msgs[cid].arrays[k].double(), v, atol=1e-6), (cid, k)
-    assert not any(k.startswith(("encoders.b.", "proj.b.", "heads.b.")) for k in msgs[2].arrays)
-    for k, v in msgs[3].arrays.items():  # never seen: the global model
-        assert torch.equal(v, glob[k]), k
-    assert set(msgs[3].arrays) == set(glob)
-    # the evaluated global model is the module-wise weighted average (MFedAvg's)
-    w = {0: 10.0, 1: 11.0, 2: 12.0}
-    k = enc_a[0]
-    avg = sum(w[c] * replies[c].arrays[k].double() for c in w) / sum(w.values())
-    assert torch.allclose(glob[k].double(), avg, atol=1e-6)
-
-
-def test_msplit_state_survives_dropouts_and_checkpoints():
-    server = msplit_server(HOLDS, tau=0.1)
-    first = {c: upload(server, c, 0.1) for c in range(3)}
-    server.aggregate_train(0, first)
-    server.aggregate_train(1, {1: upload(server, 1, 0.3)})  # 0 and 2 did not reply: they keep their modules
-    for c in (0, 2):
-        assert server.uploads[c].keys() == first[c].arrays.keys()
-        for k, v in first[c].arrays.items():
-            assert torch.equal(server.uploads[c][k], v), (c, k)
-    sd = server.state_dict()
-    assert any(k.startswith(f"{STATE_PREFIX}2/") for k in sd)
-    twin = msplit_server(HOLDS, tau=0.1)
-    twin.load_state_dict(sd)
-    assert twin.uploads.keys() == server.uploads.keys()
-    a, b = server.configure_train(2, [0, 1, 2, 3]), twin.configure_train(2, [0, 1, 2, 3])
-    for c in a:
-        assert a[c].arrays.keys() == b[c].arrays.keys()
-        for k in a[c].arrays:
-            assert torch.equal(a[c].arrays[k], b[c].arrays[k]), (c, k)
-    plain = msplit_server(HOLDS, personal_mix=0.0)  # personal_mix = 0: everyone gets the global model (MFedAvg)
-    plain.load_state_dict(sd)
-    glob = dict(plain.model.state_dict())
-    for c, msg in plain.configure_train(2, [0, 1, 2]).items():
-        assert all(torch.equal(v, glob[k]) for k, v in msg.arrays.items()), c
-    with pytest.raises(ConfigError):
-        FedMSplitParams(tau=0.0)
-    with pytest.raises(ConfigError):
-        FedMSplitParams(personal_mix=1.5)
-
-
 # ============================================================================= end to end
 
 # mfeat views pix + fou, 4 clients, FedCMI's case D (Dirichlet + half the clients unimodal).
@@ -265,19 +165,3 @@ def test_fedogm_end_to_end(tmp_path):
     rows = load_metrics(run_exp(tmp_path, "ogm", "algorithm.name=fedogm").run_dir)
     check_rows(rows, 2)
     assert all(0.0 < r["ogm_coeff"] <= 1.0 and r["ogm_ratio"] >= 1.0 for r in rows)
-
-
-def test_fedmsplit_end_to_end_and_resume(tmp_path):
-    over = ["algorithm.name=fedmsplit"]
-    full = run_exp(tmp_path, "full", *over, rounds=3)
-    rows = load_metrics(full.run_dir)
-    check_rows(rows, 3)
-    assert "msplit_self_weight" in rows[-1]
-    run_exp(tmp_path, "split", *over, rounds=2)
-    resumed = run_exp(tmp_path, "split", *over, rounds=3, resume=True)
-    strip = lambda rs: [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rs]  # noqa: E731
-    assert strip(rows) == strip(load_metrics(resumed.run_dir))
-    a, b = full.server.state_dict(), resumed.server.state_dict()
-    assert a.keys() == b.keys() and any(k.startswith(STATE_PREFIX) for k in a)
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
