@@ -15,13 +15,14 @@ representation of modality ``m`` is the L2-normalised projector output
 One round (Algorithm 1; the order of the authors' ``MMFL.train``):
 
 1. the server trains one epoch on the public pairs (Alg. 1 line 18; the
-   authors train with PCME, here with the symmetric InfoNCE of CLIP);
+   authors train with PCME; here the symmetric InfoNCE of CLIP, or PCME with
+   ``multimodal_loss = "pcme"``, :mod:`mmfl.algorithms.pcme`);
 2. it computes the global representations ``i_global``, ``t_global`` of the
    public set and sends each client what its regularization needs;
 3. each client trains ``train.local_epochs`` epochs on its private task:
    image/text clients classification (cross-entropy of ``heads[m]``),
    image-text clients contrastive retrieval (symmetric InfoNCE on their
-   pairs); after every epoch one pass over the public set adds
+   pairs, or PCME as the server); after every epoch one pass over the public set adds
    the local contrastive regularization (LCR), eq. 3:
    ``gamma * (l_inter + l_intra)`` with
 
@@ -80,6 +81,7 @@ from torch import Tensor, nn
 from mmfl.algorithms import preset, register
 from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.fedavg import reply_weights, weighted_average, weighted_mean_scalar
+from mmfl.algorithms.pcme import SAMPLES, VIB_WEIGHT, pcme_pair_loss
 from mmfl.algorithms.public_terms import DEFAULT_CHUNK, aggregate_representations, global_local_contrastive_scores
 from mmfl.engine.message import Message
 from mmfl.engine.retrieval import evaluate_retrieval, pairs_to_retrieval
@@ -107,6 +109,14 @@ class CreamFLParams:
         "help": "temperature of eq. 1-2 (the authors' code divides by 0.5; the paper prints none)"})
     temperature: float = field(default=0.1, metadata={
         "help": "InfoNCE temperature of the image-text task (clients' pairs, the server's public epoch)"})
+    multimodal_loss: Literal["infonce", "pcme"] = field(default="infonce", metadata={
+        "help": "the image-text task of image-text clients and of the server's public epoch: infonce (CLIP's "
+                "symmetric InfoNCE) or pcme (Chun et al., CVPR 2021, the authors' choice; needs "
+                "model.uncertainty = true)"})
+    pcme_samples: int = field(default=SAMPLES, metadata={
+        "help": "pcme: Monte-Carlo samples J per embedding (eq. 4/7; the PCME authors' 7)"})
+    pcme_vib_weight: float = field(default=VIB_WEIGHT, metadata={
+        "help": "pcme: weight beta of the KL-to-N(0, I) (VIB) term, on the authors' sum scale (their COCO 1e-5)"})
     kd_weight: float = field(default=0.3, metadata={"help": "weight of the distillation MSE (eq. 7)"})
     iot_weight: float = field(default=100.0, metadata={"help": "aggregation 'iot': weight of image-text clients"})
     entropy_temperature: float = field(default=1.0, metadata={
@@ -151,6 +161,13 @@ class CreamFLParams:
         for key in ("inter", "intra", "exclude_positive"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"algorithm.{key}: expected true or false, got {getattr(self, key)!r}")
+        if self.multimodal_loss not in ("infonce", "pcme"):
+            raise ConfigError(f"algorithm.multimodal_loss: must be 'infonce' or 'pcme', got {self.multimodal_loss!r}")
+        if isinstance(self.pcme_samples, bool) or not isinstance(self.pcme_samples, int) or self.pcme_samples < 1:
+            raise ConfigError(f"algorithm.pcme_samples: must be an integer >= 1, got {self.pcme_samples!r}")
+        v = self.pcme_vib_weight
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
+            raise ConfigError(f"algorithm.pcme_vib_weight: must be a number >= 0, got {v!r}")
 
 
 # ----------------------------------------------------------------------------- shared pieces
@@ -183,6 +200,16 @@ def info_nce(a: Tensor, b: Tensor, temperature: float) -> Tensor:
     logits = a @ b.t() / temperature
     target = torch.arange(a.shape[0])
     return 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits.t(), target))
+
+
+def pair_loss(model: nn.Module, inputs: dict[str, Tensor], z: dict[str, Tensor] | None, pair, params,
+              generator: torch.Generator | None = None) -> Tensor:
+    """The image-text task on a batch of pairs (``pair`` = the two modalities): InfoNCE of the
+    representations ``z`` (``params.multimodal_loss = "infonce"``), or PCME (``"pcme"``, which
+    reads the encoders itself for its variance heads; ``z`` is not used)."""
+    if params.multimodal_loss == "pcme":  # Chun et al. 2021, eq. 3-7 (mmfl.algorithms.pcme)
+        return pcme_pair_loss(model, inputs, pair, params.pcme_samples, params.pcme_vib_weight, generator)
+    return info_nce(z[pair[0]], z[pair[1]], params.temperature)
 
 
 def inter_loss(local: Tensor, global_other: Tensor, rows: Tensor, tau: float) -> Tensor:
@@ -368,7 +395,7 @@ class CreamFLServer(Server):
                 if inputs[a].shape[0] < 2:
                     continue
                 z = reps_of(self.model, inputs, self.pair)
-                loss = info_nce(z[a], z[b], self.params.temperature)
+                loss = pair_loss(self.model, inputs, z, self.pair, self.params, gen)  # InfoNCE or PCME
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 self.opt.step()
@@ -441,11 +468,11 @@ class CreamFLClient(Client):
         return load_into(model, own if own else self.ctx.init_model().state_dict())
 
     def task_loss(self, model: nn.Module, inputs: dict[str, Tensor], labels: Tensor, pair: list[str]) -> Tensor:
-        """Image-text clients: symmetric InfoNCE on their pairs; uni-modal: cross-entropy of ``heads[m]``."""
+        """Image-text clients: symmetric InfoNCE (or PCME) on their pairs; uni-modal: cross-entropy of ``heads[m]``."""
         held = [m for m in pair if m in inputs and m in model.holds]
         if len(held) == 2:
-            z = reps_of(model, inputs, held)
-            return info_nce(z[held[0]], z[held[1]], self.params.temperature)
+            z = reps_of(model, inputs, held) if self.params.multimodal_loss == "infonce" else None
+            return pair_loss(model, inputs, z, held, self.params)
         m = held[0] if held else next(m for m in model.holds if m in inputs)
         return F.cross_entropy(model.heads[m](model.proj[m](model.encoders[m](inputs[m]))), labels)
 
@@ -547,6 +574,7 @@ class WeightSharingParams:
     inter = intra = False
     local_distill = "none"
     local_distill_weight = 0.0
+    multimodal_loss = "infonce"  # CreamFLClient.task_loss: the image-text task is InfoNCE here
     server_lr = 0.0  # the server does not train: its model is the average
 
     def __post_init__(self):

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from mmfl.data.base import DatasetMeta
 from mmfl.errors import ConfigError
 from mmfl.models import MODELS
+from mmfl.models.uncertainty import INIT_NOISE, UncertaintyHeads
 
 try:
     from mmfl.data.base import PRESENT
@@ -218,7 +219,8 @@ class MultimodalModel(nn.Module):
     def __init__(self, shapes: dict[str, tuple[int, ...]], num_classes: int, feat_dim: int = 128,
                  encoders: dict[str, str] | None = None, cnn_channels: list[int] | None = None,
                  mlp_hidden: list[int] | None = None, projector: str = "mlp", two_projector: bool = False,
-                 fusion: str = "concat", dropout: float = 0.0):
+                 fusion: str = "concat", dropout: float = 0.0, uncertainty: bool = False,
+                 uncertainty_init_noise: float = INIT_NOISE):
         super().__init__()
         self.modalities = sorted(shapes)
         if not self.modalities:
@@ -268,6 +270,10 @@ class MultimodalModel(nn.Module):
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.classifier = nn.Linear(self.fusion_out_dim, self.num_classes)
         self.holds = list(self.modalities)
+        # PCME's log-variance heads and match scalars a, b (mmfl.models.uncertainty), built last so
+        # every other module draws the same initial tensors with or without them
+        self.uncertainty = (UncertaintyHeads(self.modalities, self.feat_dim, uncertainty_init_noise)
+                            if uncertainty else None)
 
     def keep_only(self, holds) -> "MultimodalModel":
         """Delete the branches (encoders/proj/infil/heads) of modalities not in ``holds``."""
@@ -283,6 +289,8 @@ class MultimodalModel(nn.Module):
                 md = getattr(self, name)
                 if md is not None and m in md:
                     del md[m]
+            if self.uncertainty is not None:
+                self.uncertainty.drop(m)
         self.holds = [m for m in self.modalities if m in holds]
         return self
 
@@ -363,6 +371,12 @@ class MultimodalParams:
         "help": "add FedCMI's infiltration projectors (infil); their output fills missing slots"})
     fusion: str = field(default="concat", metadata={"help": "'concat' | 'sum' | 'film' | 'gated'"})
     dropout: float = field(default=0.0, metadata={"help": "dropout before the joint classifier"})
+    uncertainty: bool = field(default=False, metadata={
+        "help": "add PCME's per-modality log-variance heads and match scalars a, b (Chun et al. 2021; "
+                "used by CreamFL's algorithm.multimodal_loss = 'pcme'); the representation stays the mean"})
+    uncertainty_init_noise: float = field(default=INIT_NOISE, metadata={
+        "help": "uncertainty: the samples' initial distance from their unit-norm mean (the log-variance heads' "
+                "bias starts at log(s^2 / feat_dim)); 0 = PyTorch's default init, as the PCME authors' code"})
 
     def __post_init__(self):
         if isinstance(self.feat_dim, bool) or not isinstance(self.feat_dim, int) or self.feat_dim < 1:
@@ -386,6 +400,11 @@ class MultimodalParams:
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
                 or not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout: must be in [0, 1), got {self.dropout!r}")
+        if not isinstance(self.uncertainty, bool):
+            raise ConfigError(f"model.uncertainty: expected true or false, got {self.uncertainty!r}")
+        v = self.uncertainty_init_noise
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ConfigError(f"model.uncertainty_init_noise: must be a number >= 0, got {v!r}")
 
 
 @MODELS.register("multimodal", MultimodalParams,
@@ -394,7 +413,7 @@ def multimodal(params: MultimodalParams, meta: DatasetMeta, holds=None) -> Multi
     """The full model for all of ``meta.modalities``, then (``holds`` given) only those branches."""
     model = MultimodalModel(dict(meta.modalities), meta.num_classes, params.feat_dim, params.encoders,
                             params.cnn_channels, params.mlp_hidden, params.projector, params.two_projector,
-                            params.fusion, params.dropout)
+                            params.fusion, params.dropout, params.uncertainty, params.uncertainty_init_noise)
     if holds is not None:
         model.keep_only(holds)
     return model
