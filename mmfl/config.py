@@ -62,6 +62,12 @@ class TrainConfig:
     momentum: float = field(default=0.9, metadata={"help": "SGD momentum"})
     weight_decay: float = field(default=1e-5, metadata={"help": "L2 weight decay"})
     optimizer: Literal["sgd", "adam"] = field(default="sgd", metadata={"help": "sgd or adam"})
+    lr_schedule: Literal["constant", "cosine"] = field(default="constant", metadata={
+        "help": "learning rate over rounds: constant, or cosine (lr_min + (lr - lr_min) (1 + cos(pi r / T)) / 2 "
+                "in round r, as torch's CosineAnnealingLR stepped once per round)"})
+    lr_min: float = field(default=0.0, metadata={"help": "cosine schedule: the learning rate it decays to"})
+    lr_rounds: int = field(default=0, metadata={
+        "help": "cosine schedule: its period T in rounds (0 = the run's rounds)"})
 
     def __post_init__(self):
         if self.local_epochs < 1:
@@ -74,6 +80,12 @@ class TrainConfig:
             raise ConfigError(f"train.momentum: must be in [0, 1), got {self.momentum}")
         if self.weight_decay < 0:
             raise ConfigError(f"train.weight_decay: must be >= 0, got {self.weight_decay}")
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ConfigError(f"train.lr_schedule: must be 'constant' or 'cosine', got {self.lr_schedule!r}")
+        if not 0 <= self.lr_min <= self.lr:
+            raise ConfigError(f"train.lr_min: must be in [0, train.lr = {self.lr}], got {self.lr_min}")
+        if isinstance(self.lr_rounds, bool) or not isinstance(self.lr_rounds, int) or self.lr_rounds < 0:
+            raise ConfigError(f"train.lr_rounds: must be an integer >= 0, got {self.lr_rounds!r}")
 
 
 @dataclass

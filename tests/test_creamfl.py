@@ -207,6 +207,56 @@ def test_unimodal_clients_never_send_the_modality_they_lack_and_models_differ(tm
     assert dict(server.named_parameters())["encoders.features.net.1.weight"].shape == (64, 123)
 
 
+def _server_after_one_round(tmp_path, optimizer):
+    raw = raw_config(tmp_path, "creamfl", rounds=1)
+    raw.pop("client_models"), raw.pop("modalities")
+    raw["model"]["encoders"] = {"image": "mlp"}  # no BatchNorm: train-mode = eval-mode representations
+    raw["algorithm"].update(server_optimizer=optimizer, server_lr_schedule="constant")
+    exp = Experiment(resolve(raw), progress=False)
+    exp.run()  # one round: the server's Adam has state from a public epoch and a real distillation
+    return exp.server
+
+
+@pytest.mark.parametrize("optimizer, moves", [("restart", False), ("shared", True), ("per_phase", True)])
+def test_distilling_the_server_toward_its_own_representations_leaves_it_unchanged(tmp_path, optimizer, moves):
+    """Eq. 7 with the server's own representations as targets has zero gradient; the distillation
+    phase must then not move the server. With "restart" (the default) it does not move at all; one
+    Adam carried across phases ("shared", the authors' code) keeps stepping along the public
+    epoch's momentum, and a persistent per-phase Adam along the last round's distillation."""
+    from mmfl.algorithms.creamfl import public_reps
+
+    server = _server_after_one_round(tmp_path, optimizer)
+    server.train_public(1)
+    own = public_reps(server.model, server.public, server.pair)
+    before = {k: v.clone() for k, v in server.model.state_dict().items()}
+    server.distill(own, 1)
+    after = server.model.state_dict()
+    changed = max(float((after[k] - before[k]).abs().max()) for k in before)
+    if moves:
+        assert changed > 1e-4
+    else:
+        assert changed == 0.0
+
+
+def test_restart_zeroes_the_first_moment_and_keeps_the_second(tmp_path):
+    server = _server_after_one_round(tmp_path, "restart")
+    st = next(iter(server.opt.state.values()))
+    v = st["exp_avg_sq"].clone()
+    assert float(st["exp_avg"].abs().max()) > 0
+    server.begin_phase(server.opt)
+    assert float(st["exp_avg"].abs().max()) == 0.0 and torch.equal(st["exp_avg_sq"], v)
+
+
+def test_server_lr_follows_the_cosine_schedule(tmp_path):
+    server = _server_after_one_round(tmp_path, "restart")
+    server.params = CreamFLParams(server_lr=1e-3)  # default: cosine over the run's rounds
+    server.ctx.rounds = 4
+    assert [server.server_lr(r) for r in range(4)] == pytest.approx(
+        [1e-3 * (1 + math.cos(math.pi * r / 4)) / 2 for r in range(4)])
+    server.params = CreamFLParams(server_lr=1e-3, server_lr_schedule="constant")
+    assert server.server_lr(3) == 1e-3
+
+
 def test_resume_continues_exactly(tmp_path):
     full = Experiment(resolve(raw_config(tmp_path / "a", "fedmd")), progress=False)
     full.run()

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from mmfl.config import TrainConfig
 from mmfl.data.base import ArrayDataset, DatasetMeta
 from mmfl.engine.message import Message
-from mmfl.engine.training import evaluate_model
+from mmfl.engine.training import evaluate_model, train_at_round
 
 
 class Transport(Protocol):
@@ -49,9 +49,14 @@ class ServerContext:
     client_modalities: list[tuple[str, ...]] | None = None  # what each client holds (None: all, every client)
     public: ArrayDataset | None = None  # the public set known to server and clients (CreamFL), if any
     system: Any = None  # the [system] model (mmfl.engine.system.WirelessSystem) for scheduling; None: none
+    rounds: int = 0  # the run's rounds (a server's own schedule, e.g. CreamFL's cosine server lr); 0: unknown
 
     def modalities_of(self, cid: int) -> tuple[str, ...]:
         return tuple(self.meta.modalities) if self.client_modalities is None else self.client_modalities[cid]
+
+    def train_at(self, rnd: int) -> TrainConfig:
+        """The training settings of round ``rnd`` (lr from ``train.lr_schedule``), as its clients get them."""
+        return train_at_round(self.train, rnd)
 
 
 @dataclass

@@ -81,12 +81,13 @@ from torch import Tensor, nn
 from mmfl.algorithms import preset, register
 from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.fedavg import reply_weights, weighted_average, weighted_mean_scalar
+from mmfl.algorithms.multimodal import FEDIOT_MULTIMODAL_WEIGHT, only_held
 from mmfl.algorithms.pcme import SAMPLES, VIB_WEIGHT, pcme_pair_loss
 from mmfl.algorithms.public_terms import DEFAULT_CHUNK, aggregate_representations, global_local_contrastive_scores
 from mmfl.engine.message import Message
 from mmfl.engine.retrieval import evaluate_retrieval, pairs_to_retrieval
-from mmfl.engine.training import (load_into, load_optimizer_state, make_optimizer, optimizer_state,
-                                 shuffled_batches, state_of)
+from mmfl.engine.training import (cosine_lr, load_into, load_optimizer_state, make_optimizer, optimizer_state,
+                                 set_lr, shuffled_batches, state_of)
 from mmfl.errors import ConfigError
 
 AGGREGATIONS = ("gca", "mean", "avg", "iot", "variance", "entropy")
@@ -94,7 +95,8 @@ GLOBAL = "global/"  # server -> client: global representations of the public set
 CONSENSUS = "consensus/"  # server -> client (FedMD): last round's aggregated representations
 REP = "rep/"  # client -> server: the client's representations of the public set
 MODEL = "model/"  # client state: its own model
-OPT = "opt/"  # server checkpoint: the persistent Adam's state
+OPT = "opt/"  # server checkpoint: the public epoch's persistent Adam state (both phases' if shared)
+OPT_KD = "opt_kd/"  # server checkpoint: the distillation's persistent Adam state (per_phase)
 
 
 @dataclass
@@ -114,11 +116,13 @@ class CreamFLParams:
                 "symmetric InfoNCE) or pcme (Chun et al., CVPR 2021, the authors' choice; needs "
                 "model.uncertainty = true)"})
     pcme_samples: int = field(default=SAMPLES, metadata={
-        "help": "pcme: Monte-Carlo samples J per embedding (eq. 4/7; the PCME authors' 7)"})
+        "help": "pcme: Monte-Carlo samples J per embedding (eq. 4/7; the PCME authors' 7); 0 = the means only, "
+                "no KL (what the CreamFL authors' code runs)"})
     pcme_vib_weight: float = field(default=VIB_WEIGHT, metadata={
         "help": "pcme: weight beta of the KL-to-N(0, I) (VIB) term, on the authors' sum scale (their COCO 1e-5)"})
     kd_weight: float = field(default=0.3, metadata={"help": "weight of the distillation MSE (eq. 7)"})
-    iot_weight: float = field(default=100.0, metadata={"help": "aggregation 'iot': weight of image-text clients"})
+    iot_weight: float = field(default=FEDIOT_MULTIMODAL_WEIGHT, metadata={
+        "help": "aggregation 'iot': weight of image-text clients (100, the CreamFL paper's FedIoT weight)"})
     entropy_temperature: float = field(default=1.0, metadata={
         "help": "aggregation 'entropy': softmax temperature over a representation's entries"})
     local_distill: Literal["none", "consensus", "global"] = field(default="none", metadata={
@@ -128,6 +132,15 @@ class CreamFLParams:
     server_lr: float = field(default=1e-3, metadata={
         "help": "server Adam learning rate (the paper: AdamP 2e-4 for ~390 steps per epoch on 50,000 public "
                 "pairs; an epoch of mmfl's public sets is 5-10 steps)"})
+    server_optimizer: Literal["restart", "per_phase", "shared"] = field(default="restart", metadata={
+        "help": "restart: one Adam whose first moment (momentum) restarts as each server phase begins, the "
+                "second moment shared (kd_weight keeps its meaning); per_phase: a separate Adam per phase "
+                "(scale-free distillation steps); shared: one Adam for both phases (the authors' code; at a "
+                "few steps per epoch the public epoch's momentum overshoots during distillation); "
+                "see docs/algorithms/creamfl.md"})
+    server_lr_schedule: Literal["cosine", "constant"] = field(default="cosine", metadata={
+        "help": "server learning rate over rounds: cosine to 0 over the run's rounds (the paper's cosine "
+                "scheduler; the authors step it once per round) or constant"})
     server_batch_size: int = field(default=128, metadata={"help": "server batch size on the public set"})
     server_public_epochs: int = field(default=1, metadata={
         "help": "server epochs on the public pairs per round, before the clients (Alg. 1 l. 18; 0 = off)"})
@@ -141,6 +154,12 @@ class CreamFLParams:
     def __post_init__(self):
         if self.aggregation not in AGGREGATIONS:
             raise ConfigError(f"algorithm.aggregation: must be one of {list(AGGREGATIONS)}, got {self.aggregation!r}")
+        if self.server_optimizer not in ("per_phase", "restart", "shared"):
+            raise ConfigError(f"algorithm.server_optimizer: must be 'per_phase', 'restart' or 'shared', "
+                              f"got {self.server_optimizer!r}")
+        if self.server_lr_schedule not in ("cosine", "constant"):
+            raise ConfigError(f"algorithm.server_lr_schedule: must be 'cosine' or 'constant', "
+                              f"got {self.server_lr_schedule!r}")
         if self.local_distill not in ("none", "consensus", "global"):
             raise ConfigError(f"algorithm.local_distill: must be none, consensus or global, "
                               f"got {self.local_distill!r}")
@@ -163,8 +182,8 @@ class CreamFLParams:
                 raise ConfigError(f"algorithm.{key}: expected true or false, got {getattr(self, key)!r}")
         if self.multimodal_loss not in ("infonce", "pcme"):
             raise ConfigError(f"algorithm.multimodal_loss: must be 'infonce' or 'pcme', got {self.multimodal_loss!r}")
-        if isinstance(self.pcme_samples, bool) or not isinstance(self.pcme_samples, int) or self.pcme_samples < 1:
-            raise ConfigError(f"algorithm.pcme_samples: must be an integer >= 1, got {self.pcme_samples!r}")
+        if isinstance(self.pcme_samples, bool) or not isinstance(self.pcme_samples, int) or self.pcme_samples < 0:
+            raise ConfigError(f"algorithm.pcme_samples: must be an integer >= 0, got {self.pcme_samples!r}")
         v = self.pcme_vib_weight
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
             raise ConfigError(f"algorithm.pcme_vib_weight: must be a number >= 0, got {v!r}")
@@ -299,7 +318,11 @@ class CreamFLServer(Server):
             raise ConfigError("model.name: CreamFL-style algorithms need model.name = \"multimodal\", "
                               f"got a {type(self.model).__name__}")
         self.public = select_public(ctx.public, params.public_size)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=params.server_lr)  # persistent, checkpointed
+        # Alg. 1's two server phases (public epoch, distillation eq. 7), each with its own persistent,
+        # checkpointed Adam state ("per_phase"), or one Adam for both ("shared", the authors' code)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=params.server_lr)
+        self.opt_kd = torch.optim.Adam(self.model.parameters(), lr=params.server_lr) \
+            if params.server_optimizer == "per_phase" else self.opt
         self.consensus: dict[str, Tensor] = {}
 
     # what each client receives
@@ -317,9 +340,19 @@ class CreamFLServer(Server):
                 need.add(m)
         return sorted(need)
 
+    def server_lr(self, rnd: int) -> float:
+        """The server's learning rate in round ``rnd``: ``server_lr`` under the paper's cosine schedule
+        (T = the run's rounds, to 0) or constant."""
+        p = self.params
+        if p.server_lr_schedule == "constant" or self.ctx.rounds < 1:
+            return p.server_lr
+        return cosine_lr(p.server_lr, rnd, self.ctx.rounds)
+
     def round(self, rnd, cohort, transport):
         p = self.params
-        metrics: dict = {}
+        metrics: dict = {"server_lr": self.server_lr(rnd)}
+        for opt in (self.opt, self.opt_kd):
+            set_lr(opt, metrics["server_lr"])
         if p.server_public_epochs:
             metrics["server_public_loss"] = self.train_public(rnd)
         glob = public_reps(self.model, self.public, self.pair)
@@ -384,11 +417,20 @@ class CreamFLServer(Server):
             return n * float(self.params.iot_weight)
         return n
 
+    def begin_phase(self, opt: torch.optim.Optimizer) -> None:
+        """``restart``: zero Adam's first moment as a server phase begins, so no phase steps along
+        the other phase's momentum; the second moment (the gradient scale both losses share) stays."""
+        if self.params.server_optimizer == "restart":
+            for st in opt.state.values():
+                if "exp_avg" in st:
+                    st["exp_avg"].zero_()
+
     def train_public(self, rnd: int) -> float:
         """Alg. 1 line 18: one epoch of the image-text task on the public pairs."""
         a, b = self.pair
         gen = torch.Generator().manual_seed(derive_seed(self.ctx.seed, rnd, "server-public"))
         total, steps = 0.0, 0
+        self.begin_phase(self.opt)
         self.model.train()
         for _ in range(self.params.server_public_epochs):
             for inputs, _ in self.public.batches(self.params.server_batch_size, shuffle=True, generator=gen):
@@ -409,14 +451,15 @@ class CreamFLServer(Server):
         gen = torch.Generator().manual_seed(derive_seed(self.ctx.seed, rnd, "server-distill"))
         n = len(self.public)
         total, steps = 0.0, 0
+        self.begin_phase(self.opt_kd)
         self.model.train()
         for rows in shuffled_batches(n, self.params.server_batch_size, gen, self.params.distill_epochs):
             inputs, _ = self.public.get(rows)
             z = reps_of(self.model, inputs, list(agg))
             loss = self.params.kd_weight * sum(F.mse_loss(z[m], agg[m][rows]) for m in z)
-            self.opt.zero_grad(set_to_none=True)
+            self.opt_kd.zero_grad(set_to_none=True)
             loss.backward()
-            self.opt.step()
+            self.opt_kd.step()
             total, steps = total + float(loss.detach()), steps + 1
         return total / max(steps, 1)
 
@@ -425,13 +468,18 @@ class CreamFLServer(Server):
 
     def state_dict(self):
         out = super().state_dict()
-        out.update(optimizer_state(self.opt, {id(p): n for n, p in self.model.named_parameters()}, OPT))
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        out.update(optimizer_state(self.opt, names, OPT))
+        if self.opt_kd is not self.opt:
+            out.update(optimizer_state(self.opt_kd, names, OPT_KD))
         out.update({CONSENSUS + m: t for m, t in self.consensus.items()})
         return out
 
     def load_state_dict(self, sd):
         super().load_state_dict(sd)
         load_optimizer_state(self.opt, dict(self.model.named_parameters()), sd, OPT)
+        if self.opt_kd is not self.opt:
+            load_optimizer_state(self.opt_kd, dict(self.model.named_parameters()), sd, OPT_KD)
         self.consensus = {k[len(CONSENSUS):]: v for k, v in sd.items() if k.startswith(CONSENSUS)}
 
 
@@ -565,7 +613,8 @@ class CreamFLClient(Client):
 class WeightSharingParams:
     iot: bool = field(default=False, metadata={
         "help": "FedIoT: image-text clients' weights count iot_weight times in the average"})
-    iot_weight: float = field(default=100.0, metadata={"help": "iot: weight of image-text clients"})
+    iot_weight: float = field(default=FEDIOT_MULTIMODAL_WEIGHT, metadata={
+        "help": "iot: weight of image-text clients (100, the CreamFL paper's FedIoT weight)"})
     public_to_multimodal: bool = field(default=True, metadata={
         "help": "give the public pairs to the image-text clients as extra training pairs (the paper's setting)"})
     temperature: float = field(default=0.1, metadata={"help": "InfoNCE temperature of the image-text task"})
@@ -576,6 +625,8 @@ class WeightSharingParams:
     local_distill_weight = 0.0
     multimodal_loss = "infonce"  # CreamFLClient.task_loss: the image-text task is InfoNCE here
     server_lr = 0.0  # the server does not train: its model is the average
+    server_optimizer = "shared"
+    server_lr_schedule = "constant"
 
     def __post_init__(self):
         if not isinstance(self.iot, bool) or not isinstance(self.public_to_multimodal, bool):
@@ -598,8 +649,6 @@ class WeightSharingServer(CreamFLServer):
     average (it does not train). Heads stay on the clients (their classes differ)."""
 
     def round(self, rnd, cohort, transport):
-        from mmfl.algorithms.multimodal import only_held
-
         full = {k: v for k, v in self.model.state_dict().items() if k.startswith(SHARED)}
         by_holds: dict[tuple, Message] = {}
         msgs = {}

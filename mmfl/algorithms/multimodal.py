@@ -251,10 +251,17 @@ class MFedProxClient(MFedAvgClient):
         return base + self.params.mu / 2 * proximal(model, msg.arrays, skip=lambda n: n.startswith("heads."))
 
 
+# FedIoT's aggregation weight of a multimodal client relative to a uni-modal one: "higher weights
+# (set to 100 following Zhao et al. (2022)) are assigned to multimodal clients" (CreamFL, Yu et al.
+# 2023, section 4.1, baseline 7). The one published value; fediot, reamfl_iot and creamfl_fediot use it.
+FEDIOT_MULTIMODAL_WEIGHT = 100.0
+
+
 @dataclass
 class FedIoTParams(MFedAvgParams):
-    multimodal_weight: float = field(default=10.0, metadata={
-        "help": "aggregation weight factor of a client holding several modalities (FedIoT's larger weight)"})
+    multimodal_weight: float = field(default=FEDIOT_MULTIMODAL_WEIGHT, metadata={
+        "help": "aggregation weight factor of a client holding several modalities (FedIoT's larger weight; "
+                "100 as CreamFL's paper gives it, following Zhao et al. 2022)"})
 
     def __post_init__(self):
         if not self.multimodal_weight > 0:

@@ -374,8 +374,9 @@ class PFedWirelessServer(Server):
             grad_w = pseudo_gradient(w_agg, flat(uploads[c], keys))
             if self.params.grad_estimate == "mean_gradient":
                 steps = int(replies[c].scalars.get("steps", 0))
-                if steps > 0 and self.ctx.train.lr > 0:
-                    grad_w = grad_w / (self.ctx.train.lr * steps)
+                lr = self.ctx.train_at(rnd - 1).lr  # the lr the clients trained with last round
+                if steps > 0 and lr > 0:
+                    grad_w = grad_w / (lr * steps)
             out[c] = coefficient_gradient(self.prev_coeff[g][c], prev, w_agg, grad_w)
         return out
 

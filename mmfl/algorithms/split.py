@@ -73,7 +73,8 @@ from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.multimodal import masked_ce, require_multimodal_model
 from mmfl.data.base import PRESENT
 from mmfl.engine.message import Message
-from mmfl.engine.training import load_optimizer_state, make_optimizer, model_tensors, optimizer_state, seed_torch
+from mmfl.engine.training import (load_optimizer_state, make_optimizer, model_tensors, optimizer_state, seed_torch,
+                                 set_lr)
 from mmfl.errors import ConfigError
 from mmfl.models.multimodal import branch_of
 
@@ -340,6 +341,7 @@ class SplitServer(Server):
         if begin is None:
             return None
         opt = self.opt if self.opt is not None else self.new_optimizer()
+        set_lr(opt, self.ctx.train_at(rnd).lr)  # the round's lr (train.lr_schedule), as the client's
         for i in range(int(begin.scalars["num_batches"])):
             fwd = meter.send(transport, "sl_forward", cid, Message(scalars={"batch": i}))
             if fwd is None:

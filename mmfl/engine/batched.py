@@ -47,7 +47,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from mmfl.engine.message import Message
-from mmfl.engine.training import seed_torch, shuffled_batches
+from mmfl.engine.training import seed_torch, shuffled_batches, train_at_round
 
 log = logging.getLogger("mmfl")
 
@@ -241,13 +241,14 @@ def send_batched(transport, route: str, messages: dict[int, Message]) -> tuple[d
     from mmfl.engine.simulation import derive_seed
 
     fed = transport.federation
+    train = train_at_round(transport.train, transport.rnd)
     cids = sorted(messages)
     clients, ctxs, tasks, calls = [], [], [], []
     for cid in cids:
         call = transport._calls[cid]
         ctx = ClientContext(
             cid=cid, rnd=transport.rnd, seed=derive_seed(transport.seed, transport.rnd, cid, route, call),
-            data=fed.clients[cid], test_data=fed.test, meta=fed.meta, train=transport.train,
+            data=fed.clients[cid], test_data=fed.test, meta=fed.meta, train=train,
             state=transport.store.load(cid), model_pool=transport._model, init_model=transport.make_model)
         client = transport.spec.client(transport.params, ctx)
         task = client.batched_task(route, messages[cid])
@@ -269,7 +270,7 @@ def send_batched(transport, route: str, messages: dict[int, Message]) -> tuple[d
     for members in groups.values():
         outs = train_stacked(template, clients[members[0]], [tasks[j] for j in members],
                              [ctxs[j].data for j in members], [ctxs[j].generator() for j in members],
-                             transport.train)
+                             train)
         for j, o in zip(members, outs):
             results[j] = o
     for cid, call in zip(cids, calls):

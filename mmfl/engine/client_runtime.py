@@ -18,7 +18,7 @@ from mmfl.algorithms.base import AlgorithmSpec, ClientContext
 from mmfl.config import TrainConfig
 from mmfl.data.base import ArrayDataset, DatasetMeta
 from mmfl.engine.message import Message
-from mmfl.engine.training import seed_torch
+from mmfl.engine.training import seed_torch, train_at_round
 
 
 class ModelPool:
@@ -97,7 +97,7 @@ def run_client(
         pool, init = model_pool, init_model
     ctx = ClientContext(
         cid=cid, rnd=rnd, seed=derive_seed(seed, rnd, cid, route, call),
-        data=data, test_data=test_data, meta=meta, train=train,
+        data=data, test_data=test_data, meta=meta, train=train_at_round(train, rnd),
         state=state, model_pool=pool, init_model=init, modalities=held, public=public,
     )
     seed_torch(ctx.seed)  # dropout and any other torch-global randomness (the CPU generator, cheaply)

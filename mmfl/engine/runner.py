@@ -31,6 +31,7 @@ from mmfl.algorithms.base import Transport
 from mmfl.engine import checkpoint
 from mmfl.engine.simulation import SimulationTransport, derive_seed
 from mmfl.engine.state import make_store
+from mmfl.engine.training import train_for_run
 from mmfl.errors import ConfigError, MMFLError
 
 
@@ -156,8 +157,9 @@ class Experiment:
 
             self.system = WirelessSystem(cfg, fed, lambda cid: self.make_model(
                 fed.modalities_of(cid), fed.group_of(cid), fed.meta_of(cid)))
+        train = train_for_run(cfg.train, cfg.run.rounds)  # a cosine lr's period resolved
         self.server = self.spec.server(cfg.algorithm.params, ServerContext(
-            meta=self.federation.meta, train=cfg.train, seed=cfg.run.seed,
+            meta=self.federation.meta, train=train, seed=cfg.run.seed, rounds=cfg.run.rounds,
             num_clients=self.federation.num_clients, make_model=self.make_model,
             client_modalities=self.federation.client_modalities, public=self.federation.public,
             system=self.system))
@@ -166,7 +168,7 @@ class Experiment:
             self.transport = transport(self)
         else:
             self.transport = SimulationTransport(
-                self.spec, cfg.algorithm.params, self.federation, cfg.train, cfg.run.seed,
+                self.spec, cfg.algorithm.params, self.federation, train, cfg.run.seed,
                 self.make_model, self.store, on_nonfinite=cfg.run.on_nonfinite,
                 batch_clients=cfg.run.batch_clients, privacy=cfg.privacy)
 

@@ -6,6 +6,8 @@ touch gradients before each step (SCAFFOLD); the loop itself lives here once.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Callable, Iterator
 
 import torch
@@ -19,6 +21,37 @@ LossFn = Callable[[nn.Module, dict[str, Tensor], Tensor], Tensor]
 
 def cross_entropy_loss(model: nn.Module, inputs: dict[str, Tensor], labels: Tensor) -> Tensor:
     return F.cross_entropy(model(inputs)["logits"], labels)
+
+
+def cosine_lr(lr: float, rnd: int, period: int, lr_min: float = 0.0) -> float:
+    """Cosine annealing over rounds: ``lr_min + (lr - lr_min) (1 + cos(pi min(r, T) / T)) / 2``
+    in 0-based round ``r`` with period ``T`` (``lr`` in round 0; torch's ``CosineAnnealingLR``
+    with ``T_max = T`` stepped once per round, as CreamFL's authors step their server's)."""
+    t = min(max(rnd, 0), period)
+    return lr_min + (lr - lr_min) * (1.0 + math.cos(math.pi * t / period)) / 2.0
+
+
+def train_for_run(train, rounds: int):
+    """``train`` with the cosine period resolved (``lr_rounds = 0`` means the run's rounds)."""
+    if train.lr_schedule == "constant" or train.lr_rounds:
+        return train
+    return dataclasses.replace(train, lr_rounds=rounds)
+
+
+def train_at_round(train, rnd: int):
+    """The round's training settings: ``train`` with ``lr`` from its schedule (the engine hands
+    every client of round ``rnd`` this, so SCAFFOLD's ``(x - y) / (K lr)`` uses the same lr)."""
+    if train.lr_schedule == "constant":
+        return train
+    if train.lr_rounds < 1:
+        raise ValueError("train.lr_rounds is unresolved; pass the run's train through train_for_run")
+    return dataclasses.replace(train, lr=cosine_lr(train.lr, rnd, train.lr_rounds, train.lr_min))
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    """Set every parameter group's learning rate (a persistent optimizer under a schedule)."""
+    for group in opt.param_groups:
+        group["lr"] = lr
 
 
 def make_optimizer(params, train) -> torch.optim.Optimizer:

@@ -42,6 +42,7 @@ from mmfl.config import ExperimentConfig, apply_overrides, resolve
 from mmfl.engine.client_runtime import ModelPool, run_client
 from mmfl.engine.privacy import federation_modalities, make_checker
 from mmfl.errors import MMFLError
+from mmfl.engine.training import train_for_run
 from mmfl.flower.records import decode, encode, record_to_state, state_to_record
 
 CONFIG_KEY = "mmfl-config"  # run config: the resolved mmfl config, as TOML text
@@ -164,7 +165,8 @@ def handle(msg: FlowerMessage, context: Context, config_text: str | None = None)
             raise MMFLError(f"this SuperNode does not host client {cid} (it hosts {env.cids})")
         reply, new_state = run_client(
             run.spec, cfg.algorithm.params, cid=cid, rnd=rnd, route=route, call=int(call), msg=messages[cid],
-            data=fed.clients[cid], test_data=fed.test_of(cid), meta=fed.meta_of(cid), train=cfg.train,
+            data=fed.clients[cid], test_data=fed.test_of(cid), meta=fed.meta_of(cid),
+            train=train_for_run(cfg.train, cfg.run.rounds),
             seed=cfg.run.seed, state=load_state(context.state, cid), model_pool=run.model,
             init_model=run.make_model, holds=fed.modalities_of(cid), group=fed.group_of(cid),
             source=fed.source_of(cid), public=fed.public, privacy=run.privacy)
