@@ -100,6 +100,18 @@ def test_pcme_loss_is_the_soft_contrastive_loss_plus_the_scaled_kl():
     assert info["soft_contrastive"] == pytest.approx(soft.item(), rel=1e-6)
 
 
+def test_zero_samples_is_the_soft_contrastive_loss_of_the_means():
+    # the CreamFL authors' code: the means only (J = 1 at zero variance), no KL whatever beta
+    mx = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    my = torch.tensor([[0.6, 0.8], [-1.0, 0.0]])
+    lv = torch.zeros(2, 2)
+    a, b = torch.tensor(2.0), torch.tensor(1.5)
+    loss, _ = pcme_loss(mx, lv, my, lv, a, b, samples=0, vib_weight=1.0)
+    p = [[sigmoid(-2.0 * math.dist(mx[k].tolist(), my[l].tolist()) + 1.5) for l in range(2)] for k in range(2)]
+    hand = -(math.log(p[0][0]) + math.log(1 - p[0][1]) + math.log(1 - p[1][0]) + math.log(p[1][1])) / 4
+    assert loss.item() == pytest.approx(hand, rel=1e-5)
+
+
 def test_samples_follow_the_gaussian():
     mu, logvar = torch.tensor([[1.0, -2.0]]), torch.tensor([[math.log(0.25), math.log(4.0)]])
     z = sample_embeddings(mu, logvar, 20000, torch.Generator().manual_seed(0))[0]
@@ -149,7 +161,7 @@ def test_pcme_without_heads_is_a_one_line_config_error():
     with pytest.raises(ConfigError, match="algorithm.multimodal_loss"):
         CreamFLParams(multimodal_loss="clip")
     with pytest.raises(ConfigError, match="algorithm.pcme_samples"):
-        CreamFLParams(pcme_samples=0)
+        CreamFLParams(pcme_samples=-1)
     with pytest.raises(ConfigError, match="algorithm.pcme_vib_weight"):
         CreamFLParams(pcme_vib_weight=-1.0)
 

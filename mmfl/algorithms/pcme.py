@@ -103,17 +103,24 @@ def pcme_loss(mu_x: Tensor, logvar_x: Tensor, mu_y: Tensor, logvar_y: Tensor, a:
     is unmatched): eq. 3 over all B^2 pairs (mean) + ``vib_weight / (2 B^2)`` times the KL
     summed over both modalities' items (see the module doc for the normalisation).
 
+    ``samples = 0``: no sampling and no KL, ``z = mu`` (J = 1 at zero variance): the soft
+    contrastive loss on the means, which is what the CreamFL authors' code trains with (their
+    encoders have no variance head, so their PCME criterion receives the means; ``vib_beta`` 0).
+
     mu_*, logvar_* ``[B, D]``; a, b scalars -> (scalar loss, {"soft_contrastive", "kl",
     "p_pos", "p_neg"} floats: the loss terms and the mean match probability of matched /
     unmatched pairs)."""
     n = mu_x.shape[0]
-    zx = sample_embeddings(mu_x, logvar_x, samples, generator)
-    zy = sample_embeddings(mu_y, logvar_y, samples, generator)
+    if samples == 0:
+        zx, zy = mu_x.unsqueeze(1), mu_y.unsqueeze(1)
+    else:
+        zx = sample_embeddings(mu_x, logvar_x, samples, generator)
+        zy = sample_embeddings(mu_y, logvar_y, samples, generator)
     logits = match_logits(zx, zy, a, b)
     matched = torch.eye(n, dtype=torch.bool, device=mu_x.device)
     soft = soft_contrastive_loss(logits, matched)
     kl = kl_to_standard_normal(mu_x, logvar_x).sum() + kl_to_standard_normal(mu_y, logvar_y).sum()
-    loss = soft + vib_weight / (2.0 * n * n) * kl if vib_weight else soft
+    loss = soft + vib_weight / (2.0 * n * n) * kl if vib_weight and samples else soft
     with torch.no_grad():
         p = match_probability(logits)
         info = {"soft_contrastive": float(soft), "kl": float(kl) / n, "p_pos": float(p[matched].mean()),
