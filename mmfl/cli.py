@@ -8,6 +8,7 @@
                                    holds which modalities)
     mmfl report RUN [RUN ...]      comparison table (+ plot) of finished runs
     mmfl flower ...                the same config on Flower (simulate, submit, loopback; docs/flower.md)
+    mmfl vqa RUN --root DIR        VQA accuracy of a finished CreamFL-style run's server model (docs/vqa.md)
 
 A user error (bad path, unknown name, invalid value, corrupt file) prints one
 line ``mmfl: error: ...`` and exits with code 2.
@@ -97,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     from mmfl.flower.cli import add_flower_parser  # imports no Flower: cheap
 
     add_flower_parser(sub)
+    from mmfl.vqa_eval import add_vqa_parser  # imports no torch: cheap
+
+    add_vqa_parser(sub)
     return parser
 
 
@@ -209,10 +213,16 @@ def cmd_flower(args) -> int:
     return flower_main(args)
 
 
+def cmd_vqa(args) -> int:
+    from mmfl.vqa_eval import cmd_vqa as vqa_main
+
+    return vqa_main(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler = {"run": cmd_run, "demo": cmd_demo, "list": cmd_list,
-               "partition": cmd_partition, "report": cmd_report, "flower": cmd_flower}[args.command]
+    handler = {"run": cmd_run, "demo": cmd_demo, "list": cmd_list, "partition": cmd_partition,
+               "report": cmd_report, "flower": cmd_flower, "vqa": cmd_vqa}[args.command]
     try:
         return handler(args)
     except MMFLError as e:
