@@ -257,6 +257,20 @@ def test_server_lr_follows_the_cosine_schedule(tmp_path):
     assert server.server_lr(3) == 1e-3
 
 
+def test_target_quality_scores_the_distillation_targets_against_the_servers_own():
+    from mmfl.algorithms.creamfl import target_quality
+
+    g, img, txt = _reps(P=30)
+    glob = {"image": img, "text": txt}
+    same = target_quality(glob, {"image": img, "text": txt}, ("image", "text"))
+    assert same["target_public_r1_sum"] == same["server_public_r1_sum"] > 150  # nearly every pair retrieved
+    assert same["target_cos/image"] == pytest.approx(1.0)
+    perm = torch.randperm(30, generator=g)
+    shuffled = target_quality(glob, {"image": img[perm], "text": txt}, ("image", "text"))
+    assert shuffled["target_public_r1_sum"] < 0.2 * same["server_public_r1_sum"]
+    assert shuffled["target_cos/image"] < 0.5
+
+
 def test_resume_continues_exactly(tmp_path):
     full = Experiment(resolve(raw_config(tmp_path / "a", "fedmd")), progress=False)
     full.run()

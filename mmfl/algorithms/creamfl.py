@@ -264,6 +264,26 @@ def entropy_selection_weights(local: Tensor, temperature: float = 1.0) -> Tensor
     return keep / keep.sum(0, keepdim=True)
 
 
+def target_quality(glob: dict[str, Tensor], agg: dict[str, Tensor], pair: tuple[str, str]) -> dict[str, float]:
+    """How good a teacher eq. 7's targets are: the R@1 sum (i2t + t2i, row k paired with row k) on
+    the public set of the server's own representations (``server_public_r1_sum``) and of the
+    aggregated client representations it distills toward (``target_public_r1_sum``), and their
+    mean cosine per modality (``target_cos/<m>``). A target set that retrieves worse than the
+    server's own representations can only pull the server toward worse retrieval."""
+    a, b = pair
+    out = {}
+    if a in glob and b in glob and glob[a].shape[0] == glob[b].shape[0]:
+        r = evaluate_retrieval(glob[a], glob[b], torch.arange(glob[a].shape[0]), "plain")
+        out["server_public_r1_sum"] = r["i2t_r1"] + r["t2i_r1"]
+        if a in agg and b in agg:
+            r = evaluate_retrieval(F.normalize(agg[a], dim=-1), F.normalize(agg[b], dim=-1),
+                                   torch.arange(agg[a].shape[0]), "plain")
+            out["target_public_r1_sum"] = r["i2t_r1"] + r["t2i_r1"]
+    for m, t in agg.items():
+        out[f"target_cos/{m}"] = float(F.cosine_similarity(t, glob[m], dim=-1).mean())
+    return out
+
+
 def pair_modalities(meta) -> tuple[str, str]:
     mods = sorted(meta.modalities)
     if len(mods) != 2:
@@ -371,6 +391,7 @@ class CreamFLServer(Server):
             return {**metrics, "clients_replied": 0}
         agg, info = self.aggregate_reps(replies, glob)
         metrics.update(info)
+        metrics.update(target_quality(glob, agg, self.pair))
         if p.local_distill == "consensus":
             self.consensus = {m: agg[m].clone() for m in agg}
         metrics["distill_loss"] = self.distill(agg, rnd)
