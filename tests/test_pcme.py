@@ -142,6 +142,10 @@ def test_default_model_is_unchanged_and_heads_are_built_last():
         MultimodalParams(uncertainty="yes")
     with pytest.raises(ConfigError, match="model.uncertainty_init_noise"):
         MultimodalParams(uncertainty_init_noise=-1.0)
+    with pytest.raises(ConfigError, match="model.uncertainty_init_ab"):
+        MultimodalParams(uncertainty_init_ab=0.0)
+    h = tiny_model(uncertainty=True, uncertainty_init_ab=10.0).uncertainty
+    assert h.a.item() == 10.0 and h.b.item() == 10.0
 
 
 def test_gradients_reach_a_b_and_the_uncertainty_heads():

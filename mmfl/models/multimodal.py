@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from mmfl.data.base import DatasetMeta
 from mmfl.errors import ConfigError
 from mmfl.models import MODELS
-from mmfl.models.uncertainty import INIT_NOISE, UncertaintyHeads
+from mmfl.models.uncertainty import INIT_A, INIT_NOISE, UncertaintyHeads
 
 try:
     from mmfl.data.base import PRESENT
@@ -220,7 +220,7 @@ class MultimodalModel(nn.Module):
                  encoders: dict[str, str] | None = None, cnn_channels: list[int] | None = None,
                  mlp_hidden: list[int] | None = None, projector: str = "mlp", two_projector: bool = False,
                  fusion: str = "concat", dropout: float = 0.0, uncertainty: bool = False,
-                 uncertainty_init_noise: float = INIT_NOISE):
+                 uncertainty_init_noise: float = INIT_NOISE, uncertainty_init_ab: float = INIT_A):
         super().__init__()
         self.modalities = sorted(shapes)
         if not self.modalities:
@@ -272,8 +272,8 @@ class MultimodalModel(nn.Module):
         self.holds = list(self.modalities)
         # PCME's log-variance heads and match scalars a, b (mmfl.models.uncertainty), built last so
         # every other module draws the same initial tensors with or without them
-        self.uncertainty = (UncertaintyHeads(self.modalities, self.feat_dim, uncertainty_init_noise)
-                            if uncertainty else None)
+        self.uncertainty = (UncertaintyHeads(self.modalities, self.feat_dim, uncertainty_init_noise,
+                                             uncertainty_init_ab, uncertainty_init_ab) if uncertainty else None)
 
     def keep_only(self, holds) -> "MultimodalModel":
         """Delete the branches (encoders/proj/infil/heads) of modalities not in ``holds``."""
@@ -377,6 +377,9 @@ class MultimodalParams:
     uncertainty_init_noise: float = field(default=INIT_NOISE, metadata={
         "help": "uncertainty: the samples' initial distance from their unit-norm mean (the log-variance heads' "
                 "bias starts at log(s^2 / feat_dim)); 0 = PyTorch's default init, as the PCME authors' code"})
+    uncertainty_init_ab: float = field(default=INIT_A, metadata={
+        "help": "uncertainty: initial a = b of PCME's sigmoid(-a ||z - z'|| + b) (30: the authors' COCO and CreamFL "
+                "15 under their sigma(x) = sigmoid(2x); their CUB 5 is 10 here)"})
 
     def __post_init__(self):
         if isinstance(self.feat_dim, bool) or not isinstance(self.feat_dim, int) or self.feat_dim < 1:
@@ -405,6 +408,9 @@ class MultimodalParams:
         v = self.uncertainty_init_noise
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ConfigError(f"model.uncertainty_init_noise: must be a number >= 0, got {v!r}")
+        v = self.uncertainty_init_ab
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ConfigError(f"model.uncertainty_init_ab: must be a number > 0, got {v!r}")
 
 
 @MODELS.register("multimodal", MultimodalParams,
@@ -413,7 +419,8 @@ def multimodal(params: MultimodalParams, meta: DatasetMeta, holds=None) -> Multi
     """The full model for all of ``meta.modalities``, then (``holds`` given) only those branches."""
     model = MultimodalModel(dict(meta.modalities), meta.num_classes, params.feat_dim, params.encoders,
                             params.cnn_channels, params.mlp_hidden, params.projector, params.two_projector,
-                            params.fusion, params.dropout, params.uncertainty, params.uncertainty_init_noise)
+                            params.fusion, params.dropout, params.uncertainty, params.uncertainty_init_noise,
+                            params.uncertainty_init_ab)
     if holds is not None:
         model.keep_only(holds)
     return model
