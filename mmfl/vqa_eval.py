@@ -166,6 +166,10 @@ def summary_lines(out: dict) -> list[str]:
              f"train {out['train_accuracy']:.2f})"]
     for t, row in out["by_answer_type"].items():
         lines.append(f"  {t:<8} {row['accuracy']:6.2f}  ({row['questions']} questions)")
+    if len(out["by_question_type"]) <= 10:  # VQA v2 has 65: those stay in the JSON
+        width = max(len(t) for t in out["by_question_type"])
+        for t, row in out["by_question_type"].items():
+            lines.append(f"    {t:<{width}} {row['accuracy']:6.2f}  ({row['questions']} questions)")
     lines.append(f"results: {out['output']}")
     return lines
 
@@ -174,9 +178,9 @@ def add_vqa_parser(sub) -> None:
     epilog = ("--set keys (docs/vqa.md has their meaning and defaults):\n  data: " + ", ".join(DATA_KEYS)
               + "\n  head: " + ", ".join(TRAIN_KEYS))
     p = sub.add_parser("vqa", help="fine-tune a VQA head on a finished run's server model (CreamFL Table 2)",
-                       description="VQA accuracy of a finished CreamFL-style run's server model: a head on its "
-                                   "image and question representations, fine-tuned on the training split, "
-                                   "scored on the test split (soft score min(#humans / 3, 1)). See docs/vqa.md.",
+                       description="VQA accuracy of a finished CreamFL-style run's server model: a head on its\n"
+                                   "image and question representations, fine-tuned on the training split, scored\n"
+                                   "on the test split (soft score min(#humans / 3, 1)). See docs/vqa.md.",
                        epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", help="run folder (with config.toml and checkpoints/)")
     src = p.add_mutually_exclusive_group(required=True)

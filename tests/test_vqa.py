@@ -237,6 +237,7 @@ def test_finetuning_the_head_learns_what_the_image_determines(tmp_path, encoders
     assert out["majority_answer"] == "no" and out["majority"] == pytest.approx(100 * 3 / 8)
     assert out["accuracy"] == pytest.approx(100.0) and out["accuracy"] > out["majority"] + 50
     assert out["by_answer_type"]["other"]["accuracy"] == pytest.approx(100.0)
+    assert out["by_question_type"]["what color is"] == {"accuracy": pytest.approx(100.0), "questions": 8}
     assert out["predictions"][:2] == ["red", "yes"] and out["oracle"] == pytest.approx(100.0)
     changed = any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert changed == (encoders == "finetune")
@@ -316,7 +317,7 @@ def test_vqa_command_on_a_tiny_finished_run(tmp_path, capsys):
     assert cli_main(["vqa", str(run), "--emoji", "--set", "epochs=2", "--set", "hidden=16"]) == 0, \
         capsys.readouterr().err
     printed = capsys.readouterr().out
-    assert "accuracy" in printed and "yes/no" in printed
+    assert "accuracy" in printed and "yes/no" in printed and "what subcategory is this" in printed
     out = json.loads((run / "vqa.json").read_text())
     assert out["checkpoint"] == "round_00001" and out["algorithm"] == "creamfl" and out["data"]["emoji"]
     assert out["train"]["epochs"] == 2 and 0 <= out["accuracy"] <= 100 and len(out["train_loss"]) == 2

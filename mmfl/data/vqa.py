@@ -330,10 +330,6 @@ class VQASplit:
     def __len__(self) -> int:
         return int(self.image_index.numel())
 
-    @property
-    def answer_types(self) -> list[str]:
-        return [q.answer_type for q in self.records.questions]
-
 
 @dataclass
 class VQAData:

@@ -195,19 +195,21 @@ def predict(head: VQAHead, reps: Callable[[Tensor], tuple[Tensor, Tensor]], n: i
 
 def evaluate_vqa(pred: Tensor, split: VQASplit) -> dict:
     """Accuracies in % of predictions ``[N]`` (vocabulary indices) on ``split``: ``accuracy``
-    (soft score), ``accuracy_official`` (10 choose 9), per ``answer_type`` (soft score), and
-    ``oracle`` (the best answer in the vocabulary for every question)."""
+    (soft score), ``accuracy_official`` (10 choose 9), per ``answer_type`` and per
+    ``question_type`` (soft score), and ``oracle`` (the best answer in the vocabulary for every
+    question)."""
     counts = answer_counts(pred, split.answers)
     soft, official = soft_score(counts), official_score(counts, split.n_answers)
     best = answer_counts_max(split.answers)
     out = {"accuracy": 100 * float(soft.mean()), "accuracy_official": 100 * float(official.mean()),
            "oracle": 100 * float(soft_score(best).mean()), "questions": len(split)}
-    types = split.answer_types
-    by_type = {}
-    for t in sorted(set(types)):
-        mask = torch.tensor([x == t for x in types])
-        by_type[t or "(none)"] = {"accuracy": 100 * float(soft[mask].mean()), "questions": int(mask.sum())}
-    out["by_answer_type"] = by_type
+    for key, types in (("by_answer_type", [q.answer_type for q in split.records.questions]),
+                       ("by_question_type", [q.question_type for q in split.records.questions])):
+        rows = {}
+        for t in sorted(set(types)):
+            mask = torch.tensor([x == t for x in types])
+            rows[t or "(none)"] = {"accuracy": 100 * float(soft[mask].mean()), "questions": int(mask.sum())}
+        out[key] = rows
     return out
 
 
