@@ -137,7 +137,9 @@ def test_scaffold_round_one_equals_fedavg_then_variates_move(tmp_path):
 
 
 def test_scaffold_client_variate_follows_option_two(tmp_path):
-    exp = Experiment(make_cfg(tmp_path, "sca-client", "algorithm.name=scaffold"), progress=False)
+    # option II as printed, (x - y) / (K lr); the default's K for momentum: tests/test_scaffold.py
+    exp = Experiment(make_cfg(tmp_path, "sca-client", "algorithm.name=scaffold", "algorithm.option2=printed"),
+                     progress=False)
     srv, tr = exp.server, exp.transport
     tr.begin_round(0)
     msg = srv.configure_train(0, [1])[1]

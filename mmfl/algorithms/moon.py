@@ -16,6 +16,12 @@ authors' code. The server is FedAvg's.
 
 ``contrast = "l2"`` is the paper's Table 5 ablation: l_con is replaced by the
 l2 distance ||z - z_glob||_2 (batch mean), with no negative.
+
+Probe (``probe_rows``, a measurement, not part of the method): after local
+training each client evaluates, on its first ``probe_rows`` samples, the
+trained model's cross-entropy, l_con, and the mean cosines cos(z, z_glob),
+cos(z, z_prev) and cos(z_glob, z_prev) (:func:`representation_probe`); the
+server reports their data-size-weighted means per round as ``moon/*``.
 """
 
 from __future__ import annotations
@@ -42,12 +48,17 @@ class MoonParams:
     tau: float = field(default=0.5, metadata={"help": "temperature of the model-contrastive term"})
     contrast: Literal["cosine", "l2"] = field(
         default="cosine", metadata={"help": "cosine: MOON's loss; l2: ||z - z_glob|| (Table 5 ablation)"})
+    probe_rows: int = field(default=256, metadata={
+        "help": "after local training, measure CE, l_con and the cosines of z to z_glob / z_prev on the "
+                "client's first this-many samples, reported per round as moon/* (0 = off)"})
 
     def __post_init__(self):
         if self.mu < 0:
             raise ConfigError(f"algorithm.mu: must be >= 0, got {self.mu}")
         if not self.tau > 0:
             raise ConfigError(f"algorithm.tau: must be > 0, got {self.tau}")
+        if self.probe_rows < 0:
+            raise ConfigError(f"algorithm.probe_rows: must be >= 0, got {self.probe_rows}")
 
 
 def model_contrastive_loss(z: Tensor, z_glob: Tensor, z_prev: Tensor | None, tau: float) -> Tensor:
@@ -66,6 +77,27 @@ def model_contrastive_loss(z: Tensor, z_glob: Tensor, z_prev: Tensor | None, tau
 def l2_representation_loss(z: Tensor, z_glob: Tensor) -> Tensor:
     """||z - z_glob||_2 per sample, batch mean (MOON Table 5's l2 alternative)."""
     return (z - z_glob).norm(dim=-1).mean()
+
+
+PROBE = "moon/"  # reply scalars / metrics of the representation probe
+
+
+@torch.no_grad()
+def representation_probe(z: Tensor, z_glob: Tensor, z_prev: Tensor | None, tau: float) -> dict[str, float]:
+    """Mean cosines between the representations ``[n, d]`` of the same samples under the
+    trained local model (z), the round's global model (z_glob) and the client's previous
+    model (z_prev, None before its second participation), and l_con at z."""
+    out = {"cos_glob": float(F.cosine_similarity(z, z_glob, dim=-1).mean())}
+    if z_prev is not None:
+        out["cos_prev"] = float(F.cosine_similarity(z, z_prev, dim=-1).mean())
+        out["cos_glob_prev"] = float(F.cosine_similarity(z_glob, z_prev, dim=-1).mean())
+        out["con"] = float(model_contrastive_loss(z, z_glob, z_prev, tau))
+    return out
+
+
+class MoonServer(FedAvgServer):
+    def reported_scalars(self):
+        return tuple(PROBE + k for k in ("ce", "con", "cos_glob", "cos_prev", "cos_glob_prev"))
 
 
 class MoonClient(FedAvgClient):
@@ -91,6 +123,28 @@ class MoonClient(FedAvgClient):
             return l_sup + mu * l_con  # line 19
 
         return loss
+
+    def finish_train(self, model, msg: Message, stats: dict) -> Message:
+        probe = self.probe(model, msg.arrays) if self.params.probe_rows else {}  # before prev/ is replaced
+        reply = super().finish_train(model, msg, stats)
+        reply.scalars.update(probe)
+        return reply
+
+    @torch.no_grad()
+    def probe(self, model, global_arrays: dict[str, Tensor]) -> dict[str, float]:
+        """:func:`representation_probe` and the CE of the trained ``model`` on the client's
+        first ``probe_rows`` samples (every model in eval mode), as ``moon/*`` scalars."""
+        n = min(self.params.probe_rows, len(self.ctx.data))
+        inputs, labels = self.ctx.data.get(torch.arange(n))
+        mode = model.training
+        out = model.eval()(inputs)
+        model.train(mode)
+        z_glob = load_into(self.ctx.model("global"), global_arrays).eval()(inputs)["rep"]
+        prev_state = {k[len(PREV):]: v for k, v in self.ctx.state.items() if k.startswith(PREV)}
+        z_prev = load_into(self.ctx.model("prev"), prev_state).eval()(inputs)["rep"] if prev_state else None
+        row = {"ce": float(F.cross_entropy(out["logits"], labels)),
+               **representation_probe(out["rep"], z_glob, z_prev, self.params.tau)}
+        return {PROBE + k: v for k, v in row.items()}
 
     def after_train(self, model, msg: Message, stats: dict) -> None:
         self.ctx.state.update({PREV + k: v for k, v in state_of(model).items()})
@@ -127,5 +181,5 @@ class MoonClient(FedAvgClient):
         return l_sup + mu * l_con  # line 19
 
 
-register("moon", MoonParams, FedAvgServer, MoonClient,
+register("moon", MoonParams, MoonServer, MoonClient,
          help="MOON: FedAvg + model-contrastive local loss (Li et al. CVPR 2021)")

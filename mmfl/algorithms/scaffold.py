@@ -3,13 +3,26 @@
 Server state: global model x and server control variate c (zeros at start).
 Client state: its control variate c_i (zeros at first participation).
 Local step (SCAFFOLD Algorithm 1, line 10):   y <- y - lr * (g_i(y) - c_i + c)
-  implemented as the optimizer's step on g_i(y) followed by y <- y - lr * (c - c_i),
-  as the MOON authors' code does: with plain SGD this is line 10 exactly; with
-  momentum the correction stays outside the momentum buffer (adding it to the
-  gradient instead amplifies it by 1/(1 - momentum) and diverges at 0.9).
 After K local steps (line 12, option II):     c_i+ = c_i - c + (x - y) / (K * lr)
 Server (lines 16-17, global step size 1):     x <- x + mean_S(y - x)
                                               c <- c + |S|/N * mean_S(c_i+ - c_i)
+
+``correction`` says where line 10's ``c - c_i`` enters the local step:
+
+- ``"gradient"`` (default): the optimizer steps on ``g_i(y) - c_i + c``
+  (added to the gradient between backward and the step). With plain SGD this
+  is line 10 exactly; with momentum / weight decay the corrected gradient is
+  what the optimizer sees (momentum accumulates it like the gradient).
+- ``"after_step"``: the optimizer steps on ``g_i(y)``, then
+  ``y <- y - lr * (c - c_i)`` (NIID-Bench's and the MOON authors' code). Equal
+  to ``"gradient"`` for plain SGD without weight decay; with momentum the
+  correction stays outside the momentum buffer.
+
+Option II uses the nominal ``train.lr`` (the round's lr under a schedule) and
+K = the optimizer steps taken, whatever the optimizer: with momentum m the
+displacement per step is up to ``lr / (1 - m)`` per unit gradient, so
+``(x - y) / (K lr)`` over-estimates the mean gradient by up to ``1 / (1 - m)``
+(docs/algorithms/scaffold.md measures what this does).
 
 Choices the paper leaves open: the model update averages the clients' y
 weighted by data size (as FedAvg and MOON's code do) rather than uniformly;
@@ -19,7 +32,8 @@ cover trainable parameters only.
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -27,9 +41,36 @@ from torch import Tensor
 from mmfl.algorithms import register
 from mmfl.algorithms.fedavg import FedAvgClient, FedAvgServer
 from mmfl.engine.message import Message
+from mmfl.engine.training import load_into, local_train
+from mmfl.errors import ConfigError
 
 C = "c/"  # message/state prefix of control variates
 DC = "dc/"  # reply prefix of control-variate updates
+CORRECTIONS = ("gradient", "after_step")
+
+
+@dataclass
+class ScaffoldParams:
+    correction: Literal["gradient", "after_step"] = field(default="gradient", metadata={
+        "help": "where Alg. 1 line 10's c - c_i enters: 'gradient' = the optimizer steps on g - c_i + c "
+                "(exact line 10 with plain SGD); 'after_step' = step on g, then y -= lr (c - c_i) "
+                "(NIID-Bench / MOON code)"})
+
+    option2: Literal["printed", "momentum"] = field(default="momentum", metadata={
+        "help": "K in option II's (x - y) / (K lr): 'printed' = the steps taken (Alg. 1 line 12); 'momentum' = "
+                "sum_t (1 - m^t) / (1 - m), what K SGD steps with momentum m move per unit of a constant "
+                "gradient (equal to 'printed' for m = 0 or Adam)"})
+    variate_weights: Literal["uniform", "data"] = field(default="uniform", metadata={
+        "help": "line 17's mean over clients: 'uniform' as printed (f = mean_i f_i), or weighted by data "
+                "size like the model average"})
+
+    def __post_init__(self):
+        if self.correction not in CORRECTIONS:
+            raise ConfigError(f"algorithm.correction: must be one of {list(CORRECTIONS)}, got {self.correction!r}")
+        if self.option2 not in ("printed", "momentum"):
+            raise ConfigError(f"algorithm.option2: must be 'printed' or 'momentum', got {self.option2!r}")
+        if self.variate_weights not in ("uniform", "data"):
+            raise ConfigError(f"algorithm.variate_weights: must be 'uniform' or 'data', got {self.variate_weights!r}")
 
 
 def param_names(model) -> list[str]:
@@ -37,9 +78,28 @@ def param_names(model) -> list[str]:
 
 
 def control_variate_update(c_i: dict[str, Tensor], c: dict[str, Tensor], x: dict[str, Tensor],
-                           y: dict[str, Tensor], steps: int, lr: float) -> dict[str, Tensor]:
-    """c_i+ = c_i - c + (x - y) / (K * lr)   (SCAFFOLD Alg. 1, line 12, option II)."""
+                           y: dict[str, Tensor], steps: float, lr: float) -> dict[str, Tensor]:
+    """c_i+ = c_i - c + (x - y) / (K * lr)   (SCAFFOLD Alg. 1, line 12, option II).
+
+    Every dict maps a parameter name to a tensor of that parameter's shape."""
     return {k: c_i[k] - c[k] + (x[k] - y[k]) / (steps * lr) for k in c_i}
+
+
+def effective_steps(steps: int, momentum: float) -> float:
+    """sum_{t=1..K} (1 - m^t) / (1 - m): how far K steps of SGD with momentum m (buffer starting
+    at zero) move, in units of lr, along a constant gradient of norm 1 (K for m = 0)."""
+    if momentum == 0:
+        return float(steps)
+    return (steps - momentum * (1 - momentum ** steps) / (1 - momentum)) / (1 - momentum)
+
+
+def server_variate_update(c: dict[str, Tensor], dcs: list[dict[str, Tensor]], num_clients: int,
+                          weights: list[float] | None = None) -> dict[str, Tensor]:
+    """c + |S|/N * mean_S(dc_i)   (SCAFFOLD Alg. 1, line 17): uniform (``weights`` None) this is
+    c + sum_S(dc_i) / N; otherwise mean_S is weighted by ``weights`` (data sizes)."""
+    n_s = len(dcs)
+    w = [1.0 / n_s] * n_s if weights is None else [float(x) / float(sum(weights)) for x in weights]
+    return {k: c[k] + n_s / num_clients * sum(wi * dc[k] for wi, dc in zip(w, dcs)) for k in c}
 
 
 class ScaffoldServer(FedAvgServer):
@@ -56,11 +116,11 @@ class ScaffoldServer(FedAvgServer):
     def aggregate(self, rnd, replies):
         models = {cid: Message({k: v for k, v in r.arrays.items() if not k.startswith(DC)}, r.scalars)
                   for cid, r in replies.items()}
-        new = super().aggregate(rnd, models)
-        # c <- c + |S|/N * (1/|S|) sum dc_i = c + sum dc_i / N   (Alg. 1, line 17)
-        n = self.ctx.num_clients
-        for k in self.c:
-            self.c[k] = self.c[k] + sum(r.arrays[DC + k] for r in replies.values()) / n
+        new = super().aggregate(rnd, models)  # line 16 (data-size weighted, see the module docstring)
+        dcs = [{k: r.arrays[DC + k] for k in self.c} for r in replies.values()]
+        weights = None if self.params.variate_weights == "uniform" else \
+            [float(r.scalars["num_examples"]) for r in replies.values()]
+        self.c = server_variate_update(self.c, dcs, self.ctx.num_clients, weights)  # line 17
         return new
 
     def state_dict(self):
@@ -79,23 +139,36 @@ class ScaffoldClient(FedAvgClient):
         c_i = {k: self.ctx.state.get(C + k, torch.zeros_like(c[k])) for k in names}
         return c, c_i
 
-    def step_hook(self, model, msg: Message) -> Callable[[], None]:
-        names = param_names(model)
-        c, c_i = self._variates(self._full, names)
-        lr = self.ctx.train.lr
-        correction = {k: lr * (c[k] - c_i[k]) for k in names}  # the -lr (c - c_i) of Alg. 1, line 10
-        params = dict(model.named_parameters())
-
-        @torch.no_grad()
-        def hook():
-            for k in names:
-                params[k].sub_(correction[k])
-
-        return hook
+    def _shift(self, msg: Message) -> dict[str, Tensor]:
+        """c - c_i per trainable parameter: what line 10 adds to the gradient g_i(y)."""
+        names = [k[len(C):] for k in msg.arrays if k.startswith(C)]
+        c, c_i = self._variates(msg, names)
+        return {k: c[k] - c_i[k] for k in names}
 
     def train(self, msg: Message) -> Message:
-        self._full = msg  # the model part goes to FedAvg's loop, the variates to step_hook
-        return self._update_variates(msg, super().train(_model_part(msg)))
+        part = _model_part(msg)
+        model = load_into(self.ctx.model("local"), part.arrays)
+        shift = self._shift(msg)
+        params = dict(model.named_parameters())
+        lr = self.ctx.train.lr
+
+        @torch.no_grad()
+        def add_to_gradient():  # optimizer steps on g - c_i + c (Alg. 1, line 10)
+            for k, s in shift.items():
+                p = params[k]
+                p.grad = s.clone() if p.grad is None else p.grad.add_(s)
+
+        @torch.no_grad()
+        def after_step():  # y <- y - lr (c - c_i) after the optimizer's step on g
+            for k, s in shift.items():
+                params[k].sub_(s, alpha=lr)
+
+        gradient = self.params.correction == "gradient"
+        stats = local_train(model, self.ctx.data, self.ctx.train, self.ctx.generator(),
+                            loss_fn=self.loss_fn(part.arrays),
+                            before_step=add_to_gradient if gradient else None,
+                            after_step=None if gradient else after_step)
+        return self._update_variates(msg, self.finish_train(model, part, stats))
 
     def _update_variates(self, msg: Message, reply: Message) -> Message:
         """c_i+ into the client's state and dc_i = c_i+ - c_i into the reply (Alg. 1, lines 12-13)."""
@@ -105,24 +178,36 @@ class ScaffoldClient(FedAvgClient):
         if steps == 0:
             new_c_i = c_i
         else:
-            new_c_i = control_variate_update(c_i, c, msg.arrays, reply.arrays, steps, self.ctx.train.lr)
+            train = self.ctx.train
+            k = steps if self.params.option2 == "printed" or train.optimizer != "sgd" else \
+                effective_steps(steps, train.momentum)
+            new_c_i = control_variate_update(c_i, c, msg.arrays, reply.arrays, k, train.lr)
         self.ctx.state.update({C + k: v for k, v in new_c_i.items()})
         reply.arrays.update({DC + k: new_c_i[k] - c_i[k] for k in names})
         return reply
 
-    # --- batched training: the correction lr * (c - c_i) is a per-client extra
+    # --- batched training: c - c_i is a per-client extra
     def batched_task(self, route, msg):
         task = super().batched_task(route, _model_part(msg))
-        if task is not None:
-            names = [k[len(C):] for k in msg.arrays if k.startswith(C)]
-            c, c_i = self._variates(msg, names)
+        if task is not None:  # after_step: the step's lr * (c - c_i), so the hook needs no ctx
+            shift = self._shift(msg)
             lr = self.ctx.train.lr
-            task.extras = {"correction": {k: lr * (c[k] - c_i[k]) for k in names}}
+            task.extras = {"shift": shift if self.params.correction == "gradient"
+                           else {k: lr * s for k, s in shift.items()}}
         return task
 
+    def batched_grad_hook(self, grads, extras):
+        if self.params.correction != "gradient":
+            return grads
+        out = dict(grads)
+        for k, s in extras["shift"].items():  # g - c_i + c, before the step (Alg. 1, line 10)
+            out[k] = s.clone() if k not in grads else grads[k] + s
+        return out
+
     def batched_step_hook(self, params, extras):
-        for k, corr in extras["correction"].items():  # y <- y - lr (c - c_i), after the step (Alg. 1, line 10)
-            params[k].sub_(corr)
+        if self.params.correction == "after_step":
+            for k, s in extras["shift"].items():  # y <- y - lr (c - c_i), after the step
+                params[k].sub_(s)
 
     def batched_finish(self, route, msg, state, stats):
         return self._update_variates(msg, super().batched_finish(route, _model_part(msg), state, stats))
@@ -132,5 +217,5 @@ def _model_part(msg: Message) -> Message:
     return Message({k: v for k, v in msg.arrays.items() if not k.startswith(C)}, msg.scalars)
 
 
-register("scaffold", None, ScaffoldServer, ScaffoldClient,
+register("scaffold", ScaffoldParams, ScaffoldServer, ScaffoldClient,
          help="SCAFFOLD: control variates correct client drift (Karimireddy et al. 2020)")
