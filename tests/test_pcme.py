@@ -201,20 +201,34 @@ def match_stats(model, inputs):
     return info["p_pos"], info["p_neg"], r1
 
 
-def test_pcme_raises_the_match_probability_of_positive_pairs_and_retrieval():
-    model = tiny_model(uncertainty=True)
-    inputs = paired_set()
-    p_pos0, p_neg0, r1_0 = match_stats(model, inputs)
+def train_pcme(model, inputs, steps=100):
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     torch.manual_seed(0)
-    for _ in range(100):
+    for _ in range(steps):
         loss = pcme_pair_loss(model, inputs, ("a", "b"))
         opt.zero_grad()
         loss.backward()
         opt.step()
+
+
+def test_pcme_raises_the_match_probability_of_positive_pairs_and_retrieval():
+    model = tiny_model(uncertainty=True)
+    inputs = paired_set()
+    p_pos0, p_neg0, r1_0 = match_stats(model, inputs)
+    train_pcme(model, inputs)
     p_pos, p_neg, r1 = match_stats(model, inputs)
     assert abs(p_pos0 - p_neg0) < 0.1 and p_pos - p_neg > 0.5  # positives now match, negatives do not
     assert r1 >= 0.8 and r1_0 <= 0.2  # chance is 1/32
+
+
+def test_with_the_authors_initial_variance_pcme_has_not_started_after_the_same_steps():
+    # the reason for uncertainty_init_noise = 0.1: PyTorch's default init of the variance heads
+    # (log sigma^2 ~ 0, noise of norm ~ sqrt(feat_dim) around unit-norm means) buries the distances
+    model = tiny_model(uncertainty=True, uncertainty_init_noise=0.0)
+    inputs = paired_set()
+    train_pcme(model, inputs)
+    p_pos, p_neg, r1 = match_stats(model, inputs)
+    assert p_pos - p_neg < 0.1 and r1 <= 0.2
 
 
 # ----------------------------------------------------------------------------- CreamFL
