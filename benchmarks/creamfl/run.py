@@ -17,10 +17,11 @@ Settings (the configs as they are, except ``threads = 1``, the run's ``seed`` an
 
 Groups:
 
-- ``t1``: Table 1 analog, the 9 methods, seeds 0, 1, 2, both settings, and a reference row:
-  the server trained on the public pairs alone (``reamfl_mean`` with ``algorithm.kd_weight=0``);
+- ``t1``: Table 1 analog, the 9 methods, seeds 0-4, both settings, and two reference rows:
+  the server trained on the public pairs alone (``reamfl_mean`` with ``algorithm.kd_weight=0``)
+  and CreamFL with one Adam for both server phases (``algorithm.server_optimizer="shared"``);
 - ``t3``: Table 3 ablation (GCA, GCA + inter, GCA + intra; the other rows are Table 1 runs);
-- ``fig4``: Figure 4 analog, seed 0: creamfl and reamfl_iot with 1/4, 1/2 and all of the
+- ``fig4``: Figure 4 analog, seeds 0-4: creamfl and reamfl_iot with 1/4, 1/2 and all of the
   public set and d = model.feat_dim in {64, 128, 256}; creamfl_fedavg / creamfl_fediot
   with three server-model sizes (every client with the server's architecture).
 
@@ -47,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mmfl.sweep import machine, run_missing, spread_text, verdict
+from mmfl.sweep import machine, paired_verdict, run_missing
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -74,6 +75,11 @@ ABLATION = [
 # Reference row of Table 1: the server trained on the public pairs alone (no distillation, so
 # nothing of the clients reaches it; its trajectory is the same for every representation method)
 REFERENCE = ("reamfl_mean", {"algorithm.kd_weight": 0.0})
+# Second reference: CreamFL with the authors' one Adam for both server phases (the defect this
+# benchmark's earlier version measured: the public epoch's momentum overshoots in distillation)
+SHARED_ADAM = ("creamfl", {"algorithm.server_optimizer": "shared"})
+REFERENCES = [("server alone (public pairs only)", REFERENCE),
+              ("CreamFL, one Adam for both server phases (authors' code)", SHARED_ADAM)]
 RKEYS = ["i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "r1_sum"]
 # Figure 4: representation sizes d, public shares, server-model sizes of the weight-sharing runs
 FIG4_DIMS = [64, 128, 256]
@@ -85,11 +91,10 @@ FIG4_SIZES = {  # the last one is the config's [model] (the Table 1 run)
               {"model.cnn_channels": [32, 64], "model.mlp_hidden": [256, 256]}],
 }
 
-FULL = dict(seeds=[0, 1, 2], rounds=16, settings=list(SETTINGS), groups=["t1", "t3", "fig4"],
-            methods=METHODS, fig4_seed=0)
+FULL = dict(seeds=[0, 1, 2, 3, 4], rounds=16, settings=list(SETTINGS), groups=["t1", "t3", "fig4"],
+            methods=METHODS)
 QUICK = dict(seeds=[0], rounds=2, settings=list(SETTINGS), groups=["t1", "t3", "fig4"],
-             methods=["creamfl_fedavg", "fedgems", "reamfl_mean", "reamfl_iot", "creamfl"], fig4_seed=0,
-             quick=True)
+             methods=["creamfl_fedavg", "fedgems", "reamfl_mean", "reamfl_iot", "creamfl"], quick=True)
 
 # CreamFL paper, Table 1 (MS-COCO 1K test images) and Table 3 (R@1 sum)
 PAPER_T1 = {"creamfl_fedavg": (45.23, 76.74, 85.59, 34.69, 71.68, 85.40, 114.03),
@@ -205,7 +210,7 @@ def plan(s: dict) -> list[tuple[str, dict]]:
     for setting in s["settings"]:
         if "t1" in s["groups"]:
             for seed in s["seeds"]:
-                for m, over in [*[(m, {}) for m in s["methods"]], REFERENCE]:
+                for m, over in [*[(m, {}) for m in s["methods"]], *[ref for _, ref in REFERENCES]]:
                     name, raw, _ = make_run(setting, m, seed, over, s)
                     runs.setdefault(name, raw)
         if "t3" in s["groups"]:
@@ -220,9 +225,10 @@ def plan(s: dict) -> list[tuple[str, dict]]:
                 pts = [p for p in pts if p[2] == "creamfl" and p[1] != f"num={public_size(setting, s)}"
                        and not p[1].startswith("d=")][:1] + [p for p in pts if p[1] == "d=64"][:1] \
                     + [p for p in pts if p[2] == "creamfl_fedavg"][:1]
-            for _, _, m, over in pts:
-                name, raw, _ = make_run(setting, m, s["fig4_seed"], over, s)
-                runs.setdefault(name, raw)
+            for seed in s["seeds"]:
+                for _, _, m, over in pts:
+                    name, raw, _ = make_run(setting, m, seed, over, s)
+                    runs.setdefault(name, raw)
     return list(runs.items())
 
 
@@ -297,14 +303,39 @@ def table1(s, raw) -> list[str]:
             paper = f"{PAPER_T1[m][-1]:.2f}" if m in PAPER_T1 else "127.65 (Table 3)"
             lines.append(f"| {kind} | {LABEL[m]} | " + " | ".join(cells)
                          + f" | {_ms(up, len(seeds), 2)} | {_ms(down, len(seeds), 2)} | {paper} |")
-        names = t1_names(setting, REFERENCE[0], s, REFERENCE[1])
-        cells = [_ms(_vals(raw, names, k), len(seeds)) for k in RKEYS]
-        lines.append("| reference | server alone (public pairs only) | " + " | ".join(cells) + " | — | — | — |")
+        for label, (m, over) in REFERENCES:
+            names = t1_names(setting, m, s, over)
+            cells = [_ms(_vals(raw, names, k), len(seeds)) for k in RKEYS]
+            lines.append(f"| reference | {label} | " + " | ".join(cells) + " | — | — | — |")
         lines += ["", "*Server alone*: `reamfl_mean` with `algorithm.kd_weight=0`: the server trains on the public "
                   "pairs exactly as in every representation-exchange method (same seeds, same steps) but distills "
                   "nothing, so no client knowledge reaches it. A method above it gains from the clients; one below "
-                  "it is hurt by them.", ""]
+                  "it is hurt by them. *One Adam for both server phases*: `creamfl` with "
+                  "`algorithm.server_optimizer=\"shared\"`, the optimizer of the authors' code and of this "
+                  "benchmark's earlier version (see `docs/algorithms/creamfl.md`).", ""]
+        lines += teacher_table(s, raw, setting)
     return lines
+
+
+def teacher_table(s, raw, setting) -> list[str]:
+    """How good eq. 7's teacher is: the R@1 sum on the public set of the aggregated client
+    representations vs the server's own, final round (keys logged by every CreamFL-family run)."""
+    rows = []
+    for m in [m for m in s["methods"] if m not in WEIGHT_SHARING]:
+        names = t1_names(setting, m, s)
+        tgt, own = _vals(raw, names, "target_public_r1_sum"), _vals(raw, names, "server_public_r1_sum")
+        cos = [np.mean([v for k, v in r.items() if k.startswith("target_cos/")])
+               for r in (_final(raw, n) for n in names) if r is not None and any(k.startswith("target_cos/") for k in r)]
+        if tgt and own:
+            rows.append(f"| {LABEL[m]} | {_ms(tgt, len(s['seeds']))} | {_ms(own, len(s['seeds']))} "
+                        f"| {_ms(cos, len(s['seeds']), 2)} |")
+    if not rows:
+        return []
+    return [f"**The distillation's teacher ({setting})**: R@1 sum on the *public* set, final round, of the "
+            "aggregated client representations the server distills toward (eq. 6-7) and of the server's own "
+            "representations (before distilling), and their mean cosine; mean ± std over seeds.", "",
+            "| method | teacher (aggregated clients) | server's own | cosine teacher-server |", "|---|---|---|---|",
+            *rows, ""]
 
 
 def _means(raw, setting, s, rows: dict[str, tuple[str, dict]]) -> dict[str, list[float]]:
@@ -314,6 +345,17 @@ def _means(raw, setting, s, rows: dict[str, tuple[str, dict]]) -> dict[str, list
         if v:
             out[key] = v
     return out
+
+
+def _paired(raw, setting, s, a: tuple[str, dict], b: tuple[str, dict], key: str = "r1_sum") -> dict | None:
+    """:func:`paired_verdict` of run a vs run b over the seeds both finished."""
+    va, vb = [], []
+    for seed in s["seeds"]:
+        ra = _final(raw, make_run(setting, a[0], seed, a[1], s)[0])
+        rb = _final(raw, make_run(setting, b[0], seed, b[1], s)[0])
+        if ra is not None and rb is not None and ra.get(key) is not None and rb.get(key) is not None:
+            va.append(float(ra[key])), vb.append(float(rb[key]))
+    return paired_verdict(va, vb) if va else None
 
 
 T1_CLAIMS = [  # the paper's Table 1 ordering, as pairwise claims "a > b"
@@ -327,18 +369,32 @@ T3_CLAIMS = [  # Table 3, as pairwise claims (indices into ABLATION)
 ]
 
 
-def _count(verdicts: list[tuple[float, str]], table: str) -> str:
-    held = sum(d > 0 for d, _ in verdicts)
-    if any(v.endswith("(1 seed)") for _, v in verdicts):
-        return f"{held} of {len(verdicts)} pairwise {table} claims hold (one seed: no spread to judge them by)."
-    beyond = sum(v.startswith("holds, beyond") for _, v in verdicts)
-    rev = sum(v.startswith("**reversed**, beyond") for _, v in verdicts)
-    return (f"{held} of {len(verdicts)} pairwise {table} claims hold in the mean; {beyond} hold beyond the "
-            f"seed spread, {rev} are reversed beyond it, the rest are within it.")
+def _count(verdicts: list[dict], table: str) -> str:
+    held = sum(v["delta"] > 0 for v in verdicts)
+    ok = sum(v["text"].startswith("holds") for v in verdicts)
+    rev = sum(v["text"].startswith("**reversed**") for v in verdicts)
+    return (f"{held} of {len(verdicts)} pairwise {table} claims hold in the mean; {ok} hold and {rev} are "
+            f"reversed by the paired test (95% bootstrap CI of the per-seed difference excludes 0 and paired "
+            f"t-test p < 0.05), the rest are unresolved.")
+
+
+def _claim_rows(pairs, verdicts_out: list) -> list[str]:
+    rows = []
+    for label, v in pairs:
+        if v is None:
+            continue
+        verdicts_out.append(v)
+        rows.append(f"| {label} | {v['delta']:+.1f} | [{v['lo']:+.1f}, {v['hi']:+.1f}] | {v['p']:.3f} "
+                    f"| {v['text'].split(' (')[0]} |")
+    return rows
+
+
+CLAIM_HEAD = ["| claim (paper) | mean Δ R@1 sum (paired) | 95% bootstrap CI | paired t-test p | here |",
+              "|---|---|---|---|---|"]
 
 
 def ordering(s, raw) -> tuple[list[str], list[str]]:
-    """Pairwise checks of the paper's orderings; the lines of the tables and a summary."""
+    """Pairwise checks of the paper's orderings (paired over seeds); the lines of the tables and a summary."""
     lines, summary = [], []
     for setting in s["settings"]:
         t1 = _means(raw, setting, s, {m: (m, {}) for m in s["methods"]})
@@ -347,29 +403,37 @@ def ordering(s, raw) -> tuple[list[str], list[str]]:
             summary.append(f"- **{setting}**, Table 1 ranking by mean R@1 sum: "
                            + " > ".join(f"{LABEL[m]} ({np.mean(t1[m]):.1f})" for m in rank) + ".")
             lines += [f"### {setting}: Table 1 ordering (the paper: CreamFL > reamFL+IoT/Avg > FedGEMS/FedET > "
-                      "FedMD > FedAvg/FedIoT)", "",
-                      "| claim (paper) | Δ R@1 sum | spread (std a + std b) | here |", "|---|---|---|---|"]
-            verdicts = []
-            for a, b in T1_CLAIMS:
-                if a in t1 and b in t1:
-                    d, sp, v = verdict(t1[a], t1[b])
-                    verdicts.append((d, v))
-                    lines.append(f"| {LABEL[a]} > {LABEL[b]} | {d:+.1f} | {spread_text(sp)} | {v} |")
+                      "FedMD > FedAvg/FedIoT)", "", *CLAIM_HEAD]
+            verdicts: list[dict] = []
+            lines += _claim_rows([(f"{LABEL[a]} > {LABEL[b]}", _paired(raw, setting, s, (a, {}), (b, {})))
+                                  for a, b in T1_CLAIMS if a in t1 and b in t1], verdicts)
             lines.append("")
             if verdicts:
                 summary.append("  " + _count(verdicts, "Table 1"))
+            # every method against the server alone: does client knowledge help the server?
+            lines += [f"### {setting}: each method against the server alone (does client knowledge help?)", "",
+                      "| claim | mean Δ R@1 sum (paired) | 95% bootstrap CI | paired t-test p | here |",
+                      "|---|---|---|---|---|"]
+            ref_v: list[dict] = []
+            lines += _claim_rows([(f"{LABEL[m]} > server alone", _paired(raw, setting, s, (m, {}), REFERENCE))
+                                  for m in s["methods"] if m in t1], ref_v)
+            shared = _paired(raw, setting, s, ("creamfl", {}), SHARED_ADAM)
+            lines += _claim_rows([("CreamFL > CreamFL with one Adam for both phases", shared)], [])
+            lines.append("")
+            if ref_v:
+                above = sum(v["text"].startswith("holds") for v in ref_v)
+                below = sum(v["text"].startswith("**reversed**") for v in ref_v)
+                summary.append(f"  Against the server alone: {above} of {len(ref_v)} methods are above it and "
+                               f"{below} below it by the paired test, the rest unresolved.")
         if "t3" in s["groups"]:
             t3 = _means(raw, setting, s, {str(i): (m, over) for i, (_, m, over) in enumerate(ABLATION)})
             if t3:
                 lines += [f"### {setting}: Table 3 ordering (the paper: full > GCA+inter > GCA+intra > GCA > "
-                          "IoT > Avg > Mean)", "",
-                          "| claim (paper) | Δ R@1 sum | spread | here |", "|---|---|---|---|"]
+                          "IoT > Avg > Mean)", "", *CLAIM_HEAD]
                 verdicts = []
-                for a, b in T3_CLAIMS:
-                    if str(a) in t3 and str(b) in t3:
-                        d, sp, v = verdict(t3[str(a)], t3[str(b)])
-                        verdicts.append((d, v))
-                        lines.append(f"| {ABLATION[a][0]} > {ABLATION[b][0]} | {d:+.1f} | {spread_text(sp)} | {v} |")
+                lines += _claim_rows([(f"{ABLATION[a][0]} > {ABLATION[b][0]}",
+                                       _paired(raw, setting, s, ABLATION[a][1:], ABLATION[b][1:]))
+                                      for a, b in T3_CLAIMS if str(a) in t3 and str(b) in t3], verdicts)
                 lines.append("")
                 if verdicts:
                     rank = sorted(t3, key=lambda k: -np.mean(t3[k]))
@@ -406,23 +470,18 @@ def findings(s, raw) -> list[str]:
                          f"last: {LABEL[rank[-1]]} ({_fmt(means[rank[-1]])}).")
             het = [m for m in rank if m not in WEIGHT_SHARING]
             lines.append(f"- Among the representation-exchange methods CreamFL ranks {het.index('creamfl') + 1} "
-                         f"of {len(het)}; their means span {means[het[-1]][0]:.1f} to {means[het[0]][0]:.1f} "
-                         f"(a range of {means[het[0]][0] - means[het[-1]][0]:.1f})"
-                         + (f", against per-method seed stds of {min(means[m][1] for m in het):.1f} to "
-                            f"{max(means[m][1] for m in het):.1f}" if min(means[m][2] for m in het) > 1 else
-                            " (one seed: no spread)") + ".")
+                         f"of {len(het)}; their means span {means[het[-1]][0]:.1f} to {means[het[0]][0]:.1f}.")
             ref = _m(raw, t1_names(setting, REFERENCE[0], s, REFERENCE[1]))
             if ref is not None:
                 above = [m for m in rank if means[m][0] > ref[0]]
                 lines.append(f"- The server alone (public pairs only) reaches {_fmt(ref)}; {len(above)} of "
                              f"{len(rank)} methods are above it in the mean"
-                             + (f" ({', '.join(LABEL[m] for m in above)})" if above else "") + ".")
-            ws = [m for m in WEIGHT_SHARING if m in means]
-            if ws:
-                c = means["creamfl"][0]
-                lines.append("- Weight sharing (the paper's 'model homogeneous' rows, lowest there): "
-                             + "; ".join(f"{LABEL[m]} {_fmt(means[m])}, {'above' if means[m][0] > c else 'below'} "
-                                         f"CreamFL by {abs(means[m][0] - c):.1f}" for m in ws) + ".")
+                             + (f" ({', '.join(LABEL[m] for m in above)})" if above else "")
+                             + " (the paired tests are in the section above).")
+            sh = _m(raw, t1_names(setting, SHARED_ADAM[0], s, SHARED_ADAM[1]))
+            if sh is not None:
+                lines.append(f"- CreamFL with one Adam for both server phases (the authors' optimizer): {_fmt(sh)} "
+                             f"against {_fmt(means['creamfl'])} with the phases' momentum restarted (the default).")
         mb = {m: _m(raw, t1_names(setting, m, s), "_mb_round") for m in ("creamfl", "creamfl_fedavg", "reamfl_iot")}
         if mb.get("creamfl") and mb.get("creamfl_fedavg"):
             lines.append(f"- Bytes per round (up + down): CreamFL {mb['creamfl'][0]:.2f} MB, FedAvg/FedIoT "
@@ -430,16 +489,11 @@ def findings(s, raw) -> list[str]:
                          + (f", reamFL+IoT {mb['reamfl_iot'][0]:.2f} MB (it sends no global representations down)"
                             if mb.get("reamfl_iot") else "") + ".")
         if "fig4" in s["groups"]:
-            pts = {}
-            for ser, label, m, over in fig4_points(setting, s):
-                r = _final(raw, make_run(setting, m, s["fig4_seed"], over, s)[0])
-                if r is not None:
-                    pts.setdefault(ser, []).append((label, r["_mb_round"], r["r1_sum"]))
-            for ser, p in pts.items():
+            for ser, p in fig4_series(s, raw, setting).items():
                 if len(p) > 1:
                     lines.append(f"- Fig. 4, {ser}: "
-                                 + ", ".join(f"{lab}: {y:.1f} ({x:.2f} MB/round)" for lab, x, y in p) + ".")
-            lines.append("  (Fig. 4 is one seed; compare its differences with the Table 1 seed stds above.)")
+                                 + ", ".join(f"{lab}: {y:.1f} ± {sd:.1f} ({x:.2f} MB/round)"
+                                             for lab, x, y, sd, _, _ in p) + ".")
         out += lines + [""]
     return out
 
@@ -459,6 +513,20 @@ def table3(s, raw) -> list[str]:
     return lines
 
 
+def fig4_series(s, raw, setting) -> dict[str, list[tuple]]:
+    """Figure 4's points over seeds: ``{series: [(label, MB/round, mean R@1 sum, std, total MB, n)]}``."""
+    series: dict[str, list[tuple]] = {}
+    for ser, label, m, over in fig4_points(setting, s):
+        rows = [r for r in (_final(raw, make_run(setting, m, seed, over, s)[0]) for seed in s["seeds"])
+                if r is not None]
+        if rows:
+            y = [r["r1_sum"] for r in rows]
+            series.setdefault(ser, []).append((label, float(np.mean([r["_mb_round"] for r in rows])),
+                                               float(np.mean(y)), float(np.std(y)),
+                                               float(np.mean([r["_mb_total"] for r in rows])), len(rows)))
+    return series
+
+
 def fig4(s, raw, out_png: Path) -> list[str]:
     import matplotlib
 
@@ -473,25 +541,20 @@ def fig4(s, raw, out_png: Path) -> list[str]:
               "reamFL+IoT (vary num)": ("tab:blue", "--", "o"), "reamFL+IoT (vary d)": ("tab:orange", "--", "s"),
               "FedAvg (vary server size)": ("tab:red", ":", "^"), "FedIoT (vary server size)": ("tab:purple", ":", "v")}
     for ax, setting in zip(axes[0], settings):
-        lines += [f"### {setting}, seed {s['fig4_seed']}", "",
-                  "| series | point | run | MB / round (up + down) | total MB | R@1 sum | rsum |",
-                  "|---|---|---|---|---|---|---|"]
-        series: dict[str, list] = {}
-        for ser, label, m, over in fig4_points(setting, s):
-            name = make_run(setting, m, s["fig4_seed"], over, s)[0]
-            r = _final(raw, name)
-            if r is None:
-                continue
-            series.setdefault(ser, []).append((r["_mb_total"], r["r1_sum"], label))
-            lines.append(f"| {ser} | {label} | `{name}` | {r['_mb_round']:.2f} | {r['_mb_total']:.1f} "
-                         f"| {r['r1_sum']:.1f} | {r['rsum']:.1f} |")
+        lines += [f"### {setting}, mean ± std over seeds {s['seeds']}", "",
+                  "| series | point | MB / round (up + down) | total MB | R@1 sum | seeds |",
+                  "|---|---|---|---|---|---|"]
+        series = fig4_series(s, raw, setting)
         labels: dict[tuple, list[str]] = {}  # one annotation per point (num=all and d=default coincide)
         for ser, pts in series.items():
+            for lab, mb, y, sd, total, n in pts:
+                lines.append(f"| {ser} | {lab} | {mb:.2f} | {total:.1f} | {y:.1f} ± {sd:.1f} | {n} |")
             color, ls, mk = styles.get(ser, ("k", "-", "o"))
-            pts = sorted(pts)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, linestyle=ls, marker=mk, label=ser,
-                    markerfacecolor="none" if ls == "--" else color)
-            for x, y, lab in pts:
+            pts = sorted(pts, key=lambda p: p[4])
+            ax.errorbar([p[4] for p in pts], [p[2] for p in pts], yerr=[p[3] for p in pts], color=color,
+                        linestyle=ls, marker=mk, label=ser, capsize=2,
+                        markerfacecolor="none" if ls == "--" else color)
+            for lab, _, y, _, x, _ in pts:
                 lab = lab.replace("mlp_hidden=", "h=").replace("cnn_channels=", "c=").replace(",", " ")
                 here = labels.setdefault((round(x, 6), round(y, 6)), [])
                 if lab not in here:
@@ -503,7 +566,7 @@ def fig4(s, raw, out_png: Path) -> list[str]:
         ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.xaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_xlabel("total bytes up + down over the run (MB, log)")
-        ax.set_ylabel("R@1 sum (i2t + t2i, %)")
+        ax.set_ylabel("R@1 sum (i2t + t2i, %), mean ± std over seeds")
         ax.set_title(f"{setting}: communication vs performance (Fig. 4 analog)", fontsize=10)
         ax.grid(alpha=0.3, which="both")
         if series:
@@ -557,9 +620,8 @@ def write_report(s, raw: Path, path: Path, png: Path, quick: bool) -> None:
         "- Methods: every method with its registered defaults (`mmfl list`); nothing was tuned on these "
         "results. FedAvg / FedIoT (`creamfl_fedavg` / `creamfl_fediot`) give every client the server's "
         "architecture (the run drops `[[client_models]]`) and the public pairs to the image-text clients.",
-        f"- Seeds {s['seeds']} (run seed: model init, client sampling, partition; the data sets' own splits "
-        "are fixed); mean ± std (population std, ddof 0) over seeds. Figure 4: seed "
-        f"{s['fig4_seed']} only.",
+        f"- Seeds {s['seeds']} for every table and Figure 4 (run seed: model init, client sampling, partition; "
+        "the data sets' own splits are fixed); mean ± std (population std, ddof 0) over seeds.",
         "- Metrics: the server model's final-round Recall@K (%) on the setting's test pairs (a few hundred "
         "pairs, so a single R@1 step is a fraction of a point); R@1 sum = i2t R@1 + t2i R@1, rsum = all six.",
         f"- Machine: {machine()}.",
@@ -586,9 +648,11 @@ def write_report(s, raw: Path, path: Path, png: Path, quick: bool) -> None:
                 "pairs; solid CreamFL, dashed reamFL+IoT; dotted: FedAvg / FedIoT at three server-model sizes.",
                 "", f"![fig4]({rel})", ""] + fig4(s, raw, png)
     out += ["## Does the paper's ordering hold?", "",
-            "Computed from the tables above: a claim 'a > b' *holds beyond the spread* when "
-            "mean(a) − mean(b) > std(a) + std(b), *within the spread* when it is positive but smaller; "
-            "likewise *reversed*.", ""] + summary + [""] + order_lines
+            "Computed from the runs above, paired by seed (the same seed gives both methods the same partition, "
+            "initialisation and client sampling): a claim 'a > b' *holds* when the 95% percentile-bootstrap "
+            "confidence interval of the mean per-seed difference lies above 0 and a paired t-test gives "
+            "p < 0.05, is **reversed** when both say the opposite, and is *unresolved* otherwise "
+            "(`mmfl.sweep.paired_verdict`).", ""] + summary + [""] + order_lines
     out += ["## Findings (generated from the numbers above)", ""] + findings(s, raw)
     analysis = HERE / "analysis.md"
     if analysis.exists() and not quick:
