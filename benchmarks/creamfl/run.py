@@ -205,7 +205,8 @@ def fig4_points(setting: str, s: dict) -> list[tuple[str, str, dict]]:
 
 
 def plan(s: dict) -> list[tuple[str, dict]]:
-    """(run name, raw config) of every run, deduplicated, Table 1 first."""
+    """(run name, raw config) of every run, deduplicated: Tables 1 and 3 of every setting first,
+    seed by seed, then Figure 4 (so an interrupted benchmark has whole tables first)."""
     runs: dict[str, dict] = {}
     for setting in s["settings"]:
         if "t1" in s["groups"]:
@@ -219,6 +220,7 @@ def plan(s: dict) -> list[tuple[str, dict]]:
                 for _, m, over in rows:
                     name, raw, _ = make_run(setting, m, seed, over, s)
                     runs.setdefault(name, raw)
+    for setting in s["settings"]:
         if "fig4" in s["groups"]:
             pts = fig4_points(setting, s)
             if s.get("quick"):  # one point of each kind: 1/4 of the public set, d = 64, smallest FedAvg
