@@ -273,3 +273,17 @@ def test_infonce_runs_are_unchanged_by_the_heads(tmp_path):
 def test_pcme_without_heads_stops_the_run_with_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="model.uncertainty = true"):
         run_creamfl(tmp_path, rounds=1, loss="pcme")
+
+
+def test_a_pcme_run_resumes_exactly(tmp_path):
+    # the heads, a, b and their Adam state are checkpointed; the noise is drawn from seeded generators
+    raw = raw_config(tmp_path / "a", rounds=2)
+    raw["model"] = {**raw["model"], "uncertainty": True}
+    raw["algorithm"] = {**raw["algorithm"], "multimodal_loss": "pcme"}
+    Experiment(resolve(raw), progress=False).run()
+    half = {**raw, "output_dir": str(tmp_path / "b")}
+    Experiment(resolve({**half, "rounds": 1}), progress=False).run()
+    Experiment(resolve(half), progress=False).run(resume=True)
+    keys = ("r1_sum", "rsum", "train_loss", "server_public_loss", "distill_loss")
+    a, b = load_metrics(tmp_path / "a" / "creamfl"), load_metrics(tmp_path / "b" / "creamfl")
+    assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
