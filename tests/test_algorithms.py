@@ -122,13 +122,16 @@ def test_scaffold_round_one_equals_fedavg_then_variates_move(tmp_path):
     sca = run_exp(tmp_path, "sca", "algorithm.name=scaffold", rounds=1)
     # round 1: c = c_i = 0, so the gradient correction c - c_i is zero
     assert_same_model(avg.server.model, sca.server.model)
-    # after round 1 the server control variate is non-zero and equals sum_i c_i / N
+    # after round 1 the server control variate is non-zero and equals sum_i p_i c_i (every client
+    # replied; p_i = data share, as in the model average: algorithm.variate_weights = "data")
     c = sca.server.c
     assert set(c) == set(param_names(sca.server.model))
     assert max(float(v.abs().max()) for v in c.values()) > 0
     assert len(sca.store) == 3
+    sizes = [len(d) for d in sca.federation.clients]
+    assert len(set(sizes)) > 1  # unequal sizes: weighted and uniform means differ
     for k, v in c.items():
-        mean_ci = sum(sca.store.load(cid)[C + k] for cid in range(3)) / 3
+        mean_ci = sum(n * sca.store.load(cid)[C + k] for cid, n in enumerate(sizes)) / sum(sizes)
         assert torch.allclose(v, mean_ci, atol=1e-6)
     # round 2 differs from FedAvg's round 2 (the correction is now active)
     avg2 = run_exp(tmp_path, "avg2", rounds=2)

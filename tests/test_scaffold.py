@@ -55,14 +55,14 @@ class QuadFedAvg(FedAvgClient):
         return quadratic_loss
 
 
-def client_data(a: np.ndarray, h: np.ndarray) -> ArrayDataset:
-    """Two rows a +- 0.5 with curvature h: the full batch's gradient is h (w - a)."""
-    x = torch.tensor(np.stack([a + 0.5, a - 0.5]))
-    hh = torch.tensor(np.stack([h, h]))
-    return ArrayDataset({"x": x, "h": hh}, torch.zeros(2, dtype=torch.long))
+def client_data(a: np.ndarray, h: np.ndarray, rows: int = 2) -> ArrayDataset:
+    """``rows`` (even) rows a +- 0.5 with curvature h: the full batch's gradient is h (w - a)."""
+    x = torch.tensor(np.stack([a + 0.5, a - 0.5] * (rows // 2)))
+    hh = torch.tensor(np.stack([h] * rows))
+    return ArrayDataset({"x": x, "h": hh}, torch.zeros(rows, dtype=torch.long))
 
 
-def run_rounds(client_cls, server_cls, params, a, h, train: TrainConfig, rounds: int, x0=None):
+def run_rounds(client_cls, server_cls, params, a, h, train: TrainConfig, rounds: int, x0=None, rows=None):
     """Drive server and clients by hand (full participation); returns the server and the client states."""
     pool: dict[str, nn.Module] = {}
     model_pool = lambda key: pool.setdefault(key, Point())  # noqa: E731
@@ -72,7 +72,7 @@ def run_rounds(client_cls, server_cls, params, a, h, train: TrainConfig, rounds:
         with torch.no_grad():
             server.model.w.copy_(torch.tensor(x0))
     states = [{} for _ in a]
-    datas = [client_data(ai, hi) for ai, hi in zip(a, h)]
+    datas = [client_data(ai, hi, r) for ai, hi, r in zip(a, h, rows or [2] * len(a))]
     for rnd in range(rounds):
         msgs = server.configure_train(rnd, list(range(len(a))))
         replies = {}
@@ -232,3 +232,36 @@ def test_scaffold_batched_equals_sequential_for_both_conventions(tmp_path, mnist
             assert torch.allclose(a[k], b[k], rtol=0, atol=2e-5), k
     assert any(k.startswith(C) for k in seq.server.state_dict())
     assert not any(k.startswith(DC) for k in seq.server.state_dict())
+
+
+def test_scaffold_option_one_variate_is_the_local_gradient_at_the_server_model():
+    # option I: c_i+ = grad f_i(x) = h_i (x - a_i) on the quadratic, whatever the local steps did
+    train = TrainConfig(local_epochs=5, batch_size=2, lr=0.1, momentum=0.9, weight_decay=0.0)
+    x0 = np.array([0.3, -0.2, 0.1])
+    server, states = run_rounds(QuadScaffold, ScaffoldServer, ScaffoldParams(option="I"), A, H, train, 1, x0)
+    for i in range(2):
+        assert np.allclose(states[i][C + "w"].numpy(), H[i] * (x0 - A[i]), atol=1e-12)
+    assert np.allclose(server.c["w"].numpy(), (H[0] * (x0 - A[0]) + H[1] * (x0 - A[1])) / 2, atol=1e-12)
+    # and its fixed point is the global minimum too
+    w_star = (H[0] * A[0] + H[1] * A[1]) / (H[0] + H[1])
+    plain = TrainConfig(local_epochs=10, batch_size=2, lr=0.1, momentum=0.0, weight_decay=0.0)
+    s, _ = run_rounds(QuadScaffold, ScaffoldServer, ScaffoldParams(option="I"), A, H, plain, 80)
+    assert np.allclose(s.model.w.detach().numpy(), w_star, atol=1e-8)
+
+
+def test_scaffold_variate_weights_set_which_objective_the_fixed_point_minimizes():
+    # clients of 2 and 8 samples: the model average is data-weighted (0.2, 0.8). With line 17's
+    # mean weighted the same way, the fixed point minimizes sum_i p_i f_i (what FedAvg's weights
+    # and the pooled data ask for); with line 17 uniform as printed, it minimizes mean_i f_i,
+    # whatever the model average's weights (then sum_i p_i (c - c_i) != 0 every round)
+    train = TrainConfig(local_epochs=10, batch_size=8, lr=0.1, momentum=0.0, weight_decay=0.0)
+    p = np.array([0.2, 0.8])
+    w_data = (p[0] * H[0] * A[0] + p[1] * H[1] * A[1]) / (p[0] * H[0] + p[1] * H[1])
+    w_unif = (H[0] * A[0] + H[1] * A[1]) / (H[0] + H[1])
+    assert np.abs(w_data - w_unif).max() > 0.1
+    data, _ = run_rounds(QuadScaffold, ScaffoldServer, ScaffoldParams(variate_weights="data"), A, H, train, 80,
+                         rows=[2, 8])
+    unif, _ = run_rounds(QuadScaffold, ScaffoldServer, ScaffoldParams(variate_weights="uniform"), A, H, train, 80,
+                         rows=[2, 8])
+    assert np.allclose(data.model.w.detach().numpy(), w_data, atol=1e-8)
+    assert np.allclose(unif.model.w.detach().numpy(), w_unif, atol=1e-8)

@@ -4,6 +4,7 @@ Server state: global model x and server control variate c (zeros at start).
 Client state: its control variate c_i (zeros at first participation).
 Local step (SCAFFOLD Algorithm 1, line 10):   y <- y - lr * (g_i(y) - c_i + c)
 After K local steps (line 12, option II):     c_i+ = c_i - c + (x - y) / (K * lr)
+                    (line 12, option I):      c_i+ = g_i(x)
 Server (lines 16-17, global step size 1):     x <- x + mean_S(y - x)
                                               c <- c + |S|/N * mean_S(c_i+ - c_i)
 
@@ -18,16 +19,26 @@ Server (lines 16-17, global step size 1):     x <- x + mean_S(y - x)
   to ``"gradient"`` for plain SGD without weight decay; with momentum the
   correction stays outside the momentum buffer.
 
-Option II uses the nominal ``train.lr`` (the round's lr under a schedule) and
-K = the optimizer steps taken, whatever the optimizer: with momentum m the
-displacement per step is up to ``lr / (1 - m)`` per unit gradient, so
-``(x - y) / (K lr)`` over-estimates the mean gradient by up to ``1 / (1 - m)``
-(docs/algorithms/scaffold.md measures what this does).
+Option II uses the nominal ``train.lr`` (the round's lr under a schedule).
+``option2`` says what K is: ``"printed"``: the optimizer steps taken;
+``"momentum"`` (default): K_eff = sum_{t=1..K} (1 - m^t) / (1 - m), how far K
+SGD steps with momentum m move (in units of lr) along a constant gradient
+(:func:`effective_steps`; equal to K for m = 0 and for Adam). With the
+correction in the gradient and momentum 0.9, the printed K makes c_i
+over-estimate the gradient by K_eff / K (up to 10x) and the variates diverge
+(c_i <- c_i + (K_eff / K) (g_i - c_i) is unstable once K_eff / K > 2).
 
-Choices the paper leaves open: the model update averages the clients' y
-weighted by data size (as FedAvg and MOON's code do) rather than uniformly;
-buffers (BatchNorm statistics) are averaged like FedAvg; control variates
-cover trainable parameters only.
+``variate_weights``: the model update (line 16) averages the clients' y weighted
+by data size, as FedAvg and MOON's code do, where the paper's mean_S is uniform;
+line 17's mean is weighted the same way by default (``"data"``), so that the
+corrections cancel in the model average (sum_S p_i (c - c_i) = 0 under full
+participation) and the fixed point minimizes sum_i p_i f_i. ``"uniform"`` keeps
+line 17 as printed beside the weighted line 16 (NIID-Bench's combination): its
+fixed point minimizes mean_i f_i, and on Fashion-MNIST with beta = 0.1 it
+oscillates and diverges (docs/algorithms/scaffold.md).
+
+Other choices the paper leaves open: buffers (BatchNorm statistics) are
+averaged like FedAvg; control variates cover trainable parameters only.
 """
 
 from __future__ import annotations
@@ -55,20 +66,24 @@ class ScaffoldParams:
         "help": "where Alg. 1 line 10's c - c_i enters: 'gradient' = the optimizer steps on g - c_i + c "
                 "(exact line 10 with plain SGD); 'after_step' = step on g, then y -= lr (c - c_i) "
                 "(NIID-Bench / MOON code)"})
-
     option2: Literal["printed", "momentum"] = field(default="momentum", metadata={
         "help": "K in option II's (x - y) / (K lr): 'printed' = the steps taken (Alg. 1 line 12); 'momentum' = "
                 "sum_t (1 - m^t) / (1 - m), what K SGD steps with momentum m move per unit of a constant "
                 "gradient (equal to 'printed' for m = 0 or Adam)"})
-    variate_weights: Literal["uniform", "data"] = field(default="uniform", metadata={
-        "help": "line 17's mean over clients: 'uniform' as printed (f = mean_i f_i), or weighted by data "
-                "size like the model average"})
+    option: Literal["II", "I"] = field(default="II", metadata={
+        "help": "line 12's control variate: 'II' = c_i - c + (x - y) / (K lr) from the local update; 'I' = "
+                "grad f_i(x), the local gradient at the server model (an extra pass over the client's data)"})
+    variate_weights: Literal["data", "uniform"] = field(default="data", metadata={
+        "help": "line 17's mean over clients: 'data' = weighted by data size like the model average (line 16 "
+                "here), 'uniform' = as printed (the paper's lines 16 and 17 are both uniform)"})
 
     def __post_init__(self):
         if self.correction not in CORRECTIONS:
             raise ConfigError(f"algorithm.correction: must be one of {list(CORRECTIONS)}, got {self.correction!r}")
         if self.option2 not in ("printed", "momentum"):
             raise ConfigError(f"algorithm.option2: must be 'printed' or 'momentum', got {self.option2!r}")
+        if self.option not in ("II", "I"):
+            raise ConfigError(f"algorithm.option: must be 'II' or 'I', got {self.option!r}")
         if self.variate_weights not in ("uniform", "data"):
             raise ConfigError(f"algorithm.variate_weights: must be 'uniform' or 'data', got {self.variate_weights!r}")
 
@@ -177,6 +192,8 @@ class ScaffoldClient(FedAvgClient):
         steps = int(reply.scalars["steps"])
         if steps == 0:
             new_c_i = c_i
+        elif self.params.option == "I":  # c_i+ = g_i(x), Alg. 1 line 12, option I
+            new_c_i = self._gradient_at(_model_part(msg).arrays, names)
         else:
             train = self.ctx.train
             k = steps if self.params.option2 == "printed" or train.optimizer != "sgd" else \
@@ -185,6 +202,22 @@ class ScaffoldClient(FedAvgClient):
         self.ctx.state.update({C + k: v for k, v in new_c_i.items()})
         reply.arrays.update({DC + k: new_c_i[k] - c_i[k] for k in names})
         return reply
+
+    def _gradient_at(self, arrays: dict[str, Tensor], names: list[str]) -> dict[str, Tensor]:
+        """grad f_i(x): the gradient of the local objective at ``arrays`` over all of the client's
+        data (mini-batches of ``train.batch_size`` in order, weighted by their size)."""
+        model = load_into(self.ctx.model("anchor"), arrays).train()
+        params = dict(model.named_parameters())
+        loss_fn = self.loss_fn(arrays)
+        model.zero_grad(set_to_none=True)
+        n = len(self.ctx.data)  # a batch of one is skipped where local_train skips it (BatchNorm)
+        batches = [b for b in self.ctx.data.batches(self.ctx.train.batch_size, shuffle=False)
+                   if b[1].shape[0] >= 2 or n < 2]
+        used = sum(labels.shape[0] for _, labels in batches)
+        for inputs, labels in batches:
+            (loss_fn(model, inputs, labels) * (labels.shape[0] / used)).backward()
+        return {k: params[k].grad.detach().clone() if params[k].grad is not None else torch.zeros_like(params[k])
+                for k in names}
 
     # --- batched training: c - c_i is a per-client extra
     def batched_task(self, route, msg):
