@@ -1,4 +1,4 @@
-"""CreamFL paper benchmark (Tables 1 and 3, Figure 4) on two small image-pair settings,
+"""CreamFL paper benchmark (Tables 1, 2 and 3, Figure 4) on two small image-pair settings,
 scaled to about 40-60 minutes on 2 CPU cores.
 
     .venv/bin/python benchmarks/creamfl/run.py               # everything -> benchmarks/results/creamfl.md
@@ -23,7 +23,9 @@ Groups:
 - ``t3``: Table 3 ablation (GCA, GCA + inter, GCA + intra; the other rows are Table 1 runs);
 - ``fig4``: Figure 4 analog, seeds 0-4: creamfl and reamfl_iot with 1/4, 1/2 and all of the
   public set and d = model.feat_dim in {64, 128, 256}; creamfl_fedavg / creamfl_fediot
-  with three server-model sizes (every client with the server's architecture).
+  with three server-model sizes (every client with the server's architecture);
+- ``t2``: Table 2 analog (VQA), after the runs: every Table 1 run of the emoji setting gets
+  ``mmfl vqa RUN --emoji`` (``mmfl.vqa_eval.vqa_of_run``; writes ``RUN/vqa.json``).
 
 A run's folder name is derived from its setting, method, the overrides that change the
 config and its seed, so the same config is the same folder wherever it is used (Table 3's
@@ -91,9 +93,9 @@ FIG4_SIZES = {  # the last one is the config's [model] (the Table 1 run)
               {"model.cnn_channels": [32, 64], "model.mlp_hidden": [256, 256]}],
 }
 
-FULL = dict(seeds=[0, 1, 2, 3, 4], rounds=16, settings=list(SETTINGS), groups=["t1", "t3", "fig4"],
+FULL = dict(seeds=[0, 1, 2, 3, 4], rounds=16, settings=list(SETTINGS), groups=["t1", "t3", "fig4", "t2"],
             methods=METHODS)
-QUICK = dict(seeds=[0], rounds=2, settings=list(SETTINGS), groups=["t1", "t3", "fig4"],
+QUICK = dict(seeds=[0], rounds=2, settings=list(SETTINGS), groups=["t1", "t3", "fig4", "t2"],
              methods=["creamfl_fedavg", "fedgems", "reamfl_mean", "reamfl_iot", "creamfl"], quick=True)
 
 # CreamFL paper, Table 1 (MS-COCO 1K test images) and Table 3 (R@1 sum)
@@ -238,8 +240,41 @@ def plan(s: dict) -> list[tuple[str, dict]]:
 
 
 def execute(s: dict, raw_dir: Path, workers: int) -> int:
-    """Run what is not finished yet; return how many runs this call ran."""
-    return run_missing("creamfl", plan(s), raw_dir, workers, [base_raw(setting, s) for setting in s["settings"]])
+    """Run what is not finished yet, then Table 2's VQA evaluations; return how many runs this call ran."""
+    n = run_missing("creamfl", plan(s), raw_dir, workers, [base_raw(setting, s) for setting in s["settings"]])
+    t2 = t2_runs(s)
+    if t2:
+        run_missing("creamfl VQA (Table 2)", t2, raw_dir, workers, [], post=vqa_post, reuse_finished=True,
+                    done=lambda name, raw: (Path(raw_dir) / name / "vqa.json").exists())
+    return n
+
+
+# Table 2 (VQA): every Table 1 run of the emoji setting (the only one with images and text questions)
+VQA_SETTING = "emoji"
+PAPER_T2 = {"creamfl_fedavg": 52.54, "creamfl_fediot": 53.06, "fedmd": 57.43, "fedet": 59.90, "fedgems": 60.23,
+            "reamfl_avg": 58.64, "reamfl_iot": 59.64, "creamfl": 62.12}
+T2_CLAIMS = [("creamfl", "fedgems"), ("creamfl", "reamfl_iot"), ("creamfl", "reamfl_avg"), ("creamfl", "fedet"),
+             ("creamfl", "fedmd"), ("creamfl", "creamfl_fediot"), ("creamfl", "creamfl_fedavg"),
+             ("fedgems", "fedmd"), ("fedmd", "creamfl_fediot"), ("creamfl_fediot", "creamfl_fedavg")]
+
+
+def t2_runs(s: dict) -> list[tuple[str, dict]]:
+    if "t2" not in s["groups"] or VQA_SETTING not in s["settings"]:
+        return []
+    out = []
+    for seed in s["seeds"]:
+        for m, over in [*[(m, {}) for m in s["methods"]], *[ref for _, ref in REFERENCES]]:
+            name, raw, _ = make_run(VQA_SETTING, m, seed, over, s)
+            out.append((name, raw))
+    return out
+
+
+def vqa_post(raw: dict, cfg, run_dir: Path, exp) -> None:
+    """Table 2: fine-tune a VQA head on the run's final server model (frozen encoders, the defaults
+    of ``mmfl vqa``) on the emoji VQA set of its emoji_pairs split; writes ``run_dir/vqa.json``."""
+    from mmfl.vqa_eval import vqa_of_run
+
+    vqa_of_run(run_dir, emoji=True)
 
 
 # ----------------------------------------------------------------------------- report
@@ -500,6 +535,51 @@ def findings(s, raw) -> list[str]:
     return out
 
 
+def _vqa(raw: Path, name: str) -> float | None:
+    f = raw / name / "vqa.json"
+    return float(json.loads(f.read_text())["accuracy"]) if f.exists() else None
+
+
+def table2(s, raw) -> list[str]:
+    """Table 2 analog: VQA accuracy of each method's final server model (emoji VQA set), and the
+    paper's ordering as paired claims."""
+    if VQA_SETTING not in s["settings"]:
+        return []
+    seeds = s["seeds"]
+    by = {}
+    for m, over in [*[(m, {}) for m in s["methods"]], *[ref for _, ref in REFERENCES]]:
+        by[(m, tuple(over.items()))] = {seed: v for seed in seeds
+                                        if (v := _vqa(raw, make_run(VQA_SETTING, m, seed, over, s)[0])) is not None}
+    lines = [f"VQA accuracy (%, soft score min(#humans / 3, 1)) of the final server model on the emoji VQA set "
+             f"(`mmfl vqa RUN --emoji`, frozen server encoders, a fused-product MLP head fine-tuned on the train "
+             f"split's questions; see `docs/vqa.md`: the questions are templated over real emoji images, so the "
+             f"numbers are not comparable with VQA v2's); mean ± std over seeds {seeds}.", "",
+             "| method | VQA accuracy | paper (VQA v2) |", "|---|---|---|"]
+    for m in s["methods"]:
+        v = list(by[(m, ())].values())
+        lines.append(f"| {LABEL[m]} | {_ms(v, len(seeds))} | {PAPER_T2.get(m, '—')} |")
+    for label, (m, over) in REFERENCES:
+        lines.append(f"| reference: {label} | {_ms(list(by[(m, tuple(over.items()))].values()), len(seeds))} | — |")
+    lines += ["", f"### {VQA_SETTING}: Table 2 ordering (the paper: CreamFL > FedGEMS > reamFL+IoT > FedET > "
+              "reamFL+Avg > FedMD > FedIoT > FedAvg)", "", *CLAIM_HEAD]
+
+    def pv(a, b):
+        va, vb = by[a], by[b]
+        common = [x for x in seeds if x in va and x in vb]
+        return paired_verdict([va[x] for x in common], [vb[x] for x in common]) if common else None
+
+    verdicts: list[dict] = []
+    lines += _claim_rows([(f"{LABEL[a]} > {LABEL[b]}", pv((a, ()), (b, ()))) for a, b in T2_CLAIMS
+                          if a in s["methods"] and b in s["methods"]], verdicts)
+    ref = (REFERENCE[0], tuple(REFERENCE[1].items()))
+    lines += _claim_rows([(f"{LABEL[m]} > server alone", pv((m, ()), ref)) for m in s["methods"]], [])
+    lines.append("")
+    if verdicts:
+        lines.append(_count(verdicts, "Table 2"))
+        lines.append("")
+    return lines
+
+
 def table3(s, raw) -> list[str]:
     seeds = s["seeds"]
     lines = []
@@ -612,7 +692,7 @@ def write_report(s, raw: Path, path: Path, png: Path, quick: bool) -> None:
     last = json.loads(inv.read_text()) if inv.exists() else None
     cmd = ".venv/bin/python benchmarks/creamfl/run.py" + (" --quick" if quick else "")
     out = [
-        "# CreamFL benchmark (Tables 1 and 3, Figure 4)" + (" — QUICK smoke run, not results" if quick else ""), "",
+        "# CreamFL benchmark (Tables 1, 2 and 3, Figure 4)" + (" — QUICK smoke run, not results" if quick else ""), "",
         f"Regenerate: `{cmd}` (finished runs in `{os.path.relpath(raw, ROOT)}/` are reused; "
         "`--tables-only` rebuilds this file; `--workers N` sets the worker processes).", "",
         "## Scale", "",
@@ -639,6 +719,8 @@ def write_report(s, raw: Path, path: Path, png: Path, quick: bool) -> None:
     order_lines, summary = ordering(s, raw)
     if "t1" in s["groups"]:
         out += ["## Table 1 analog: cross-modal retrieval of the server model", ""] + table1(s, raw)
+    if "t2" in s["groups"]:
+        out += ["## Table 2 analog: visual question answering", ""] + table2(s, raw)
     if "t3" in s["groups"]:
         out += ["## Table 3 analog: ablation", ""] + table3(s, raw)
     if "fig4" in s["groups"]:
@@ -668,7 +750,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="smoke version: 1 seed, 2 rounds, 5 methods (writes creamfl-quick.md)")
     ap.add_argument("--tables-only", action="store_true", help="only rebuild the report from finished runs")
-    ap.add_argument("--group", action="append", choices=["t1", "t3", "fig4"], help="run only these groups")
+    ap.add_argument("--group", action="append", choices=["t1", "t3", "fig4", "t2"], help="run only these groups")
     ap.add_argument("--setting", action="append", choices=list(SETTINGS), help="run only these settings")
     ap.add_argument("--workers", type=int, default=2, help="worker processes (one torch thread each)")
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds of Tables 1 and 3 (default 0 1 2)")
