@@ -16,7 +16,7 @@ from mmfl.config import TrainConfig, resolve
 from mmfl.data.base import ArrayDataset, DatasetMeta
 from mmfl.engine.message import Message
 from mmfl.engine.runner import Experiment
-from mmfl.engine.training import state_of
+from mmfl.engine.training import load_into, state_of
 from mmfl.errors import ConfigError
 from mmfl.report import load_metrics
 from mmfl.models.multimodal import MultimodalModel
@@ -126,6 +126,10 @@ def test_infiltration_projector_never_uploaded_and_kept_on_the_client():
     kept = [k for k in client.ctx.state if k.startswith("private/infil.")]
     assert kept and set(k[len("private/"):] for k in kept) == {k for k in state_of(glob) if k.startswith("infil.")}
     assert reply.scalars["cmi_rho"] > 0 and math.isfinite(reply.scalars["cmi_rd"])
+    # per-round diagnostics: which modality taught, L_rd's share of eq. 7, the student's T, agreement
+    sc = reply.scalars
+    assert sc["cmi_teacher/a"] + sc["cmi_teacher/b"] == pytest.approx(1.0)
+    assert 0 < sc["cmi_rd_share"] < 1 and 0 <= sc["cmi_agree"] <= 1 and sc["cmi_t_student"] == pytest.approx(1.0)
     # next round: the client's own IP comes back from its state, not from the server
     client2, _ = tiny_client(rnd=1)
     client2.ctx.state.update(client.ctx.state)
@@ -165,6 +169,7 @@ def test_fedcmi_end_to_end_case_d_and_resume(tmp_path):
     rows = load_metrics(tmp_path / "cmi")
     assert all(math.isfinite(r["accuracy/pix"]) and math.isfinite(r["accuracy/fou"]) for r in rows)
     assert any("cmi_rho" in r for r in rows)
+    assert any("cmi_teacher/pix" in r and "cmi_rd_share" in r for r in rows)  # reported per round
     raw2 = dict(raw, name="cmi2", rounds=2)
     Experiment(resolve(raw2), progress=False).run()
     resumed = Experiment(resolve(dict(raw2, rounds=3)), progress=False).run(resume=True)
@@ -179,3 +184,71 @@ def test_server_never_sends_infiltration_projectors(tmp_path):
     msgs = exp.server.configure_train(0, [0, 1, 2, 3])
     assert all(not any(k.startswith("infil.") for k in m.arrays) for m in msgs.values())
     assert any(k.startswith("infil.") for k in exp.server.model.state_dict())  # the server's copy exists
+
+
+# ----------------------------------------------------------------------------- mechanism check
+
+
+def _strong_weak_data(n=60, seed=1):
+    """Modality a carries the class cleanly (the dominant one), b buries it in noise (the weak one)."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % 3
+    a = torch.nn.functional.one_hot(y, 4).float() * 3 + 0.3 * torch.randn(n, 4, generator=g)
+    b = torch.nn.functional.one_hot(y, 3).float() * 0.5 + torch.randn(n, 3, generator=g)
+    return ArrayDataset({"a": a, "b": b}, y)
+
+
+def _weak_ip_vs_teacher(model, teacher, data) -> tuple[float, float]:
+    """KL(p_teacher^a || p^IP_b) (eq. 5 at T = 1) and the argmax agreement of the two."""
+    with torch.no_grad():
+        model.eval(), teacher.eval()
+        x = data.features
+        t = teacher.heads["a"](teacher.proj["a"](teacher.encoders["a"](x["a"])))
+        s = model.heads["b"](model.infil["b"](model.encoders["b"](x["b"])))
+        p = t.softmax(1)
+        kl = float((p * (p.log() - s.log_softmax(1))).sum(1).mean())
+        return kl, float((s.argmax(1) == t.argmax(1)).float().mean())
+
+
+def test_distillation_raises_the_weak_branch_agreement_with_the_global_dominant_branch():
+    """Eq. 5's mechanism: from the same start (same global model, same private IP, same batches),
+    local training with L_rd moves the weak branch's IP output towards the global dominant
+    branch; with kappa = 0 it does not (the shared head, trained by L_ce^b, barely moves it)."""
+    data = _strong_weak_data()
+    make = lambda: (torch.manual_seed(0), MultimodalModel(dict(META.modalities), 3, feat_dim=8, mlp_hidden=[16],
+                                                          two_projector=True))[1]
+    glob = make()  # the global model: its branch a already knows the classes
+    opt = torch.optim.SGD(glob.parameters(), lr=0.1)
+    for _ in range(100):
+        loss = torch.nn.functional.cross_entropy(glob(data.features)["mod_logits"]["a"], data.labels)
+        opt.zero_grad(), loss.backward(), opt.step()
+    arrays = {k: v for k, v in state_of(glob).items() if not k.startswith("infil.")}
+    init_ip = {k: v for k, v in state_of(make()).items() if k.startswith("infil.")}
+
+    def after_local_training(params):
+        pool: dict = {}
+
+        def model_pool(key):
+            if key not in pool:
+                pool[key] = make()
+            return pool[key]
+
+        ctx = ClientContext(cid=0, rnd=0, seed=5, data=data, test_data=None, meta=META,
+                            train=TrainConfig(local_epochs=5, batch_size=20, lr=0.05), state={},
+                            model_pool=model_pool, init_model=make, modalities=("a", "b"))
+        client = FedCMIClient(ALGORITHMS.params("fedcmi", params), ctx)
+        reply = client.handle("train", Message(arrays=arrays))
+        if params.get("kappa", 1.0) > 0:
+            assert client.rhos and min(client.rhos) > 1  # a dominates every batch (eq. 4): b is the student
+        private = {k[len("private/"):]: v for k, v in ctx.state.items()}
+        return _weak_ip_vs_teacher(load_into(make(), {**reply.arrays, **private}), glob, data)
+
+    kl0, agree0 = _weak_ip_vs_teacher(load_into(make(), {**arrays, **init_ip}), glob, data)
+    base = {"mu": 0.0, "class_temperature": False}
+    kl_on, agree_on = after_local_training(base)
+    kl_off, agree_off = after_local_training({**base, "kappa": 0.0})
+    assert kl_on < kl0 - 0.2 and kl_on < kl_off - 0.15  # measured: 1.17 -> 0.92 with L_rd, 1.12 without
+    assert agree_on > agree_off + 0.1  # measured: 0.50 vs 0.35 (0.33 at the start)
+    kl_full, _ = after_local_training({})  # the whole eq. 7 (proximal term, CTA) still distils
+    kl_full_off, _ = after_local_training({"kappa": 0.0})
+    assert kl_full < kl_full_off - 0.1  # measured: 1.05 vs 1.24

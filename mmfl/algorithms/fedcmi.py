@@ -130,7 +130,8 @@ class FedCMIServer(MultimodalServer):
         return self.params.projector == "two"
 
     def reported_scalars(self):
-        return ("cmi_rho", "cmi_rd")
+        return ("cmi_rho", "cmi_rd", "cmi_rd_share", "cmi_t_student", "cmi_agree",
+                *(f"cmi_teacher/{m}" for m in self.ctx.meta.modalities))
 
 
 class FedCMIClient(MultimodalClient):
@@ -142,8 +143,13 @@ class FedCMIClient(MultimodalClient):
         self.teacher: nn.Module | None = None
         self.t_class: Tensor | None = None  # T^c for the client-level weak modality
         self.weak: str | None = None
+        # per-batch diagnostics, averaged into the reply (see reply_scalars)
         self.rhos: list[float] = []
         self.rds: list[float] = []
+        self.rd_shares: list[float] = []
+        self.t_students: list[float] = []
+        self.agrees: list[float] = []
+        self.teachers: list[str] = []
 
     def begin(self, model, msg):
         p = self.params
@@ -186,10 +192,14 @@ class FedCMIClient(MultimodalClient):
                 loss = loss + masked_ce(lg, labels, out["present"][m])
         else:
             loss = loss + self.probe_loss(model, out, labels)
+        rd = None
         if p.distill and p.kappa > 0:
-            loss = loss + p.kappa * self._distill(model, out, inputs, labels)
+            rd = p.kappa * self._distill(model, out, inputs, labels)
+            loss = loss + rd
         if p.mu > 0:  # eq. 6: base modules only (the IP is not one)
             loss = loss + p.mu / 2 * proximal(model, msg.arrays, skip=lambda n: n.startswith(INFIL))
+        if rd is not None:  # kappa L_rd's share of eq. 7's loss
+            self.rd_shares.append(float(rd.detach() / loss.detach().clamp_min(1e-12)))
         return loss
 
     def _distill(self, model, out, inputs, labels) -> Tensor:
@@ -209,6 +219,9 @@ class FedCMIClient(MultimodalClient):
         t_student = self.t_class[y] if (self.t_class is not None and weak == self.weak) else p.temperature
         rd = response_distillation(teacher, student, p.temperature, t_student)  # eq. 5 / 10
         self.rds.append(float(rd.detach()))
+        self.teachers.append(dom)
+        self.t_students.append(float(t_student.mean()) if isinstance(t_student, Tensor) else float(t_student))
+        self.agrees.append(float((student.detach().argmax(1) == teacher.argmax(1)).float().mean()))
         return rd
 
     def reply_scalars(self, model, stats):
@@ -217,8 +230,15 @@ class FedCMIClient(MultimodalClient):
             for m in self.ctx.modalities:
                 out[f"{MODULE_WEIGHT}heads.{m}."] = 0.0
         if self.rhos:
-            out["cmi_rho"] = sum(self.rhos) / len(self.rhos)
-            out["cmi_rd"] = sum(self.rds) / len(self.rds)
+            mean = lambda v: sum(v) / len(v)  # noqa: E731
+            out["cmi_rho"] = mean(self.rhos)
+            out["cmi_rd"] = mean(self.rds)
+            out["cmi_t_student"] = mean(self.t_students)
+            out["cmi_agree"] = mean(self.agrees)
+            for m in list(self.ctx.modalities)[:2]:
+                out[f"cmi_teacher/{m}"] = self.teachers.count(m) / len(self.teachers)
+        if self.rd_shares:
+            out["cmi_rd_share"] = sum(self.rd_shares) / len(self.rd_shares)
         return out
 
 
