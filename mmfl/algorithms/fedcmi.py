@@ -229,16 +229,13 @@ class FedCMIClient(MultimodalClient):
         if not self.multi:  # a unimodal client does not train its head (CE of the joint output only)
             for m in self.ctx.modalities:
                 out[f"{MODULE_WEIGHT}heads.{m}."] = 0.0
-        if self.rhos:
-            mean = lambda v: sum(v) / len(v)  # noqa: E731
-            out["cmi_rho"] = mean(self.rhos)
-            out["cmi_rd"] = mean(self.rds)
-            out["cmi_t_student"] = mean(self.t_students)
-            out["cmi_agree"] = mean(self.agrees)
+        for key, vals in (("cmi_rho", self.rhos), ("cmi_rd", self.rds), ("cmi_rd_share", self.rd_shares),
+                          ("cmi_t_student", self.t_students), ("cmi_agree", self.agrees)):
+            if vals:
+                out[key] = sum(vals) / len(vals)
+        if self.teachers:
             for m in list(self.ctx.modalities)[:2]:
                 out[f"cmi_teacher/{m}"] = self.teachers.count(m) / len(self.teachers)
-        if self.rd_shares:
-            out["cmi_rd_share"] = sum(self.rd_shares) / len(self.rd_shares)
         return out
 
 
