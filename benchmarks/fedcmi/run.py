@@ -1,5 +1,6 @@
 """FedCMI paper benchmark (Tables 1, 3, 4 and Figures 3, 4) on real audio-visual and
-image-feature data, scaled to about 40 minutes on 2 CPU cores.
+image-feature data, scaled to about an hour on 2 idle CPU cores (400 runs of 10-20 s each:
+Tables 1 and 3 with seeds 0-4, Table 4 with seeds 0-2).
 
     .venv/bin/python benchmarks/fedcmi/run.py               # everything -> benchmarks/results/fedcmi.md
     .venv/bin/python benchmarks/fedcmi/run.py --quick       # a 2-minute smoke version
@@ -10,7 +11,9 @@ spoken digits; log-mel spectrograms) stands in for CREMA-D/AVE, ``mfeat_pair`` (
 digit images paired per instance with Fourier + Zernike features) for the second data
 set. Runs go to ``benchmarks/results/raw/fedcmi/<run>/``; a finished run (summary.json
 exists) is not run again, so an interrupted benchmark continues where it stopped.
-Two worker processes with one torch thread each.
+Two worker processes with one torch thread each. The paper's orderings are checked as paired
+tests over seeds (``mmfl.sweep.paired_verdict``: 95% bootstrap interval of the mean difference
+and a paired t-test; a claim holds only when both exclude 0).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mmfl.sweep import run_missing
+from mmfl.sweep import paired_verdict, run_missing
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -43,9 +46,9 @@ ABLATION = {
 ABLATION_CASES = ["A", "D"]
 FUSIONS = ["sum", "film", "gated"]
 
-FULL = dict(seeds=[0, 1, 2], rounds=10, epochs=2, av_train=3000, av_test=1000, av_clients=20, mf_clients=10,
-            per_round=5, groups=["t1", "t3", "t4"])
-QUICK = dict(seeds=[0], rounds=2, epochs=1, av_train=600, av_test=300, av_clients=10, mf_clients=10,
+FULL = dict(seeds=[0, 1, 2, 3, 4], t4_seeds=[0, 1, 2], rounds=10, epochs=2, av_train=3000, av_test=1000,
+            av_clients=20, mf_clients=10, per_round=5, groups=["t1", "t3", "t4"])
+QUICK = dict(seeds=[0], t4_seeds=[0], rounds=2, epochs=1, av_train=600, av_test=300, av_clients=10, mf_clients=10,
              per_round=5, groups=["t1"])
 
 # FedCMI paper, Table 1 (CREMA-D) and Table 4 (CREMA-D case A), for the ordering comparison.
@@ -101,7 +104,7 @@ def plan(s: dict) -> list[tuple[str, str, list[str]]]:
                     runs.append((f"t3-av-{case}-{row}-s{seed}", "av",
                                  [*method_overrides("fedcmi"), *over, f"case=\"{case}\"", f"seed={seed}"]))
     if "t4" in s["groups"]:
-        for seed in s["seeds"]:
+        for seed in s["t4_seeds"]:
             for fusion in FUSIONS:
                 for m in METHODS:
                     runs.append((f"t4-av-{fusion}-{m}-s{seed}", "av",
@@ -129,13 +132,41 @@ def _last(raw: Path, name: str) -> dict | None:
     return evals[-1] if evals else None
 
 
-def _vals(raw, names, key="accuracy") -> list[float]:
-    out = []
+# FedMSplit reports its personalized models under ``accuracy`` and its global model under
+# ``global/*`` (docs/algorithms/fedmsplit.md); the tables compare global models.
+GLOBAL_PREFIX = {"fedmsplit": "global/"}
+
+
+def _key(m: str | None, key: str) -> str:
+    return GLOBAL_PREFIX.get(m, "") + key if m else key
+
+
+def _vals(raw, names, key="accuracy", m: str | None = None) -> list[float]:
+    return [v for v in _by_seed(raw, names, key, m).values()]
+
+
+def _by_seed(raw, names, key="accuracy", m: str | None = None) -> dict[str, float]:
+    """``{run name: 100 * metric}`` of the finished runs among ``names`` (final evaluation)."""
+    out = {}
     for n in names:
         r = _last(raw, n)
-        if r is not None and r.get(key) is not None:
-            out.append(100.0 * r[key])
+        if r is not None and r.get(_key(m, key)) is not None:
+            out[n] = 100.0 * r[_key(m, key)]
     return out
+
+
+def _paired(raw, names_a, names_b, key="accuracy", ma=None, mb=None) -> dict:
+    """:func:`paired_verdict` of a − b over the seeds both finished (names given seed by seed)."""
+    va, vb = _by_seed(raw, names_a, key, ma), _by_seed(raw, names_b, key, mb)
+    pairs = [(va[a], vb[b]) for a, b in zip(names_a, names_b) if a in va and b in vb]
+    return paired_verdict([a for a, _ in pairs], [b for _, b in pairs])
+
+
+def _verdict_cell(v: dict) -> str:
+    if v["n"] < 2:
+        return "—"
+    word = "holds" if v["text"].startswith("holds") else "**reversed**" if "reversed" in v["text"] else "unresolved"
+    return f"{v['delta']:+.1f} [{v['lo']:+.1f}, {v['hi']:+.1f}], p {v['p']:.3f}: {word}"
 
 
 def _ms(vals: list[float], n_expected: int) -> str:
@@ -157,9 +188,13 @@ def table1(s, raw) -> list[str]:
                   "| method | case A | case B | case C | case D | paper CREMA-D (A / B / C / D) |",
                   "|---|---|---|---|---|---|"]
         for m in METHODS:
-            cells = [_ms(_vals(raw, [f"t1-{ds}-{c}-{m}-s{x}" for x in seeds]), len(seeds)) for c in CASES]
+            cells = [_ms(_vals(raw, [f"t1-{ds}-{c}-{m}-s{x}" for x in seeds], m=m), len(seeds)) for c in CASES]
             paper = " / ".join(f"{v:.1f}" for v in PAPER_T1[m])
             lines.append(f"| {LABEL[m]} | " + " | ".join(cells) + f" | {paper} |")
+        for m in GLOBAL_PREFIX:
+            if m in METHODS:
+                cells = [_ms(_vals(raw, [f"t1-{ds}-{c}-{m}-s{x}" for x in seeds]), len(seeds)) for c in CASES]
+                lines.append(f"| {LABEL[m]}, personalized models (mean over clients) | " + " | ".join(cells) + " | — |")
         lines.append("")
     return lines
 
@@ -174,10 +209,11 @@ def modality_table(s, raw) -> list[str]:
                   f"| method | joint | {a} | {b} | gap {a} − {b} | UAR |", "|---|---|---|---|---|---|"]
         for m in METHODS:
             names = [f"t1-{ds}-A-{m}-s{x}" for x in seeds]
-            ja, va, vb = _vals(raw, names), _vals(raw, names, f"accuracy/{a}"), _vals(raw, names, f"accuracy/{b}")
+            ja, va, vb = (_vals(raw, names, m=m), _vals(raw, names, f"accuracy/{a}", m),
+                          _vals(raw, names, f"accuracy/{b}", m))
             gap = [x - y for x, y in zip(va, vb)]
             lines.append(f"| {LABEL[m]} | {_ms(ja, len(seeds))} | {_ms(va, len(seeds))} | {_ms(vb, len(seeds))} "
-                         f"| {_ms(gap, len(seeds))} | {_ms(_vals(raw, names, 'uar'), len(seeds))} |")
+                         f"| {_ms(gap, len(seeds))} | {_ms(_vals(raw, names, 'uar', m), len(seeds))} |")
         lines.append("")
     return lines
 
@@ -204,13 +240,14 @@ def table3(s, raw) -> list[str]:
 
 
 def table4(s, raw) -> list[str]:
-    seeds = s["seeds"]
-    lines = [f"### AV-MNIST case A: joint accuracy (%) by fusion, seeds {seeds}", "",
+    seeds = s["t4_seeds"]
+    lines = [f"### AV-MNIST case A: joint accuracy (%) by fusion, seeds {seeds} (means only; no ordering is "
+             "claimed from this table)", "",
              "| method | concat (Table 1) | sum | FiLM | gated | paper CREMA-D (sum / FiLM / gated) |",
              "|---|---|---|---|---|---|"]
     for m in METHODS:
-        cells = [_ms(_vals(raw, [f"t1-av-A-{m}-s{x}" for x in seeds]), len(seeds))]
-        cells += [_ms(_vals(raw, [f"t4-av-{f}-{m}-s{x}" for x in seeds]), len(seeds)) for f in FUSIONS]
+        cells = [_ms(_vals(raw, [f"t1-av-A-{m}-s{x}" for x in seeds], m=m), len(seeds))]
+        cells += [_ms(_vals(raw, [f"t4-av-{f}-{m}-s{x}" for x in seeds], m=m), len(seeds)) for f in FUSIONS]
         paper = " / ".join(f"{v:.1f}" for v in PAPER_T4[m])
         lines.append(f"| {LABEL[m]} | " + " | ".join(cells) + f" | {paper} |")
     return lines + [""]
@@ -225,7 +262,7 @@ def ordering(s, raw) -> list[str]:
         for c in CASES:
             means = {}
             for m in METHODS:
-                v = _vals(raw, [f"t1-{ds}-{c}-{m}-s{x}" for x in s["seeds"]])
+                v = _vals(raw, [f"t1-{ds}-{c}-{m}-s{x}" for x in s["seeds"]], m=m)
                 if v:
                     means[m] = float(np.mean(v))
             if "fedcmi" not in means or "mfedavg" not in means:
@@ -237,6 +274,49 @@ def ordering(s, raw) -> list[str]:
             lines.append(f"| {ds} | {c} | {rank} | {LABEL[order[0]]} ({means[order[0]]:.1f}) | "
                          f"{means['fedcmi'] - means['mfedavg']:+.1f} |")
     return lines + ["", f"FedCMI is first in {wins} of {total} settings."]
+
+
+def claims(s, raw) -> list[str]:
+    """The paper's orderings as paired tests over seeds (same seed = same partition, initial model,
+    client sampling): the difference a − b in points, its 95% bootstrap interval and the paired
+    t-test's p; "holds" only when the interval excludes 0 and p < 0.05."""
+    seeds = s["seeds"]
+    heads = [f"{ds} {c}" for ds in DATASETS for c in CASES]
+    lines = ["### FedCMI − each baseline, joint accuracy (Table 1; the paper: FedCMI first everywhere)", "",
+             "| FedCMI − | " + " | ".join(heads) + " |", "|---|" + "---|" * len(heads)]
+    for m in METHODS:
+        if m == "fedcmi":
+            continue
+        cells = [_verdict_cell(_paired(raw, [f"t1-{ds}-{c}-fedcmi-s{x}" for x in seeds],
+                                       [f"t1-{ds}-{c}-{m}-s{x}" for x in seeds], mb=m))
+                 for ds in DATASETS for c in CASES]
+        lines.append(f"| {LABEL[m]} | " + " | ".join(cells) + " |")
+    lines += ["", "### The weak modality's own accuracy, case A (Fig. 3: FedCMI lifts the weak modality)", "",
+              "| data set (weak modality) | FedCMI − MFedAvg | FedCMI − FedOGM | FedCMI − FedPMR |", "|---|---|---|---|"]
+    for ds, title in DATASETS.items():
+        a, b = MODS[ds]
+        weak = b  # audio on AV-MNIST, the features on mfeat (the lower per-modality accuracy in every run so far)
+        cells = [_verdict_cell(_paired(raw, [f"t1-{ds}-A-fedcmi-s{x}" for x in seeds],
+                                       [f"t1-{ds}-A-{m}-s{x}" for x in seeds], f"accuracy/{weak}", mb=m))
+                 for m in ("mfedavg", "fedogm", "fedpmr")]
+        lines.append(f"| {title} ({weak}) | " + " | ".join(cells) + " |")
+    if "t3" in s["groups"]:
+        steps = [("TP − MFedAvg", "TP", "mfedavg"), ("TP + RD − TP", "TP+RD", "TP"),
+                 ("TP + RD + CTA − TP + RD", "TP+RD+CTA", "TP+RD"), ("FedCMI − TP + RD + CTA (PT)", "full", "TP+RD+CTA"),
+                 ("FedCMI − UP + RD + CTA + PT (TP vs UP)", "full", "UP+RD+CTA+PT")]
+
+        def names(key, case):
+            if key in ("mfedavg", "full"):
+                return [f"t1-av-{case}-{'fedcmi' if key == 'full' else 'mfedavg'}-s{x}" for x in seeds]
+            return [f"t3-av-{case}-{key}-s{x}" for x in seeds]
+
+        lines += ["", "### Ablation steps, AV-MNIST joint accuracy (Table 3: every component adds)", "",
+                  "| step | " + " | ".join(f"case {c}" for c in ABLATION_CASES) + " |",
+                  "|---|" + "---|" * len(ABLATION_CASES)]
+        for label, ka, kb in steps:
+            lines.append(f"| {label} | " + " | ".join(_verdict_cell(_paired(raw, names(ka, c), names(kb, c)))
+                                                      for c in ABLATION_CASES) + " |")
+    return lines + [""]
 
 
 def plots(s, raw, out_dir: Path, suffix: str = "") -> list[str]:
@@ -252,7 +332,7 @@ def plots(s, raw, out_dir: Path, suffix: str = "") -> list[str]:
     fig, ax = plt.subplots(figsize=(9, 3.6))
     xs = np.arange(len(METHODS))
     for j, (key, label) in enumerate([("accuracy", "joint"), (f"accuracy/{a}", a), (f"accuracy/{b}", b)]):
-        means = [np.mean(v) if (v := _vals(raw, [f"t1-av-A-{m}-s{x}" for x in seeds], key)) else np.nan
+        means = [np.mean(v) if (v := _vals(raw, [f"t1-av-A-{m}-s{x}" for x in seeds], key, m)) else np.nan
                  for m in METHODS]
         ax.bar(xs + (j - 1) * 0.27, means, width=0.27, label=label)
     ax.set_xticks(xs, [LABEL[m] for m in METHODS], rotation=20)
@@ -337,7 +417,8 @@ def write_report(s, raw: Path, path: Path, quick: bool, elapsed: tuple[int, floa
         "- Cases (FedCMI 4.2): A = IID, all clients multimodal; B = IID, half the clients hold one modality; "
         "C = Dirichlet(5); D = Dirichlet(5) and modality heterogeneity.",
         "- Every method uses its defaults (`mmfl list`); nothing was tuned on these results.",
-        f"- Seeds {s['seeds']}; mean ± std over seeds. Runs: {len(times)}, total run time "
+        f"- Seeds {s['seeds']} (Table 4: {s['t4_seeds']}); mean ± std over seeds. FedMSplit's rows read its "
+        f"global model (`global/*`); its personalized models have their own row. Runs: {len(times)}, total run time "
         f"{sum(times) / 60:.1f} min of single-thread compute (the rounds' wall times, summed)"
         + (f"; the last invocation ran {elapsed[0]} of them in {elapsed[1] / 60:.1f} min wall with "
            f"{elapsed[2]} workers"
@@ -347,7 +428,8 @@ def write_report(s, raw: Path, path: Path, quick: bool, elapsed: tuple[int, floa
     if failed:
         out += [f"**Failed runs** ({len(failed)}): " + ", ".join(failed), ""]
     out += ["## Table 1 analog", ""] + table1(s, raw)
-    out += ["### Where FedCMI ranks", ""] + ordering(s, raw) + [""]
+    out += ["### Where FedCMI ranks (by means)", ""] + ordering(s, raw) + [""]
+    out += ["## The paper's orderings, paired over seeds", ""] + claims(s, raw)
     out += ["## Figure 3 analog: per-modality accuracy", "", f"![fig3]({figs[0]})", ""] + modality_table(s, raw)
     out += ["## Figure 4 analog: class-wise accuracy of the weak modality", "", f"![fig4]({figs[1]})", ""]
     out += class_table(s, raw)
