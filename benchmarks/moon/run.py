@@ -28,7 +28,8 @@ Runs go to ``benchmarks/results/raw/moon[-quick]/<run>/`` (resumable: a run whos
 or failed.txt exists is not run again; delete a failed.txt to retry; a diverged run counts as
 diverged in the tables). Orderings are claimed from paired differences over seeds (same seed = same
 partition, initial model and batches): a 95% bootstrap interval of the mean difference and a
-paired t-test; "a > b" only when the interval excludes 0 and p < 0.05.
+paired t-test; "a > b" only when the interval excludes 0 and p < 0.05. A diverged run
+(non-finite model) counts as 10%, chance on the balanced test set.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ for _lr in (0.1, 0.01):
     LIN[f"scaffold-lr{_lr}"] = ("SCAFFOLD, default", f"plain SGD, lr {_lr}", {"algorithm": {"name": "scaffold"}, **_opt})
     LIN[f"scaffold-uniform-lr{_lr}"] = ("SCAFFOLD, line 17 uniform", f"plain SGD, lr {_lr}",
                                         {"algorithm": {"name": "scaffold", "variate_weights": "uniform"}, **_opt})
-LIN_PAIRS = [(f"{m}-lr{lr}", f"fedavg-lr{lr}") for lr in (0.1, 0.01) for m in ("scaffold", "scaffold-uniform")]
+LIN_PAIRS = [(f"{m}-lr{lr}", f"fedavg-lr{lr}") for lr in (0.1, 0.01) for m in ("scaffold", "scaffold-uniform")] + \
+    [(f"scaffold-lr{lr}", f"scaffold-uniform-lr{lr}") for lr in (0.1, 0.01)]
 SC_PAIRS = [("scaffold", "fedavg"), ("scaffold-uniform", "fedavg"), ("scaffold-printed", "fedavg"),
             ("scaffold-after", "fedavg"), ("scaffold", "scaffold-uniform"), ("scaffold-sgd", "fedavg-sgd"),
             ("scaffold-sgd-uniform", "fedavg-sgd")]
@@ -188,23 +190,26 @@ def _cell(vals: dict[int, float | None]) -> str:
     ok = [v for v in vals.values() if v is not None]
     failed = sum(v is None for v in vals.values())
     txt = f"{100 * np.mean(ok):.1f} ± {100 * np.std(ok):.1f}" if ok else "–"
-    return txt + (f" ({failed} of {len(vals)} diverged)" if failed else "") + (f" [{len(ok)} seeds]" if ok else "")
+    return txt + (f" ({failed} of {len(vals)} diverged)" if failed else "") + \
+        (f" [{len(ok)} seed{'s' * (len(ok) != 1)}]" if ok else "")
 
 
 def _pair_row(label_a: str, label_b: str, a: dict, b: dict) -> str:
+    """One paired comparison; a diverged run (None) counts as chance, 10% (its model is non-finite)."""
     seeds = sorted(k for k in a if k in b)
-    if any(a[k] is None for k in seeds) and all(b[k] is not None for k in seeds):
-        n = sum(a[k] is None for k in seeds)
-        return f"| {label_a} − {label_b} | {n} of {len(seeds)} seeds diverged | | | a < b (diverged) |"
-    seeds = [k for k in seeds if a[k] is not None and b[k] is not None]
     if len(seeds) < 2:
-        return f"| {label_a} − {label_b} | n/a ({len(seeds)} paired seeds) | | | |"
-    r = paired([100 * a[k] for k in seeds], [100 * b[k] for k in seeds])
+        return f"| {label_a} − {label_b} | n/a ({len(seeds)} paired seed{'s' * (len(seeds) != 1)}) | | | |"
+    div = sum(a[k] is None for k in seeds) + sum(b[k] is None for k in seeds)
+    r = paired([100 * (a[k] if a[k] is not None else CHANCE) for k in seeds],
+               [100 * (b[k] if b[k] is not None else CHANCE) for k in seeds])
     claim = {"a > b": f"**{label_a} > {label_b}**", "a < b": f"**{label_a} < {label_b}**"}.get(r["claim"], "no ordering")
+    note = f"; {div} diverged run{'s' * (div != 1)} counted as 10%" if div else ""
+    p = "–" if math.isnan(r["p"]) else f"{r['p']:.3f}"
     return (f"| {label_a} − {label_b} | {r['mean']:+.2f} | [{r['lo']:+.2f}, {r['hi']:+.2f}] | "
-            f"{r['p']:.3f} | {claim} ({r['n']} seeds) |")
+            f"{p} | {claim} ({r['n']} seeds{note}) |")
 
 
+CHANCE = 0.10  # accuracy of a diverged run's non-finite model on the 10 balanced classes
 PAIR_HEAD = ["| difference (points) | mean | 95% bootstrap CI | paired t p | claim |", "|---|---|---|---|---|"]
 
 
@@ -270,7 +275,7 @@ def table_lin(s, raw) -> list[str]:
         out.append(f"| {label} | {opt} | {_cell(vals[m])} |")
     out += ["", *PAIR_HEAD]
     for a, b in LIN_PAIRS:
-        out.append(_pair_row(f"{LIN[a][0]} ({LIN[a][1]})", "FedAvg", vals[a], vals[b]))
+        out.append(_pair_row(f"{LIN[a][0]} ({LIN[a][1]})", LIN[b][0], vals[a], vals[b]))
     return out
 
 
