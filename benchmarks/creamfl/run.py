@@ -34,9 +34,11 @@ reamFL rows and the full CreamFL are Table 1's runs). Runs go to
 run again, so an interrupted benchmark continues where it stopped (a failed run, with its
 failed.txt, is tried again). ``--workers`` worker processes with one torch thread each.
 
-Cost (measured on 2 idle cores, 2 workers): 102 runs, about 40 minutes (emoji 10-50 s and
-mfeat 25-90 s per run at 16 rounds; FedAvg/FedIoT and CreamFL are the slow ones); more on a
-shared machine. ``--quick``: 22 runs of 2 rounds, about 1.5 minutes.
+Cost: 198 runs (emoji 10-50 s and mfeat 25-90 s per run at 16 rounds on an idle core;
+FedAvg/FedIoT and CreamFL are the slow ones), about 1.5 hours with 2 workers on 2 idle cores,
+plus Table 2's 60 VQA evaluations (about 16 s of CPU each). The issue-13 regeneration took
+about 4 hours wall on a 2-core machine shared with the FedCMI and MOON benchmarks (389.8 min
+of summed, contended run time). ``--quick``: 22 runs of 2 rounds, about 1.5 minutes.
 """
 
 from __future__ import annotations
