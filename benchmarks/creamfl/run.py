@@ -1,5 +1,5 @@
 """CreamFL paper benchmark (Tables 1, 2 and 3, Figure 4) on two small image-pair settings,
-scaled to about 40-60 minutes on 2 CPU cores.
+scaled to about 1.5 hours on 2 idle CPU cores.
 
     .venv/bin/python benchmarks/creamfl/run.py               # everything -> benchmarks/results/creamfl.md
     .venv/bin/python benchmarks/creamfl/run.py --quick       # a few-minute smoke version
