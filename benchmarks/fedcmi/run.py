@@ -1,5 +1,5 @@
 """FedCMI paper benchmark (Tables 1, 3, 4 and Figures 3, 4) on real audio-visual and
-image-feature data, scaled to about an hour on 2 idle CPU cores (400 runs of 10-20 s each:
+image-feature data, scaled to about 1.5 hours on 2 idle CPU cores (432 runs of 10-30 s each:
 Tables 1 and 3 with seeds 0-4, Table 4 with seeds 0-2).
 
     .venv/bin/python benchmarks/fedcmi/run.py               # everything -> benchmarks/results/fedcmi.md
