@@ -152,19 +152,15 @@ def plan(s: dict, groups: list[str]) -> list[tuple[str, dict]]:
 
 # ----------------------------------------------------------------------------- statistics
 
-def paired(a: list[float], b: list[float], n_boot: int = 10_000) -> dict:
-    """Paired comparison over seeds of ``a`` against ``b`` (same order): mean difference, its 95%
-    bootstrap interval (seeds resampled with replacement), the paired t-test's two-sided p, and
-    the claim: "a > b" / "a < b" when the interval excludes 0 and p < 0.05, else "no ordering"."""
-    from scipy import stats
+def paired(a: list[float], b: list[float]) -> dict:
+    """Paired comparison over seeds of ``a`` against ``b`` (same order), by
+    :func:`mmfl.sweep.paired_verdict` (95% bootstrap interval of the mean difference and the
+    paired t-test): "a > b" / "a < b" when both exclude 0, else "no ordering"."""
+    from mmfl.sweep import paired_verdict
 
-    d = np.asarray(a, float) - np.asarray(b, float)
-    boots = np.random.default_rng(0).choice(d, size=(n_boot, len(d)), replace=True).mean(1)
-    lo, hi = (float(x) for x in np.percentile(boots, [2.5, 97.5]))
-    p = float(stats.ttest_rel(a, b).pvalue) if len(d) > 1 and d.std() > 0 else float("nan")
-    sig = p < 0.05
-    claim = "a > b" if lo > 0 and sig else ("a < b" if hi < 0 and sig else "no ordering")
-    return {"mean": float(d.mean()), "lo": lo, "hi": hi, "p": p, "claim": claim, "n": len(d)}
+    v = paired_verdict(a, b)
+    claim = "a > b" if v["text"].startswith("holds") else "a < b" if "reversed" in v["text"] else "no ordering"
+    return {"mean": v["delta"], "lo": v["lo"], "hi": v["hi"], "p": v["p"], "claim": claim, "n": v["n"]}
 
 
 # ----------------------------------------------------------------------------- results
