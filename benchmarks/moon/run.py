@@ -199,12 +199,15 @@ def _pair_row(label_a: str, label_b: str, a: dict, b: dict) -> str:
     r = paired([100 * (a[k] if a[k] is not None else CHANCE) for k in seeds],
                [100 * (b[k] if b[k] is not None else CHANCE) for k in seeds])
     claim = {"a > b": f"**{label_a} > {label_b}**", "a < b": f"**{label_a} < {label_b}**"}.get(r["claim"], "no ordering")
+    if r["n"] < MIN_SEEDS_FOR_CLAIM:  # the project's rule: orderings from 5 paired seeds
+        claim = "not claimed"
     note = f"; {div} diverged run{'s' * (div != 1)} counted as 10%" if div else ""
     p = "–" if math.isnan(r["p"]) else f"{r['p']:.3f}"
     return (f"| {label_a} − {label_b} | {r['mean']:+.2f} | [{r['lo']:+.2f}, {r['hi']:+.2f}] | "
             f"{p} | {claim} ({r['n']} seeds{note}) |")
 
 
+MIN_SEEDS_FOR_CLAIM = 5
 CHANCE = 0.10  # accuracy of a diverged run's non-finite model on the 10 balanced classes
 PAIR_HEAD = ["| difference (points) | mean | 95% bootstrap CI | paired t p | claim |", "|---|---|---|---|---|"]
 
