@@ -255,27 +255,27 @@ def table2(s, raw) -> list[str]:
     return out
 
 
-def table_sc(s, raw) -> list[str]:
-    vals = {m: finals(raw, f"sc-{m}", s["seeds"]) for m in SC}
+def _variant_table(s, raw, prefix: str, table: dict, pairs: list, label) -> list[str]:
+    """Final accuracy of each variant of ``table`` (runs ``<prefix>-<name>-s<seed>``) and the
+    paired differences of ``pairs``, each side named by ``label(name)``."""
+    vals = {m: finals(raw, f"{prefix}-{m}", s["seeds"]) for m in table}
     out = [f"| method | optimizer | accuracy after {s['sc_rounds']} rounds (%) |", "|---|---|---|"]
-    for m, (label, opt, _) in SC.items():
-        out.append(f"| {label} | {opt} | {_cell(vals[m])} |")
+    for m, (name, opt, _) in table.items():
+        out.append(f"| {name} | {opt} | {_cell(vals[m])} |")
     out += ["", *PAIR_HEAD]
-    short = {m: "FedAvg" if m.startswith("fedavg") else f"SCAFFOLD [{m}]" for m in SC}
-    for a, b in SC_PAIRS:
-        out.append(_pair_row(short[a], short[b], vals[a], vals[b]))
+    for a, b in pairs:
+        out.append(_pair_row(label(a, True), label(b, False), vals[a], vals[b]))
     return out
+
+
+def table_sc(s, raw) -> list[str]:
+    return _variant_table(s, raw, "sc", SC, SC_PAIRS,
+                          lambda m, _: "FedAvg" if m.startswith("fedavg") else f"SCAFFOLD [{m}]")
 
 
 def table_lin(s, raw) -> list[str]:
-    vals = {m: finals(raw, f"lin-{m}", s["seeds"]) for m in LIN}
-    out = [f"| method | optimizer | accuracy after {s['sc_rounds']} rounds (%) |", "|---|---|---|"]
-    for m, (label, opt, _) in LIN.items():
-        out.append(f"| {label} | {opt} | {_cell(vals[m])} |")
-    out += ["", *PAIR_HEAD]
-    for a, b in LIN_PAIRS:
-        out.append(_pair_row(f"{LIN[a][0]} ({LIN[a][1]})", LIN[b][0], vals[a], vals[b]))
-    return out
+    return _variant_table(s, raw, "lin", LIN, LIN_PAIRS,
+                          lambda m, first: f"{LIN[m][0]} ({LIN[m][1]})" if first else LIN[m][0])
 
 
 def table_probe(s, raw) -> list[str]:
