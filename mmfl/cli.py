@@ -159,7 +159,7 @@ def cmd_list(args) -> int:
         if kind == "modality":
             print("\n".join(_case_lines()))
             print()
-    from mmfl.config import RunConfig, TrainConfig
+    from mmfl.schema import RunConfig, TrainConfig
 
     if not args.kind:
         for title, cls in (("run settings (top level)", RunConfig), ("[train]", TrainConfig)):
@@ -173,7 +173,7 @@ def cmd_list(args) -> int:
 def cmd_partition(args) -> int:
     from mmfl.config import load_config
     from mmfl.data.partition import partition_summary, plot_partition
-    from mmfl.engine.runner import build_federation
+    from mmfl.data.federation import build_federation
 
     cfg = load_config(args.config or demo_config_path(), args.overrides)
     fed = build_federation(cfg)

@@ -7,7 +7,7 @@ Loads the run's ``config.toml`` and its last checkpoint's server model (``model/
 ``checkpoints/<LATEST>/server.safetensors``; ``--weights init``: the run's initial weights, a
 control), reads the VQA set through the run's own frozen encoders (``data.image_encoder``,
 ``data.image_size``, ``data.text_encoder``), fine-tunes a VQA head on the training split
-(:func:`mmfl.engine.vqa.finetune_vqa`) and writes the accuracies to ``RUN/vqa.json`` (and the
+(:func:`mmfl.core.vqa.finetune_vqa`) and writes the accuracies to ``RUN/vqa.json`` (and the
 answers in the official results format, ``[{"question_id", "answer"}]``, to
 ``RUN/vqa_predictions.json``). :func:`vqa_of_run` is the same from Python.
 """
@@ -36,8 +36,8 @@ def load_server(run_dir: str | Path, weights: str = "final"):
     from mmfl.config import load_config
     from mmfl.data import DATASETS
     from mmfl.engine import checkpoint
-    from mmfl.engine.runner import model_factory
-    from mmfl.engine.training import load_into
+    from mmfl.models.factory import model_factory
+    from mmfl.core.training import load_into
 
     run = Path(run_dir).expanduser()
     if not (run / "config.toml").is_file():
@@ -82,7 +82,7 @@ def frozen_encoders_of(cfg):
 def split_settings(values: dict):
     """``--set`` values -> (data values, :class:`VQATrainParams`); unknown keys are ConfigErrors."""
     from mmfl.data.vqa import VQADataParams
-    from mmfl.engine.vqa import VQATrainParams
+    from mmfl.core.vqa import VQATrainParams
     from mmfl.registry import build_params
 
     unknown = sorted(set(values) - set(DATA_KEYS) - set(TRAIN_KEYS))
@@ -108,12 +108,12 @@ def vqa_of_run(run_dir: str | Path, root: str | Path | None = None, emoji: bool 
     Data: the VQA v2 copy at ``root``, or (``emoji``) the emoji VQA set of the run's
     ``emoji_pairs`` split (:func:`mmfl.data.vqa_emoji.emoji_vqa_dir`). ``settings``: fields of
     :class:`~mmfl.data.vqa.VQADataParams` (answers, max_train_images, ...) and
-    :class:`~mmfl.engine.vqa.VQATrainParams` (epochs, encoders, lr, ...)."""
+    :class:`~mmfl.core.vqa.VQATrainParams` (epochs, encoders, lr, ...)."""
     import torch
 
     from mmfl.algorithms.creamfl import reps_of
     from mmfl.data.vqa import VQADataParams, load_vqa
-    from mmfl.engine.vqa import finetune_vqa
+    from mmfl.core.vqa import finetune_vqa
 
     if (root is None) == (not emoji):
         raise ConfigError("vqa: give either --root DIR (a VQA v2 copy) or --emoji (the emoji VQA set)")

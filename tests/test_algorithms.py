@@ -18,7 +18,7 @@ from mmfl.algorithms.moon import l2_representation_loss, model_contrastive_loss
 from mmfl.algorithms.scaffold import C, DC, control_variate_update, param_names
 from mmfl.config import load_config
 from mmfl.data import DATASETS
-from mmfl.engine.message import Message
+from mmfl.core.message import Message
 from mmfl.engine.runner import Experiment
 
 # Tiny and fast: sklearn digits (1,437 train / 360 test), 3 clients, a 16-unit MLP,

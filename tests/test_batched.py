@@ -1,4 +1,4 @@
-"""Batched clients (mmfl.engine.batched): equal to sequential training within float
+"""Batched clients (mmfl.core.batched, mmfl.engine.batched): equal to sequential training within float
 tolerance for FedAvg, FedProx, SCAFFOLD and MOON, with unequal client sizes; visible
 fallback where batching cannot apply; resume-exact."""
 
@@ -14,9 +14,9 @@ import torch
 
 from mmfl.config import TrainConfig, load_config
 from mmfl.data.base import ArrayDataset
-from mmfl.engine.batched import BatchedClient, BatchedTask, client_batches, train_stacked
+from mmfl.core.batched import BatchedClient, BatchedTask, client_batches, train_stacked
 from mmfl.engine.runner import Experiment
-from mmfl.engine.training import local_train
+from mmfl.core.training import local_train
 
 sys.path.insert(0, str(Path(__file__).parent))
 from data_fixtures import write_mnist_dir  # noqa: E402
@@ -136,7 +136,7 @@ def test_fallback_is_automatic_and_visible(tmp_path, mnist_root, caplog):
                               rounds=1), progress=False)
     adam.run()
     assert "adam" in rows_of(adam)[0]["batched_fallback"]
-    from mmfl.engine.batched import model_blocker
+    from mmfl.core.batched import model_blocker
     bn = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
     assert "buffers" in model_blocker(bn, TrainConfig())
 
@@ -163,7 +163,7 @@ def test_a_subclass_that_changes_training_without_batched_methods_is_not_batched
 
     from mmfl.algorithms import ALGORITHMS
     from mmfl.algorithms.moon import MoonClient
-    from mmfl.engine.batched import capability_blocker
+    from mmfl.core.batched import capability_blocker
 
     assert "overrides train" in capability_blocker(ALGORITHMS.get(NAN_ALGO).factory.client)
     assert capability_blocker(MoonClient) is None

@@ -14,7 +14,7 @@ import torch
 from mmfl.data import DATASETS
 from mmfl.data.captions import read_image
 from mmfl.data.featurize import image_features, text_features
-from mmfl.engine.retrieval import evaluate_retrieval, pairs_to_retrieval
+from mmfl.core.retrieval import evaluate_retrieval, pairs_to_retrieval
 from mmfl.errors import ConfigError, DataError
 
 try:

@@ -281,7 +281,7 @@ def modality_rows(out: str) -> dict[str, int]:
 def test_partition_prints_modality_combinations(tmp_path, tiny, capsys):
     from mmfl.config import load_config
     from mmfl.data.modality import modality_summary
-    from mmfl.engine.runner import build_federation
+    from mmfl.data.federation import build_federation
 
     cfg = tmp_path / "mm.toml"
     cfg.write_text(MULTIMODAL)

@@ -82,7 +82,7 @@ def test_gca_weights_sum_to_one_and_fall_for_a_shuffled_or_random_client():
 def test_gca_aggregation_in_the_server_by_hand():
     # two clients, P = 2, d = 1; the server scores images against global text (eq. 4), softmax over
     # clients (eq. 5) and sums (eq. 6)
-    from mmfl.engine.message import Message
+    from mmfl.core.message import Message
 
     server = CreamFLServer.__new__(CreamFLServer)
     server.params, server.pair = CreamFLParams(), ("image", "text")

@@ -14,7 +14,7 @@ from mmfl.algorithms import ALGORITHMS
 from mmfl.algorithms.fedavg import FedAvgClient, FedAvgServer
 from mmfl.config import load_config
 from mmfl.engine import checkpoint
-from mmfl.engine.message import Message, scalar_bytes, tensor_bytes
+from mmfl.core.message import Message, scalar_bytes, tensor_bytes
 from mmfl.engine.runner import Experiment, sample_cohort
 from mmfl.engine.state import ClientStateStore
 from mmfl.errors import ConfigError, MMFLError

@@ -1,4 +1,4 @@
-"""Frozen encoders (mmfl.data.featurize) and the MobileNetV2 port (mmfl.models.mobilenet).
+"""Frozen encoders (mmfl.data.featurize) and the MobileNetV2 port (mmfl.data.mobilenet).
 
 Fast: the "hash" and "pixels" encoders on tiny inputs. One test loads the real
 ImageNet MobileNetV2 weights (skipped when the weights package is absent, failed
@@ -15,7 +15,7 @@ import torch
 
 import mmfl.data.featurize as fz
 from mmfl.errors import ConfigError, DataError
-from mmfl.models.mobilenet import MobileNetV2, mobilenet_v2, pretrained_weights_path
+from mmfl.data.mobilenet import MobileNetV2, mobilenet_v2, pretrained_weights_path
 
 TEXTS = ["a red apple", "green apple pie", "the dog barks", "a red apple"]
 

@@ -14,9 +14,9 @@ from mmfl.algorithms.fedcmi import (FedCMIClient, class_temperatures, discrepanc
                                     true_class_prob)
 from mmfl.config import TrainConfig, resolve
 from mmfl.data.base import ArrayDataset, DatasetMeta
-from mmfl.engine.message import Message
+from mmfl.core.message import Message
 from mmfl.engine.runner import Experiment
-from mmfl.engine.training import load_into, state_of
+from mmfl.core.training import load_into, state_of
 from mmfl.errors import ConfigError
 from mmfl.report import load_metrics
 from mmfl.models.multimodal import MultimodalModel

@@ -19,9 +19,9 @@ from mmfl.algorithms.fedfomo import (DELTA, PEER, PEERS, WEIGHTS, FedFomoClient,
                                      split_validation)
 from mmfl.config import TrainConfig, resolve
 from mmfl.data.base import ArrayDataset, DatasetMeta
-from mmfl.engine.message import Message
+from mmfl.core.message import Message
 from mmfl.engine.runner import Experiment
-from mmfl.engine.training import load_into, local_train, state_of
+from mmfl.core.training import load_into, local_train, state_of
 from mmfl.errors import ConfigError
 from mmfl.models.multimodal import MultimodalModel, branch_of
 from mmfl.report import load_metrics

@@ -16,7 +16,7 @@ from mmfl.algorithms.fedmsplit import (GRAPH_PREFIX, STATE_PREFIX, FedMSplitPara
 from mmfl.algorithms.multimodal import only_held
 from mmfl.config import TrainConfig, load_config
 from mmfl.data.base import DatasetMeta
-from mmfl.engine.message import Message
+from mmfl.core.message import Message
 from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
 from mmfl.models.multimodal import MultimodalModel, module_of

@@ -25,8 +25,9 @@ from safetensors.torch import load_file  # noqa: E402
 
 from mmfl.cli import main as cli_main  # noqa: E402
 from mmfl.config import load_config  # noqa: E402
-from mmfl.engine.message import Message  # noqa: E402
-from mmfl.engine.runner import Experiment, build_federation  # noqa: E402
+from mmfl.core.message import Message  # noqa: E402
+from mmfl.engine.runner import Experiment  # noqa: E402
+from mmfl.data.federation import build_federation  # noqa: E402
 from mmfl.errors import MMFLError  # noqa: E402
 from mmfl.flower.client_app import CONFIG_KEY, handle  # noqa: E402
 from mmfl.flower.deploy import LocalDeployment  # noqa: E402

@@ -12,7 +12,7 @@ import pytest
 from mmfl.algorithms.fedavg import FedAvgClient
 from mmfl.config import TrainConfig, load_config
 from mmfl.engine.runner import Experiment
-from mmfl.engine.training import cosine_lr, train_at_round, train_for_run
+from mmfl.core.training import cosine_lr, train_at_round, train_for_run
 from mmfl.errors import ConfigError
 
 BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",

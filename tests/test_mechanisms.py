@@ -20,9 +20,9 @@ from mmfl.algorithms.fedavg import FedAvgClient
 from mmfl.algorithms.fedprox import FedProxClient, FedProxParams
 from mmfl.config import TrainConfig, load_config, resolve
 from mmfl.data.base import PRESENT, ArrayDataset, DatasetMeta
-from mmfl.engine.message import Message
+from mmfl.core.message import Message
 from mmfl.engine.runner import Experiment
-from mmfl.engine.training import load_into, state_of
+from mmfl.core.training import load_into, state_of
 from mmfl.models.multimodal import MultimodalModel, MultimodalParams, branch_of, multimodal
 
 

@@ -178,7 +178,7 @@ def test_av_mnist_natural_partition_is_one_client_per_speaker(tmp_path):
     assert [speakers[i] for i in b.client_ids.tolist()] == row_speaker
     # through the engine: partition "natural" gives one client per speaker, each holding one speaker's rows
     from mmfl.config import load_config
-    from mmfl.engine.runner import build_federation
+    from mmfl.data.federation import build_federation
 
     cfg = tmp_path / "av.toml"
     cfg.write_text(f"""name = "av"\nseed = 0\nrounds = 1\nthreads = 1\n

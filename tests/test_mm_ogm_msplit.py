@@ -13,7 +13,7 @@ from mmfl.algorithms.fedogm import (FedOGMClient, FedOGMParams, modality_outputs
                                     true_class_scores)
 from mmfl.config import TrainConfig, load_config
 from mmfl.data.base import PRESENT, ArrayDataset, DatasetMeta
-from mmfl.engine.message import Message
+from mmfl.core.message import Message
 from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
 from mmfl.report import load_metrics

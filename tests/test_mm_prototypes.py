@@ -16,9 +16,9 @@ from mmfl.algorithms.prototypes import (PROTO, PROTO_COUNT, STATE, FedPMRParams,
                                         fedproto_term, pmr_terms)
 from mmfl.config import TrainConfig, load_config
 from mmfl.data.base import PRESENT, ArrayDataset, DatasetMeta
-from mmfl.engine.message import Message
+from mmfl.core.message import Message
 from mmfl.engine.runner import Experiment
-from mmfl.engine.training import state_of
+from mmfl.core.training import state_of
 from mmfl.errors import ConfigError
 from mmfl.report import load_metrics
 from mmfl.models.multimodal import MultimodalModel

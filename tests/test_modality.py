@@ -12,8 +12,9 @@ from mmfl.algorithms.fedavg import weighted_average
 from mmfl.config import load_config, resolve
 from mmfl.data.base import PRESENT, ArrayDataset
 from mmfl.data.modality import MODALITY_ASSIGNERS, missing_masks, modality_summary
-from mmfl.engine.runner import Experiment, build_federation
-from mmfl.engine.training import class_recall
+from mmfl.engine.runner import Experiment
+from mmfl.data.federation import build_federation
+from mmfl.core.training import class_recall
 from mmfl.errors import ConfigError
 from mmfl.report import load_metrics
 
@@ -142,7 +143,7 @@ def test_unimodal_clients_build_only_their_encoders_train_and_upload_only_them(t
     # the unimodal client's model has no fou branch, and it uploads no fou module
     model = exp.transport._model("local", ("pix",))
     assert not any(".fou." in k for k in model.state_dict())
-    from mmfl.engine.message import Message
+    from mmfl.core.message import Message
 
     msg = exp.server.configure_train(0, [uni])[uni]
     assert not any(".fou." in k for k in msg.arrays) and any(".pix." in k for k in msg.arrays)
@@ -254,7 +255,7 @@ def test_clients_see_the_public_set():
     from mmfl.config import TrainConfig
     from mmfl.data.base import DatasetMeta
     from mmfl.engine.client_runtime import run_client
-    from mmfl.engine.message import Message
+    from mmfl.core.message import Message
 
     class Peek(Client):
         def train(self, msg):

@@ -1,4 +1,4 @@
-"""Personalized evaluation (mmfl.engine.personal): each device's test subset follows its own
+"""Personalized evaluation (mmfl.core.personal): each device's test subset follows its own
 label distribution, is seeded per device, shrinks rather than distorts when a class has too
 few test rows, and evaluate_personalized scores each device's model on its subset with only
 the modalities it holds."""
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from mmfl.data.base import ArrayDataset, DatasetMeta, Federation
-from mmfl.engine.personal import (class_targets, device_test_indices, evaluate_personalized,
+from mmfl.core.personal import (class_targets, device_test_indices, evaluate_personalized,
                                   personal_test_indices)
 
 TEST = np.repeat(np.arange(10), 40)  # 10 classes x 40 rows

@@ -12,7 +12,7 @@ from torch import nn
 
 from mmfl.config import PrivacyConfig, load_config, resolve
 from mmfl.data.base import ArrayDataset
-from mmfl.engine.message import Message
+from mmfl.core.message import Message
 from mmfl.engine.privacy import PrivacyChecker, PrivacyError, label_named, make_checker
 from mmfl.engine.runner import Experiment
 from mmfl.engine.simulation import SimulationTransport

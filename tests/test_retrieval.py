@@ -1,4 +1,4 @@
-"""Recall@K (mmfl.engine.retrieval) on constructed cases with known answers."""
+"""Recall@K (mmfl.core.retrieval) on constructed cases with known answers."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmfl.engine.retrieval import evaluate_retrieval, pairs_to_retrieval, recall_at_k
+from mmfl.core.retrieval import evaluate_retrieval, pairs_to_retrieval, recall_at_k
 
 KEYS = ["i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10"]
 

@@ -17,7 +17,7 @@ from mmfl.algorithms.split import (ACT, GRAD, GRAD_REP, LABELS, ORDER, REP, ZREP
 from mmfl.config import TrainConfig, resolve
 from mmfl.data.base import PRESENT, ArrayDataset, DatasetMeta
 from mmfl.engine.runner import Experiment
-from mmfl.engine.training import make_optimizer, model_tensors, seed_torch
+from mmfl.core.training import make_optimizer, model_tensors, seed_torch
 from mmfl.errors import ConfigError
 from mmfl.models.multimodal import MultimodalModel
 from mmfl.report import load_metrics

@@ -1,4 +1,4 @@
-"""The [system] model (mmfl.engine.system): path loss, rates and latencies equal hand
+"""The [system] model (mmfl.core.system): path loss, rates and latencies equal hand
 computations, placement and fading are seeded, a round lasts as long as its slowest device,
 computation uses the model's FLOPs, and the model adds time without changing training."""
 
@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 from mmfl.config import load_config, resolve
-from mmfl.engine.runner import Experiment, build_federation, model_factory
-from mmfl.engine.system import (WirelessSystem, computation_latency, dbm_to_watts, local_iterations,
+from mmfl.engine.runner import Experiment
+from mmfl.data.federation import build_federation
+from mmfl.models.factory import model_factory
+from mmfl.core.system import (WirelessSystem, computation_latency, dbm_to_watts, local_iterations,
                                 path_loss_db, place_devices, rayleigh_amplitude, shannon_rate,
                                 transmission_latency)
 from mmfl.errors import ConfigError

@@ -18,7 +18,7 @@ from PIL import Image
 from mmfl.cli import main as cli_main
 from mmfl.data.vqa import (VQADataParams, answer_index, answer_vocabulary, load_vqa, normalize_answer,
                            read_vqa_split)
-from mmfl.engine.vqa import (VQATrainParams, answer_counts, finetune_vqa, official_score, soft_score, soft_targets,
+from mmfl.core.vqa import (VQATrainParams, answer_counts, finetune_vqa, official_score, soft_score, soft_targets,
                              vqa_score, vqa_score_official)
 from mmfl.errors import ConfigError, DataError
 

@@ -62,7 +62,7 @@ def probe_post(raw, cfg, run_dir: Path, exp) -> None:
 
     from mmfl.data import DATASETS
     from mmfl.engine import checkpoint
-    from mmfl.engine.runner import model_factory
+    from mmfl.models.factory import model_factory
 
     out = run_dir / "probe.json"
     if out.exists() and exp is None:

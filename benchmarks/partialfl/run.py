@@ -228,7 +228,7 @@ def _done(raw_dir: Path, name: str, raw: dict) -> bool:
 def _post(raw: dict, cfg, run_dir: Path, exp) -> None:
     """Split learning with private-only clients: the split model on the private modality
     alone (the shareable slot: zeros, as in training), into eval_private.json."""
-    from mmfl.engine.training import evaluate_model
+    from mmfl.core.training import evaluate_model
 
     mods = _needs_private_eval(raw)
     if mods is not None:
@@ -382,7 +382,7 @@ def fig_section(s, raw) -> tuple[list[str], list[str]]:
 
 def num_clients(setting: str, s: dict) -> int:
     from mmfl.config import resolve
-    from mmfl.engine.runner import build_federation
+    from mmfl.data.federation import build_federation
 
     return build_federation(resolve(base_raw(setting, s))).num_clients
 

@@ -77,7 +77,7 @@ def plain_fedavg(X: torch.Tensor, Y: torch.Tensor, parts: list[torch.Tensor], co
 def plain_inputs(exp) -> dict:
     """What :func:`plain_fedavg` needs, taken from an mmfl Experiment (outside any timing)."""
     from mmfl.engine.runner import sample_cohort
-    from mmfl.engine.simulation import derive_seed
+    from mmfl.seeds import derive_seed
 
     cfg, fed = exp.cfg, exp.federation
     base = fed.clients[0]

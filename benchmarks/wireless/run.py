@@ -30,7 +30,7 @@ round):
 
 Personalized evaluation, the same for every method: each device's model on test rows that
 follow its own label distribution, with only its modalities
-(``mmfl.engine.personal.evaluate_personalized``, the run seed). ``pfedwireless``, ``fedfomo``
+(``mmfl.core.personal.evaluate_personalized``, the run seed). ``pfedwireless``, ``fedfomo``
 and ``fedamp`` evaluate this way themselves (the final round's row). ``mfedavg`` and
 ``mfedprox`` evaluate their global model on the whole test set, and ``local`` averages each
 client's accuracy on the whole test set; for them this script loads the final checkpoint
@@ -249,9 +249,10 @@ def personal_eval(cfg, run_dir: Path) -> dict:
     """evaluate_personalized on the final checkpoint: the global model (mfedavg / mfedprox,
     restricted to each device's modalities) or each device's own model (local)."""
     from mmfl.engine import checkpoint
-    from mmfl.engine.personal import evaluate_personalized
-    from mmfl.engine.runner import build_federation, model_factory
-    from mmfl.engine.training import load_into, model_tensors
+    from mmfl.core.personal import evaluate_personalized
+    from mmfl.data.federation import build_federation
+    from mmfl.models.factory import model_factory
+    from mmfl.core.training import load_into, model_tensors
 
     method = cfg.algorithm.name
     fed = build_federation(cfg)
@@ -288,7 +289,7 @@ def xi_history(cfg, run_dir: Path) -> dict:
     import torch
     from safetensors import safe_open
 
-    from mmfl.engine.runner import build_federation
+    from mmfl.data.federation import build_federation
 
     fed = build_federation(cfg)
     ckpts = sorted(p for p in (run_dir / "checkpoints").glob("round_?????") if (p / "meta.json").is_file())
@@ -498,7 +499,7 @@ def eval_section(s) -> list[str]:
         "| Local training (`local`) | each device's own model (its client state) | this script, from the "
         "final checkpoint (`eval_personal.json`) |",
         "",
-        "Every row uses `mmfl.engine.personal.evaluate_personalized` with the run seed: device k is scored on "
+        "Every row uses `mmfl.core.personal.evaluate_personalized` with the run seed: device k is scored on "
         "a seeded subset of the shared test set whose label distribution follows k's training labels "
         "(min(|test|, max(50, n_k)) rows), with only k's modalities; the accuracy is the mean over devices. "
         "The same seed gives every method the same test subsets. All devices train in every round of the "
@@ -884,7 +885,7 @@ def _fmt_cycles(c) -> str:
 
 def scale_lines(s) -> list[str]:
     from mmfl.config import resolve
-    from mmfl.engine.runner import build_federation
+    from mmfl.data.federation import build_federation
 
     out = []
     for setting in s["settings"]:

@@ -1,5 +1,5 @@
 """The shape every algorithm has: a server part and a client part exchanging
-:class:`~mmfl.engine.message.Message` objects through a transport.
+:class:`~mmfl.core.message.Message` objects through a transport.
 
 - :class:`Server` configures a round (what each sampled client receives),
   aggregates the replies and evaluates. The common case is the three hooks
@@ -20,10 +20,10 @@ from typing import Any, Callable, Protocol
 import torch
 from torch import Tensor, nn
 
-from mmfl.config import TrainConfig
+from mmfl.schema import TrainConfig
 from mmfl.data.base import ArrayDataset, DatasetMeta
-from mmfl.engine.message import Message
-from mmfl.engine.training import evaluate_model, train_at_round
+from mmfl.core.message import Message
+from mmfl.core.training import evaluate_model, train_at_round
 
 
 class Transport(Protocol):
@@ -48,7 +48,7 @@ class ServerContext:
     make_model: Callable[[], nn.Module]  # a fresh model, initialised from ``seed``
     client_modalities: list[tuple[str, ...]] | None = None  # what each client holds (None: all, every client)
     public: ArrayDataset | None = None  # the public set known to server and clients (CreamFL), if any
-    system: Any = None  # the [system] model (mmfl.engine.system.WirelessSystem) for scheduling; None: none
+    system: Any = None  # the [system] model (mmfl.core.system.WirelessSystem) for scheduling; None: none
     rounds: int = 0  # the run's rounds (a server's own schedule, e.g. CreamFL's cosine server lr); 0: unknown
 
     def modalities_of(self, cid: int) -> tuple[str, ...]:

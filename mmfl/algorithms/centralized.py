@@ -6,7 +6,7 @@ one "round" is ``train.local_epochs`` epochs over the pooled data. Its byte
 counts are those of that single client and mean nothing for communication.
 """
 
-from mmfl.algorithms import register
+from mmfl.algorithms.registry import register
 from mmfl.algorithms.fedavg import FedAvgClient, FedAvgServer
 
 register("centralized", None, FedAvgServer, FedAvgClient, pooled=True,

@@ -78,17 +78,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmfl.algorithms import preset, register
+from mmfl.algorithms.registry import preset, register
 from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.fedavg import reply_weights, weighted_average, weighted_mean_scalar
 from mmfl.algorithms.multimodal import FEDIOT_MULTIMODAL_WEIGHT, only_held
 from mmfl.algorithms.pcme import SAMPLES, VIB_WEIGHT, pcme_pair_loss
 from mmfl.algorithms.public_terms import DEFAULT_CHUNK, aggregate_representations, global_local_contrastive_scores
-from mmfl.engine.message import Message
-from mmfl.engine.retrieval import evaluate_retrieval, pairs_to_retrieval
-from mmfl.engine.training import (cosine_lr, load_into, load_optimizer_state, make_optimizer, optimizer_state,
+from mmfl.core.message import Message
+from mmfl.core.retrieval import evaluate_retrieval, pairs_to_retrieval
+from mmfl.core.training import (cosine_lr, load_into, load_optimizer_state, make_optimizer, optimizer_state,
                                  set_lr, shuffled_batches, state_of)
 from mmfl.errors import ConfigError
+from mmfl.seeds import derive_seed
 
 AGGREGATIONS = ("gca", "mean", "avg", "iot", "variance", "entropy")
 GLOBAL = "global/"  # server -> client: global representations of the public set
@@ -294,7 +295,7 @@ def pair_modalities(meta) -> tuple[str, str]:
 
 def retrieval_metrics(model: nn.Module, test, meta, modalities: tuple[str, str], batch_size: int = 512) -> dict:
     """Image-to-text and text-to-image Recall@1/5/10 of ``model`` on ``test`` (see
-    :func:`mmfl.engine.retrieval.evaluate_retrieval`): the 1K protocol for 5,000 test
+    :func:`mmfl.core.retrieval.evaluate_retrieval`): the 1K protocol for 5,000 test
     images, else plain; rows paired by instance (or several captions per image via
     ``meta.info["image_index"]``), or by class for class-paired sets."""
     reps = public_reps(model, test, modalities, batch_size)
@@ -502,12 +503,6 @@ class CreamFLServer(Server):
         if self.opt_kd is not self.opt:
             load_optimizer_state(self.opt_kd, dict(self.model.named_parameters()), sd, OPT_KD)
         self.consensus = {k[len(CONSENSUS):]: v for k, v in sd.items() if k.startswith(CONSENSUS)}
-
-
-def derive_seed(*parts) -> int:
-    from mmfl.engine.simulation import derive_seed as derive  # not at import: simulation imports the algorithms
-
-    return derive(*parts)
 
 
 def select_public(public, size: int):

@@ -31,7 +31,7 @@ contributes client i's own value there, which is exactly the gradient step on
 module's weights sum to one too.
 
 The server stores every client's latest ``w_i`` (``clients/<cid>/...``, checkpointed) and
-evaluates them per device with :func:`mmfl.engine.personal.evaluate_personalized`.
+evaluates them per device with :func:`mmfl.core.personal.evaluate_personalized`.
 """
 
 from __future__ import annotations
@@ -42,13 +42,13 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from mmfl.algorithms import register
+from mmfl.algorithms.registry import register
 from mmfl.algorithms.base import Client
 from mmfl.algorithms.fedavg import weighted_mean_scalar
 from mmfl.algorithms.fedfomo import PersonalizedServer, keep_own, own_model, personal_loss
 from mmfl.algorithms.multimodal import proximal
-from mmfl.engine.message import Message
-from mmfl.engine.training import load_into, local_train, model_tensors, state_of
+from mmfl.core.message import Message
+from mmfl.core.training import load_into, local_train, model_tensors, state_of
 from mmfl.errors import ConfigError
 
 

@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mmfl.algorithms import register
+from mmfl.algorithms.registry import register
 from mmfl.algorithms.base import Client, Server
-from mmfl.engine.batched import BatchedClient, BatchedTask
-from mmfl.engine.message import Message
-from mmfl.engine.training import LossFn, cross_entropy_loss, load_into, local_train, model_tensors, state_of
+from mmfl.core.batched import BatchedClient, BatchedTask
+from mmfl.core.message import Message
+from mmfl.core.training import LossFn, cross_entropy_loss, load_into, local_train, model_tensors, state_of
 
 
 MODULE_WEIGHT = "examples/"  # reply scalar "examples/<key prefix>": the data weight of that module
@@ -154,7 +154,7 @@ class FedAvgClient(Client, BatchedClient):
     def after_train(self, model, msg: Message, stats: dict) -> None:
         """Update ``self.ctx.state`` after local training (MOON keeps the model here)."""
 
-    # --- batched training (mmfl.engine.batched): the same objective for one client of a stack
+    # --- batched training (mmfl.core.batched): the same objective for one client of a stack
     def batched_task(self, route: str, msg: Message) -> BatchedTask | None:
         return BatchedTask(start=msg.arrays) if route == "train" else None
 

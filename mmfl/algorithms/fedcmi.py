@@ -36,10 +36,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmfl.algorithms import register
+from mmfl.algorithms.registry import register
 from mmfl.algorithms.fedavg import MODULE_WEIGHT
 from mmfl.algorithms.multimodal import MultimodalClient, MultimodalServer, masked_ce, proximal
-from mmfl.engine.training import load_into, model_tensors
+from mmfl.core.training import load_into, model_tensors
 from mmfl.errors import ConfigError
 
 INFIL = "infil."

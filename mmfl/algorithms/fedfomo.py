@@ -32,7 +32,7 @@ holding it and leaves a module only i holds at its own value.
 
 The server keeps each client's latest uploaded model (``clients/<cid>/...`` in its
 state, so checkpoints and resume carry them) and evaluates them with the
-personalized evaluation (:func:`mmfl.engine.personal.evaluate_personalized`):
+personalized evaluation (:func:`mmfl.core.personal.evaluate_personalized`):
 each device's model on test rows that follow its own label distribution, with
 only the modalities it holds. :class:`PersonalizedServer` is shared with FedAMP.
 """
@@ -46,14 +46,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmfl.algorithms import register
+from mmfl.algorithms.registry import register
 from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.fedavg import weighted_mean_scalar
 from mmfl.algorithms.multimodal import masked_ce, only_held
 from mmfl.data.base import ArrayDataset
-from mmfl.engine.message import Message
-from mmfl.engine.training import load_into, local_train, state_of
+from mmfl.core.message import Message
+from mmfl.core.training import load_into, local_train, state_of
 from mmfl.errors import ConfigError, MMFLError
+from mmfl.seeds import derive_seed
 
 CLIENTS = "clients/"  # server state: clients/<cid>/<state key>, each client's latest model
 OWN = "model/"  # client state: the client's own model
@@ -149,7 +150,7 @@ class PersonalizedServer(Server):
     def evaluate(self, rnd, test, transport):
         """Each device's own model, on test rows following its training label distribution,
         with only its modalities (the personalized evaluation; no messages)."""
-        from mmfl.engine.personal import evaluate_personalized
+        from mmfl.core.personal import evaluate_personalized
 
         fed = getattr(transport, "federation", None)
         if fed is None:
@@ -300,7 +301,6 @@ class FedFomoServer(PersonalizedServer):
         return max(self.params.epsilon - rnd * self.params.epsilon_decay, 0.0)
 
     def peers_for(self, rnd: int, cid: int) -> list[int]:
-        from mmfl.engine.simulation import derive_seed  # lazy: the simulation imports the algorithms
 
         candidates = [j for j in sorted(self.client_models) if j != cid]  # uploaded at least once
         if not candidates:
@@ -310,7 +310,6 @@ class FedFomoServer(PersonalizedServer):
         return select_peers(scores, candidates, self.params.num_peers, self.epsilon(rnd), rng)
 
     def configure_train(self, rnd, cohort):
-        from mmfl.engine.simulation import derive_seed
 
         out = {}
         for cid in cohort:

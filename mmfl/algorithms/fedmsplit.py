@@ -39,7 +39,7 @@ client's largest edge change per round is ``graph_lr``, whatever the gradient's
 scale). ``graph = "cosine"``: ``b = 0`` (the fixed cosine attention of earlier
 versions; ``fedmsplit_cosine`` also restores their ``personal_mix = 0.5``).
 
-Evaluation is personalized (:func:`mmfl.engine.personal.evaluate_personalized`):
+Evaluation is personalized (:func:`mmfl.core.personal.evaluate_personalized`):
 client ``i``'s model is (G3) for every module it holds (global modules where it
 has no graph), tested on rows following its label distribution with only its
 modalities: ``accuracy``, ``uar``, ``client_accuracy``, ... The *global* model
@@ -57,10 +57,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmfl.algorithms import preset, register
+from mmfl.algorithms.registry import preset, register
 from mmfl.algorithms.multimodal import MFedAvgClient, MFedAvgParams, MultimodalServer, only_held
-from mmfl.engine.message import Message
-from mmfl.engine.training import evaluate_model, load_into, model_tensors
+from mmfl.core.message import Message
+from mmfl.core.training import evaluate_model, load_into, model_tensors
 from mmfl.errors import ConfigError, MMFLError
 from mmfl.models.multimodal import module_of
 
@@ -299,7 +299,7 @@ class FedMSplitServer(MultimodalServer):
         only its modalities (``accuracy``, ...); the global model on the whole test set under
         ``global/`` (``global/accuracy``, ``global/accuracy/<m>``, ...), and under the same
         per-client evaluation as ``global/personal_accuracy`` / ``global/personal_uar``."""
-        from mmfl.engine.personal import evaluate_personalized
+        from mmfl.core.personal import evaluate_personalized
 
         fed = getattr(transport, "federation", None)
         if fed is None:

@@ -33,7 +33,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from mmfl.algorithms import register
+from mmfl.algorithms.registry import register
 from mmfl.algorithms.multimodal import MFedAvgClient, MFedAvgParams, MultimodalServer
 from mmfl.errors import ConfigError
 

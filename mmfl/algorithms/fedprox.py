@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
-from mmfl.algorithms import register
+from mmfl.algorithms.registry import register
 from mmfl.algorithms.fedavg import FedAvgClient, FedAvgServer
-from mmfl.engine.training import LossFn, cross_entropy_loss
+from mmfl.core.training import LossFn, cross_entropy_loss
 from mmfl.errors import ConfigError
 
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from mmfl.algorithms import register
+from mmfl.algorithms.registry import register
 from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.fedavg import weighted_mean_scalar
-from mmfl.engine.message import Message
-from mmfl.engine.training import evaluate_model, load_into, local_train, state_of
+from mmfl.core.message import Message
+from mmfl.core.training import evaluate_model, load_into, local_train, state_of
 
 MODEL = "model/"
 

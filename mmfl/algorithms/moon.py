@@ -33,10 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mmfl.algorithms import register
+from mmfl.algorithms.registry import register
 from mmfl.algorithms.fedavg import FedAvgClient, FedAvgServer
-from mmfl.engine.message import Message
-from mmfl.engine.training import LossFn, load_into, state_of
+from mmfl.core.message import Message
+from mmfl.core.training import LossFn, load_into, state_of
 from mmfl.errors import ConfigError
 
 PREV = "prev/"  # client state: the model after the client's last local training

@@ -32,12 +32,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmfl.algorithms import register
+from mmfl.algorithms.registry import register
 from mmfl.algorithms.base import Client
 from mmfl.algorithms.fedavg import MODULE_WEIGHT, FedAvgServer, reply_weights
 from mmfl.data.base import PRESENT
-from mmfl.engine.message import Message
-from mmfl.engine.training import load_into, local_train, model_tensors, state_of
+from mmfl.core.message import Message
+from mmfl.core.training import load_into, local_train, model_tensors, state_of
 from mmfl.errors import ConfigError
 from mmfl.models.multimodal import BRANCH_MODULES, branch_of
 

@@ -44,14 +44,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmfl.algorithms import preset, register
+from mmfl.algorithms.registry import preset, register
 from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.fedavg import weighted_average, weighted_mean_scalar
 from mmfl.algorithms.multimodal import only_held
-from mmfl.engine.message import Message
-from mmfl.engine.training import (evaluate_model, load_into, load_optimizer_state, make_optimizer,
+from mmfl.core.message import Message
+from mmfl.core.training import (evaluate_model, load_into, load_optimizer_state, make_optimizer,
                                   optimizer_state, shuffled_batches, state_of)
 from mmfl.errors import ConfigError
+from mmfl.seeds import derive_seed
 
 X = "x/"  # client -> server, once: the client's shareable data, in its row order
 ZT = "zt"  # server -> client: the server model's embeddings z_T of the client's rows
@@ -202,7 +203,6 @@ class PartialFLServer(Server):
 
     def train_server(self, x: Tensor, zprime: Tensor, rnd: int, cid: int) -> float:
         """ServerTrain (Alg. 1 line 40): L^{L->S} (eq. 2), anchor z_T = F_s(X_T), positive z'_T."""
-        from mmfl.engine.simulation import derive_seed
 
         gen = torch.Generator().manual_seed(derive_seed(self.ctx.seed, rnd, "server-train", cid))
         total, steps = 0.0, 0

@@ -34,7 +34,7 @@ cross-entropy of the joint output over the modalities it holds), keeps the whole
 uploads only the scheduled groups (line 10). A group it does not upload keeps its own
 trained parameters (sec. II-B2: w^0_{k,t+1} = w^{N}_{k,t}).
 
-Evaluation (:func:`mmfl.engine.personal.evaluate_personalized`): each device's model on a
+Evaluation (:func:`mmfl.core.personal.evaluate_personalized`): each device's model on a
 test subset that follows its own label distribution. ``eval_model = "device"`` (default)
 scores the model the device will start the next round from: W_k for the groups just
 aggregated for it, its own trained parameters for the others (fetched on an ``evaluate``
@@ -53,13 +53,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from mmfl.algorithms import register
+from mmfl.algorithms.registry import register
 from mmfl.algorithms.base import Server
 from mmfl.algorithms.fedavg import weighted_mean_scalar
 from mmfl.algorithms.multimodal import MultimodalClient, require_multimodal_model
-from mmfl.engine.message import Message, tensor_bytes
-from mmfl.engine.personal import evaluate_personalized
-from mmfl.engine.training import load_into, model_tensors, state_of
+from mmfl.core.message import Message, tensor_bytes
+from mmfl.core.personal import evaluate_personalized
+from mmfl.core.training import load_into, model_tensors, state_of
 from mmfl.errors import ConfigError, MMFLError
 from mmfl.models.multimodal import branch_of
 

@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmfl.algorithms import register
+from mmfl.algorithms.registry import register
 from mmfl.algorithms.multimodal import MFedAvgClient, MFedAvgParams, MultimodalServer
-from mmfl.engine.message import Message
+from mmfl.core.message import Message
 from mmfl.errors import ConfigError
 
 PROTO = "proto/"  # message array "proto/<m>": prototypes of modality m, [C, d]

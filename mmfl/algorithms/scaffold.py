@@ -49,10 +49,10 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from mmfl.algorithms import register
+from mmfl.algorithms.registry import register
 from mmfl.algorithms.fedavg import FedAvgClient, FedAvgServer
-from mmfl.engine.message import Message
-from mmfl.engine.training import load_into, local_train
+from mmfl.core.message import Message
+from mmfl.core.training import load_into, local_train
 from mmfl.errors import ConfigError
 
 C = "c/"  # message/state prefix of control variates

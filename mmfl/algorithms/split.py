@@ -68,15 +68,16 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from mmfl.algorithms import preset, register
+from mmfl.algorithms.registry import preset, register
 from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.multimodal import masked_ce, require_multimodal_model
 from mmfl.data.base import PRESENT
-from mmfl.engine.message import Message
-from mmfl.engine.training import (load_optimizer_state, make_optimizer, model_tensors, optimizer_state, seed_torch,
+from mmfl.core.message import Message
+from mmfl.core.training import (load_optimizer_state, make_optimizer, model_tensors, optimizer_state, seed_torch,
                                  set_lr)
 from mmfl.errors import ConfigError
 from mmfl.models.multimodal import branch_of
+from mmfl.seeds import derive_seed
 
 CLIENT_MODULES = ("encoders", "proj")  # the client side of the cut; everything else is the server's
 U_FRONT, U_TAIL = ("encoders",), ("classifier", "heads")  # U-shaped: the client's two ends; proj + fusion: the server's
@@ -127,7 +128,7 @@ def client_keys(keys, holds, u_shaped: bool = False) -> list[str]:
 
 def batch_schedule(n: int, batch_size: int, epochs: int) -> list[tuple[int, int, int]]:
     """``(epoch, start, stop)`` of each mini-batch, positions in that epoch's shuffle;
-    like :func:`~mmfl.engine.training.local_train`, a batch of one is skipped (BatchNorm)
+    like :func:`~mmfl.core.training.local_train`, a batch of one is skipped (BatchNorm)
     unless the data has a single sample."""
     out = []
     for e in range(epochs):
@@ -272,7 +273,6 @@ class SplitServer(Server):
 
     def batch_seed(self, rnd: int, cid: int, step: int) -> int:
         """The torch seed of the server-side forward of one batch (its dropout)."""
-        from mmfl.engine.simulation import derive_seed  # lazy: the simulation imports the algorithms
 
         return derive_seed(self.ctx.seed, rnd, cid, "sl_server", step)
 

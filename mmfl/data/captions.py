@@ -15,8 +15,8 @@ image row repeated for each of its captions), ``pairing == "instance"``. Each
 split lists its images in a fixed order (COCO: by image id; Flickr30k: file
 order) and their captions consecutively, so ``meta.info["image_index"][split]``
 (int64 ``[N]``: the image's position in the split) gives the pairs that
-:func:`mmfl.engine.retrieval.pairs_to_retrieval` turns into the
-(images, captions, caption -> image) form :func:`~mmfl.engine.retrieval.evaluate_retrieval`
+:func:`mmfl.core.retrieval.pairs_to_retrieval` turns into the
+(images, captions, caption -> image) form :func:`~mmfl.core.retrieval.evaluate_retrieval`
 takes; a 5,000-image test split (COCO val2017, or ``max_test_images = 5000``)
 gets the 1K / 5K protocols. There are no classes: every label is 0
 (``num_classes`` 1), so only label-free partitioners (``iid``, ...) make sense.

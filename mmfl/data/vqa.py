@@ -31,7 +31,7 @@ with ``<split>`` = ``train2014`` (fine-tuning) and ``val2014`` (evaluation) by d
 
 Not registered as a ``[data]`` set: a VQA split has soft multi-answer targets, not the one
 label per sample of :class:`~mmfl.data.base.DatasetBundle`. :func:`load_vqa` returns a
-:class:`VQAData` that :mod:`mmfl.engine.vqa` trains and scores on.
+:class:`VQAData` that :mod:`mmfl.core.vqa` trains and scores on.
 """
 
 from __future__ import annotations

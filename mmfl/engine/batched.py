@@ -1,225 +1,20 @@
-"""Batched clients: the sampled clients of a round trained together.
-
-When every client of a ``send`` shares one architecture, their local SGD runs
-as one computation over *stacked* parameters: each parameter becomes a tensor
-``[K, *shape]`` (one row per client), the model runs once per step through
-``torch.func.vmap(functional_call)`` on the clients' mini-batches stacked to
-``[K, B, ...]``, one backward gives every client's gradient (client ``k``'s
-loss depends only on row ``k``), and SGD with momentum and weight decay updates
-all rows at once. Client ``k`` sees exactly what sequential training would give
-it: the same shuffling (its own seeded generator), the same batches, the same
-loss and the same update rule, so results equal sequential training within
-float tolerance (summation order inside the kernels differs; not bit for bit).
-
-What an algorithm provides (:class:`BatchedClient`, a capability its client
-class declares): the start state and per-client extras of a message
-(:meth:`~BatchedClient.batched_task`), a per-sample loss of one client
-(``(forward, params, inputs, labels, extras, shared) -> [B]``), an optional
-per-client penalty (FedProx's proximal term), optional gradient and step hooks
-(SCAFFOLD's correction after each step) and how to turn the trained state into the reply
-(:meth:`~BatchedClient.batched_finish`). FedAvg, FedProx, SCAFFOLD and MOON
-implement it.
-
-Unequal client sizes: clients are ordered by their number of steps (longest
-first); at step ``t`` only the clients with more than ``t`` steps are active,
-a prefix of the stack, so a client that has finished is neither computed nor
-updated (no masked-out work). A client's last, short batch is padded to the
-longest batch of the step with zero-weight rows (the per-sample loss is
-averaged over its real rows only). Batches of one sample are skipped, as in
-:func:`~mmfl.engine.training.local_train`.
-
-Where batching cannot apply the transport trains the clients one by one, and
-says so once in the log (logger ``mmfl``) and in every round's metrics row
-(``batched_fallback``): models with buffers (BatchNorm running statistics are
-per batch, not per sample) or active dropout (its random masks differ from
-sequential training), optimizers other than SGD, clients whose start states
-differ in shape, and algorithms without the capability.
-"""
+"""Batched delivery (the runtime side of :mod:`mmfl.core.batched`): when a transport's
+``batch_clients`` is on and every client of a ``send`` can be batched, train them together
+with :func:`~mmfl.core.batched.train_stacked`; otherwise say once why not and let the
+transport deliver the messages one by one."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-import torch
-from torch import Tensor, nn
-from torch.func import functional_call, vmap
-
-from mmfl.engine.message import Message
-from mmfl.engine.training import seed_torch, shuffled_batches, train_at_round
+from mmfl.algorithms.base import ClientContext
+from mmfl.core.batched import MAX_GROUP, capability_blocker, model_blocker, train_stacked
+from mmfl.core.message import Message
+from mmfl.core.training import seed_torch, train_at_round
+from mmfl.seeds import derive_seed
 
 log = logging.getLogger("mmfl")
-
-MAX_GROUP = 128  # clients per stack: bounds the stacked parameters, momentum and activations
-Forward = Callable[[dict[str, Tensor], dict[str, Tensor]], dict[str, Tensor]]
-
-
-@dataclass
-class BatchedTask:
-    """One client's part of a batched group.
-
-    start: the model state to train from (``state_dict`` names).
-    extras: per-client tensors (or dicts of tensors) the loss, penalty and
-        gradient hook read; stacked over the group, so every client of a group
-        has the same keys and shapes.
-    shared: values equal for every client of the group (taken from the first).
-    group: clients are batched only with clients of the same group key
-        (e.g. MOON: with or without a previous model).
-    """
-
-    start: dict[str, Tensor]
-    extras: dict[str, Any] = field(default_factory=dict)
-    shared: dict[str, Any] = field(default_factory=dict)
-    group: Any = None
-
-
-class BatchedClient:
-    """Capability: a client class whose local training can run batched.
-
-    ``self`` is a client built for one message (with its ``ctx``); the loss,
-    penalty and hook of a group are taken from its first client and must
-    depend on the run's algorithm parameters only, never on ``self.ctx``:
-    everything per client goes through ``extras``.
-    """
-
-    def batched_task(self, route: str, msg: Message) -> BatchedTask | None:
-        """The task for ``msg`` on ``route``, or None to train this message sequentially."""
-        return None
-
-    def batched_loss(self, forward: Forward, params: dict[str, Tensor], inputs: dict[str, Tensor],
-                     labels: Tensor, extras: dict[str, Any], shared: dict[str, Any]) -> Tensor:
-        """Per-sample loss ``[B]`` of ONE client (the engine vmaps it over the group).
-
-        ``forward(params, inputs)`` runs the model; ``params`` are this
-        client's (differentiable) parameters.
-        """
-        raise NotImplementedError
-
-    def batched_penalty(self, params: dict[str, Tensor], extras: dict[str, Any],
-                        shared: dict[str, Any]) -> Tensor | None:
-        """A per-client term added to the mean loss (a scalar), or None."""
-        return None
-
-    def batched_grad_hook(self, grads: dict[str, Tensor], extras: dict[str, Any]) -> dict[str, Tensor]:
-        """Change the stacked gradients ``[k, *shape]`` before each step (extras stacked alike)."""
-        return grads
-
-    def batched_step_hook(self, params: dict[str, Tensor], extras: dict[str, Any]) -> None:
-        """Change the stacked parameters ``[k, *shape]`` in place after each step (SCAFFOLD)."""
-
-    def batched_finish(self, route: str, msg: Message, state: dict[str, Tensor], stats: dict) -> Message:
-        """The reply (and ``self.ctx.state`` update) after training ended at ``state``."""
-        raise NotImplementedError
-
-
-# ----------------------------------------------------------------------------- applicability
-
-def model_blocker(model: nn.Module, train) -> str | None:
-    """Why this model/optimizer cannot be trained batched, or None."""
-    if train.optimizer != "sgd":
-        return f"optimizer '{train.optimizer}' (batched training implements SGD)"
-    if any(True for _ in model.buffers()):
-        return "the model has buffers (e.g. BatchNorm running statistics, which are per batch)"
-    for m in model.modules():
-        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
-            return "the model uses dropout (its random masks would differ from sequential training)"
-    return None
-
-
-# ----------------------------------------------------------------------------- the step schedule
-
-def client_batches(data, batch_size: int, epochs: int, generator: torch.Generator) -> list[Tensor]:
-    """The row indices (into the shared feature tensors) of every local step of one
-    client, in order: the batches :func:`~mmfl.engine.training.local_train` would draw."""
-    return [data.indices[rows] if data.indices is not None else rows
-            for rows in shuffled_batches(len(data), batch_size, generator, epochs, keep_single=True)]
-
-
-def _stack(trees: list[dict[str, Any]]) -> dict[str, Any]:
-    out = {}
-    for k, v in trees[0].items():
-        out[k] = _stack([t[k] for t in trees]) if isinstance(v, dict) else torch.stack([t[k] for t in trees])
-    return out
-
-
-def _rows(tree: dict[str, Any], m: int) -> dict[str, Any]:
-    return {k: _rows(v, m) if isinstance(v, dict) else v[:m] for k, v in tree.items()}
-
-
-def train_stacked(model: nn.Module, client: BatchedClient, tasks: list[BatchedTask], datas: list,
-                  generators: list[torch.Generator], train, epochs: int | None = None
-                  ) -> list[tuple[dict[str, Tensor], dict]]:
-    """Local SGD of K clients at once. Returns ``(final state, stats)`` per client, in input order.
-
-    ``model`` is a template of the shared architecture (its own weights are not used).
-    """
-    k_all = len(tasks)
-    epochs = epochs or train.local_epochs
-    schedules = [client_batches(d, train.batch_size, epochs, g) for d, g in zip(datas, generators)]
-    steps = [len(s) for s in schedules]
-    order = sorted(range(k_all), key=lambda i: -steps[i])  # longest first: the active set is a prefix
-    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
-    names = list(tasks[0].start)
-    stacked = {n: torch.stack([tasks[i].start[n].detach() for i in order]).clone() for n in names}
-    extras = _stack([tasks[i].extras for i in order]) if tasks[0].extras else {}
-    shared = tasks[0].shared
-    momentum, wd, lr = train.momentum, train.weight_decay, train.lr
-    bufs = {n: torch.zeros_like(stacked[n]) for n in trainable} if momentum else {}
-    totals = torch.zeros(k_all, dtype=torch.float64)
-    same_source = all(d.features is datas[0].features and d.labels is datas[0].labels for d in datas)
-
-    def forward(params, inputs):
-        return functional_call(model, params, (inputs,))
-
-    def client_loss(params, inputs, labels, weights, ex):
-        per = client.batched_loss(forward, params, inputs, labels, ex, shared)
-        loss = (per * weights).sum() / weights.sum()
-        pen = client.batched_penalty(params, ex, shared)
-        return loss if pen is None else loss + pen
-
-    vloss = vmap(client_loss)
-    steps_sorted = [steps[i] for i in order]
-    for t in range(max(steps, default=0)):
-        m = sum(1 for s in steps_sorted if s > t)
-        rows = [schedules[order[j]][t] for j in range(m)]
-        width = max(r.shape[0] for r in rows)
-        weights = torch.zeros(m, width)
-        padded = []
-        for j, r in enumerate(rows):
-            weights[j, :r.shape[0]] = 1
-            padded.append(torch.cat([r, r[:1].expand(width - r.shape[0])]) if r.shape[0] < width else r)
-        idx = torch.stack(padded)  # [m, width]
-        if same_source:
-            flat = idx.reshape(-1)
-            inputs = {mod: t_[flat].view(m, width, *t_.shape[1:]) for mod, t_ in datas[0].features.items()}
-            labels = datas[0].labels[flat].view(m, width)
-        else:
-            got = [datas[order[j]].features for j in range(m)]
-            inputs = {mod: torch.stack([got[j][mod][idx[j]] for j in range(m)]) for mod in got[0]}
-            labels = torch.stack([datas[order[j]].labels[idx[j]] for j in range(m)])
-        leaves = {n: stacked[n][:m].detach().requires_grad_(n in trainable) for n in names}
-        losses = vloss(leaves, inputs, labels, weights, _rows(extras, m))
-        grads = torch.autograd.grad(losses.sum(), [leaves[n] for n in trainable], allow_unused=True)
-        with torch.no_grad():
-            gd = {n: g for n, g in zip(trainable, grads) if g is not None}
-            gd = client.batched_grad_hook(gd, _rows(extras, m))
-            for n, g in gd.items():  # torch.optim.SGD (dampening 0, no nesterov)
-                p = stacked[n][:m]
-                if wd:
-                    g = g.add(p, alpha=wd)
-                if momentum:
-                    b = bufs[n][:m]
-                    b.mul_(momentum).add_(g)  # first step: 0 * momentum + g == g, as SGD's clone
-                    g = b
-                p.add_(g, alpha=-lr)
-            client.batched_step_hook({n: stacked[n][:m] for n in trainable}, _rows(extras, m))
-            totals[:m] += losses.detach().double()
-    out: list = [None] * k_all
-    for j, i in enumerate(order):
-        state = {n: stacked[n][j].clone() for n in names}
-        out[i] = (state, {"train_loss": float(totals[j]) / max(steps[i], 1), "steps": steps[i]})
-    return out
 
 
 # ----------------------------------------------------------------------------- the transport hook
@@ -237,9 +32,6 @@ def send_batched(transport, route: str, messages: dict[int, Message]) -> tuple[d
     if reason is not None:
         _fallback(transport, reason)
         return {}, messages
-    from mmfl.algorithms.base import ClientContext  # lazy: algorithms import this module
-    from mmfl.engine.simulation import derive_seed
-
     fed = transport.federation
     train = train_at_round(transport.train, transport.rnd)
     cids = sorted(messages)
@@ -289,25 +81,6 @@ def send_batched(transport, route: str, messages: dict[int, Message]) -> tuple[d
     if info is not None:
         info["batched_clients"] = info.get("batched_clients", 0) + len(cids)
     return replies, {}
-
-
-# methods whose override changes what local training does; a subclass that overrides one of
-# them without also providing batched_* methods would be batched with its parent's objective
-_TRAINING_METHODS = ("handle", "train", "loss_fn", "step_hook", "after_train", "finish_train")
-
-
-def capability_blocker(cls: type) -> str | None:
-    """Why ``cls`` (a client class) cannot be batched, or None."""
-    if not issubclass(cls, BatchedClient):
-        return f"{cls.__name__} does not declare the BatchedClient capability"
-    for klass in cls.__mro__:
-        if any(k.startswith("batched_") for k in vars(klass)):
-            return None
-        changed = [m for m in _TRAINING_METHODS if m in vars(klass)]
-        if changed:
-            return (f"{klass.__name__} overrides {', '.join(changed)} but not the batched_* methods "
-                    "of BatchedClient")
-    return f"{cls.__name__} does not implement the BatchedClient methods"
 
 
 def _blocker(transport, route: str, messages) -> str | None:

@@ -20,6 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from mmfl.engine.state import LazyTensors
 from mmfl.errors import MMFLError
 
 
@@ -71,8 +72,6 @@ def latest(ckpt_root: Path) -> Path | None:
 
 def load(path: Path, lazy_clients: bool = False) -> tuple[dict[str, Tensor], Mapping[str, Tensor], dict]:
     """``lazy_clients``: the client part as a mapping that reads one tensor per access."""
-    from mmfl.engine.state import LazyTensors
-
     try:
         meta = json.loads((path / "meta.json").read_text())
         server = load_file(str(path / "server.safetensors"))

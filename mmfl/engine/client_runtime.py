@@ -15,10 +15,11 @@ from typing import Callable
 from torch import Tensor, nn
 
 from mmfl.algorithms.base import AlgorithmSpec, ClientContext
-from mmfl.config import TrainConfig
+from mmfl.schema import TrainConfig
 from mmfl.data.base import ArrayDataset, DatasetMeta
-from mmfl.engine.message import Message
-from mmfl.engine.training import seed_torch, train_at_round
+from mmfl.core.message import Message
+from mmfl.core.training import seed_torch, train_at_round
+from mmfl.seeds import derive_seed
 
 
 class ModelPool:
@@ -85,7 +86,6 @@ def run_client(
     i.e. before it leaves the client, and a breach raises
     :class:`~mmfl.engine.privacy.PrivacyError`.
     """
-    from mmfl.engine.simulation import derive_seed  # lazy: simulation imports this module
 
     everything = tuple(meta.modalities)
     held = tuple(holds) if holds is not None else everything

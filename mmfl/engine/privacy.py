@@ -3,7 +3,7 @@
 The ``[privacy]`` table (:class:`~mmfl.config.PrivacyConfig`) marks each modality
 ``shareable`` or ``private`` (``default`` for the ones it does not name) and the labels
 ``private`` (the default) or ``shareable``. A :class:`PrivacyChecker` looks at a
-client's reply :class:`~mmfl.engine.message.Message` next to that client's own data
+client's reply :class:`~mmfl.core.message.Message` next to that client's own data
 (its :class:`~mmfl.data.base.ArrayDataset` view) and raises :class:`PrivacyError`, one
 line naming the client, the route, the array and the rule, when the reply carries
 
@@ -47,9 +47,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mmfl.config import PrivacyConfig
+from mmfl.schema import PrivacyConfig
 from mmfl.data.base import PRESENT, ArrayDataset
-from mmfl.engine.message import Message
+from mmfl.core.message import Message
 from mmfl.errors import MMFLError
 
 MIN_LABEL_ROWS = 4  # fewer values than this are never read as labels (counters, scalars)

@@ -6,7 +6,7 @@ Run folder ``<output_dir>/<name>/``:
 - ``config.toml``: the resolved config (every default filled in);
 - ``metrics.jsonl``: one JSON object per round (train and test metrics,
   bytes up/down per route and per client, wall time; with ``[system]`` the simulated
-  latency ``sim_*``, see :mod:`mmfl.engine.system`);
+  latency ``sim_*``, see :mod:`mmfl.core.system`);
 - ``checkpoints/round_NNNNN/``: the state after the last round (see
   :mod:`mmfl.engine.checkpoint`);
 - ``summary.json`` and ``accuracy.png`` when the run finishes.
@@ -18,101 +18,26 @@ import json
 import os
 import shutil
 import time
+import tomllib
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
-from torch import nn
 
-from mmfl.config import ExperimentConfig, resolve
-from mmfl.data.base import ArrayDataset, DataSource, Federation
-from mmfl.algorithms.base import Transport
+from mmfl.algorithms import ALGORITHMS
+from mmfl.algorithms.base import ServerContext, Transport
+from mmfl.core.system import WirelessSystem
+from mmfl.core.training import train_for_run
+from mmfl.data.federation import build_federation
 from mmfl.engine import checkpoint
-from mmfl.engine.simulation import SimulationTransport, derive_seed
+from mmfl.engine.simulation import SimulationTransport
 from mmfl.engine.state import make_store
-from mmfl.engine.training import train_for_run
 from mmfl.errors import ConfigError, MMFLError
-
-
-def build_federation(cfg: ExperimentConfig, pooled: bool = False) -> Federation:
-    """Load the data set, split its training part among clients and assign modalities."""
-    from mmfl.data import DATASETS, PARTITIONERS
-    from mmfl.data.modality import MODALITY_ASSIGNERS, missing_masks
-
-    bundle = DATASETS.get(cfg.data.name).factory(cfg.data.params)
-    labels = bundle.train.label_array()
-    client_ids = bundle.client_ids.numpy() if bundle.client_ids is not None else None
-    rng = np.random.default_rng(derive_seed(cfg.run.seed, "partition"))
-    parts = PARTITIONERS.get(cfg.partition.name).factory(labels, cfg.partition.params, rng, client_ids=client_ids)
-    mods = list(bundle.meta.modalities)
-    mrng = np.random.default_rng(derive_seed(cfg.run.seed, "modalities"))
-    holds = MODALITY_ASSIGNERS.get(cfg.modalities.name).factory(cfg.modalities.params, mods, len(parts), mrng)
-    masks = missing_masks(bundle.train, parts, holds, cfg.modalities.params.missing_rate, mrng)
-    train = bundle.train
-    if masks:
-        train = ArrayDataset({**train.features, **masks}, train.labels, train.indices)
-    if pooled:  # centralized upper bound: one client holding the whole training split
-        return Federation(clients=[train], test=bundle.test, meta=bundle.meta, public=bundle.public)
-    clients = []
-    for part, held in zip(parts, holds):
-        view = train.subset(part)
-        if tuple(held) != tuple(mods):
-            view = view.with_features(held)  # the client sees only its modalities
-        clients.append(view)
-    holds = [tuple(h) for h in holds]
-    uniform = all(h == tuple(mods) for h in holds)
-    client_sources: list[int | None] = [None] * len(clients)
-    sources = []
-    for k, extra in enumerate(cfg.client_data):  # [[client_data]]: more clients, from other data sets
-        b = DATASETS.get(extra.data.name).factory(extra.data.params)
-        prng = np.random.default_rng(derive_seed(cfg.run.seed, "partition", "client_data", k))
-        ids = b.client_ids.numpy() if b.client_ids is not None else None
-        for part in PARTITIONERS.get(extra.partition.name).factory(b.train.label_array(), extra.partition.params,
-                                                                   prng, client_ids=ids):
-            clients.append(b.train.subset(part))
-            holds.append(tuple(b.meta.modalities))
-            client_sources.append(k)
-        sources.append(DataSource(meta=b.meta, test=b.test))
-    groups = [next((g for g, entry in enumerate(cfg.client_models) if entry.matches(cid, h)), None)
-              for cid, h in enumerate(holds)]
-    return Federation(clients=clients, test=bundle.test, meta=bundle.meta, public=bundle.public,
-                      client_modalities=None if uniform and not sources else holds,
-                      client_groups=groups if any(g is not None for g in groups) else None,
-                      client_sources=client_sources if sources else None, sources=sources)
-
-
-def model_factory(cfg: ExperimentConfig, meta) -> Callable[..., nn.Module]:
-    """``make(holds=None, group=None, meta=None)`` builds a model with the run's initial
-    weights (seeded).
-
-    ``group``: the ``[[client_models]]`` entry of the client (None: ``[model]``, which is
-    also the server's model). ``holds``: the modalities of the client the model is for
-    (None: all). A model factory that takes ``holds`` builds only those modalities'
-    modules; any other model cannot serve a client missing a modality (ConfigError).
-    ``meta``: the client's data set, when it is not the run's (``[[client_data]]``).
-    """
-    import inspect
-
-    from mmfl.models import MODELS
-
-    run_meta = meta
-
-    def make(holds=None, group=None, meta=None) -> nn.Module:
-        meta = meta or run_meta
-        comp = cfg.model if group is None else cfg.client_models[group].model
-        entry = MODELS.get(comp.name)
-        partial = holds is not None and tuple(holds) != tuple(meta.modalities)
-        if partial and "holds" not in inspect.signature(entry.factory).parameters:
-            raise ConfigError(f"model.name: '{comp.name}' needs every modality on every client; "
-                              f"use model 'multimodal' for clients holding only {', '.join(holds)}")
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(cfg.run.seed, "model-init"))
-            if partial:
-                return entry.factory(comp.params, meta, holds=list(holds))
-            return entry.factory(comp.params, meta)
-
-    return make
+from mmfl.models.factory import model_factory
+from mmfl.report import load_metrics, plot_accuracy, summarize
+from mmfl.schema import ExperimentConfig
+from mmfl.seeds import derive_seed
 
 
 def sample_cohort(cfg: ExperimentConfig, rnd: int, num_clients: int) -> list[int]:
@@ -134,8 +59,6 @@ class Experiment:
         """``transport`` builds the transport from this experiment (its spec,
         federation, store, ...); default: the in-process simulation. The round
         loop is the same for every transport (see :mod:`mmfl.flower`)."""
-        from mmfl.algorithms import ALGORITHMS
-
         self.cfg = cfg
         self.progress = progress
         self.spec = ALGORITHMS.get(cfg.algorithm.name).factory
@@ -149,12 +72,8 @@ class Experiment:
             kinds = {(fed.modalities_of(c), fed.group_of(c), fed.source_of(c)) for c in range(fed.num_clients)}
             for held, group, src in kinds:
                 self.make_model(held, group, None if src is None else fed.sources[src].meta)
-        from mmfl.algorithms.base import ServerContext
-
-        self.system = None  # [system]: simulated latency per round (mmfl.engine.system)
+        self.system = None  # [system]: simulated latency per round (mmfl.core.system)
         if cfg.system is not None:
-            from mmfl.engine.system import WirelessSystem
-
             self.system = WirelessSystem(cfg, fed, lambda cid: self.make_model(
                 fed.modalities_of(cid), fed.group_of(cid), fed.meta_of(cid)))
         train = train_for_run(cfg.train, cfg.run.rounds)  # a cosine lr's period resolved
@@ -183,8 +102,8 @@ class Experiment:
         if resume:
             if not (d / "config.toml").is_file():
                 raise MMFLError(f"{d}: nothing to resume (no config.toml); run without --resume")
-            saved = resolve(_load_toml(d / "config.toml"))
-            mine, theirs = self.cfg.to_dict(), saved.to_dict()
+            # both sides as written by ExperimentConfig.to_toml (every default filled in)
+            mine, theirs = tomllib.loads(self.cfg.to_toml()), _load_toml(d / "config.toml")
             mine.pop("rounds"), theirs.pop("rounds")
             if mine != theirs:
                 diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
@@ -264,8 +183,6 @@ class Experiment:
         path = self.run_dir / "metrics.jsonl"
         if not path.is_file():
             return 0.0
-        from mmfl.report import load_metrics
-
         return float(sum(r.get("sim_time_s", 0.0) for r in load_metrics(self.run_dir)))
 
     def _checkpoint(self, rnd: int) -> None:
@@ -275,8 +192,6 @@ class Experiment:
         self.store.commit()  # a disk store moves the round's changes into its files (see mmfl.engine.state)
 
     def _finish(self) -> dict:
-        from mmfl.report import load_metrics, plot_accuracy, summarize
-
         rows = load_metrics(self.run_dir)
         summary = summarize(rows, self.cfg)
         _atomic_write(self.run_dir / "summary.json", json.dumps(summary, indent=2))

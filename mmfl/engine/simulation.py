@@ -8,31 +8,20 @@ and counts the bytes both ways.
 
 from __future__ import annotations
 
-import hashlib
 from collections import defaultdict
 from typing import Callable
 
 from torch import nn
 
 from mmfl.algorithms.base import AlgorithmSpec
-from mmfl.config import TrainConfig
+from mmfl.schema import TrainConfig
 from mmfl.data.base import Federation
+from mmfl.engine.batched import send_batched
 from mmfl.engine.client_runtime import ModelPool, run_client
-from mmfl.engine.message import Message
+from mmfl.core.message import Message
 from mmfl.engine.privacy import federation_modalities, make_checker
 from mmfl.engine.state import ClientStateStore
 from mmfl.errors import MMFLError
-
-
-def derive_seed(*parts: int | str) -> int:
-    """A 63-bit seed from the run seed and coordinates (round, client, ...).
-
-    Every random choice in a run is drawn from a seed derived this way rather
-    than from a generator carried across rounds, so a resumed run draws
-    exactly what an uninterrupted one would.
-    """
-    h = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") >> 1
 
 
 class CommLog:
@@ -115,8 +104,6 @@ class SimulationTransport:
 
     def _send_batched(self, route: str, messages: dict[int, Message]) -> tuple[dict[int, Message], dict[int, Message]]:
         """Replies of the messages trained batched, and the messages left to deliver one by one."""
-        from mmfl.engine.batched import send_batched
-
         return send_batched(self, route, messages)
 
     def send(self, route: str, messages: dict[int, Message]) -> dict[int, Message]:

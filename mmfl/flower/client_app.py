@@ -42,7 +42,7 @@ from mmfl.config import ExperimentConfig, apply_overrides, resolve
 from mmfl.engine.client_runtime import ModelPool, run_client
 from mmfl.engine.privacy import federation_modalities, make_checker
 from mmfl.errors import MMFLError
-from mmfl.engine.training import train_for_run
+from mmfl.core.training import train_for_run
 from mmfl.flower.records import decode, encode, record_to_state, state_to_record
 
 CONFIG_KEY = "mmfl-config"  # run config: the resolved mmfl config, as TOML text
@@ -110,7 +110,8 @@ def node_env(config_text: str, node_config: dict) -> NodeEnv:
     key = hashlib.sha256((config_text + repr(overrides)).encode()).hexdigest()
     if key not in _RUNS:
         from mmfl.algorithms import ALGORITHMS
-        from mmfl.engine.runner import build_federation, model_factory
+        from mmfl.data.federation import build_federation
+        from mmfl.models.factory import model_factory
 
         cfg = resolve(apply_overrides(tomllib.loads(config_text), overrides))
         if cfg.run.threads:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import tomli_w
 
-from mmfl.config import ExperimentConfig
+from mmfl.schema import ExperimentConfig
 from mmfl.errors import MMFLError
 from mmfl.flower.client_app import CONFIG_KEY
 from mmfl.flower.server_app import OVERWRITE_KEY

@@ -1,4 +1,4 @@
-"""mmfl :class:`~mmfl.engine.message.Message` <-> Flower ``RecordDict``.
+"""mmfl :class:`~mmfl.core.message.Message` <-> Flower ``RecordDict``.
 
 One Flower message carries the mmfl messages of one or more clients hosted by
 the same SuperNode. For client ``cid`` the record dict holds
@@ -22,7 +22,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor
 
-from mmfl.engine.message import Message
+from mmfl.core.message import Message
 from mmfl.errors import MMFLError
 
 META = "mmfl"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 
-from mmfl.config import ExperimentConfig
+from mmfl.schema import ExperimentConfig
 from mmfl.errors import MMFLError
 
 
@@ -21,7 +21,7 @@ def count_clients(cfg: ExperimentConfig) -> int:
     if isinstance(n, int) and n > 0 and cfg.algorithm.name != "centralized" and not cfg.client_data:
         return n
     from mmfl.algorithms import ALGORITHMS
-    from mmfl.engine.runner import build_federation
+    from mmfl.data.federation import build_federation
 
     return build_federation(cfg, pooled=ALGORITHMS.get(cfg.algorithm.name).factory.pooled).num_clients
 

@@ -29,7 +29,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Message as FlowerMessage, RecordDict
 from flwr.common.constant import ErrorCode
 
-from mmfl.engine.message import Message
+from mmfl.core.message import Message
 from mmfl.engine.simulation import CommLog
 from mmfl.errors import MMFLError
 from mmfl.flower.records import decode, encode

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmfl.data.vqa import NO_ANSWER, VQAData, VQASplit, normalize_answer
-from mmfl.engine.training import shuffled_batches
+from mmfl.core.training import shuffled_batches
 from mmfl.errors import ConfigError
 
 IMAGE, QUESTION = "image", "text"  # the modalities the representation function is asked for

@@ -28,6 +28,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from mmfl.models.flops import count_flops
+from mmfl.seeds import derive_seed
+
 # ----------------------------------------------------------------------------- pure functions
 
 
@@ -85,7 +88,7 @@ def computation_latency(iterations, flops_per_iteration, cycles_per_s, flops_per
 
 def local_iterations(n: int, batch_size: int, epochs: int) -> tuple[int, int]:
     """``(iterations, samples)`` of ``epochs`` epochs of local training on ``n`` samples, as
-    :func:`mmfl.engine.training.local_train` runs them: batches of ``batch_size``, a batch of
+    :func:`mmfl.core.training.local_train` runs them: batches of ``batch_size``, a batch of
     one sample skipped unless the client has a single sample."""
     sizes = [batch_size] * (n // batch_size) + ([n % batch_size] if n % batch_size else [])
     kept = [s for s in sizes if not (s < 2 and n >= 2)]
@@ -119,9 +122,6 @@ class WirelessSystem:
     """
 
     def __init__(self, cfg, federation, model_for_client: Callable[[int], nn.Module]):
-        from mmfl.engine.simulation import derive_seed  # lazily: the simulation imports the algorithms
-
-        self._derive_seed = derive_seed
         self.params = p = cfg.system
         self.seed = cfg.run.seed
         self.train = cfg.train
@@ -147,7 +147,7 @@ class WirelessSystem:
             if self.params.fading == "none":
                 g = self.mean_amplitude
             else:
-                rng = np.random.default_rng(self._derive_seed(self.seed, rnd, "system", "fading"))
+                rng = np.random.default_rng(derive_seed(self.seed, rnd, "system", "fading"))
                 g = rayleigh_amplitude(self.mean_amplitude, rng)
             self._amplitude = (rnd, g)
         return self._amplitude[1]
@@ -174,7 +174,6 @@ class WirelessSystem:
     def forward_flops_per_sample(self, cid: int) -> float:
         """FLOPs of one sample's forward pass through client ``cid``'s model
         (:func:`mmfl.models.flops.count_flops`), counted once per model structure."""
-        from mmfl.models.flops import count_flops
 
         fed = self.federation
         key = (fed.modalities_of(cid), fed.group_of(cid), fed.source_of(cid))

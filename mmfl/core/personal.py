@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from mmfl.data.base import PRESENT, ArrayDataset
-from mmfl.engine.training import class_recall, evaluate_model
+from mmfl.core.training import class_recall, evaluate_model
 
 _TAG = 0x9E57  # a fixed word in the seed sequence, so these draws differ from other uses of (seed, cid)
 _CACHE_ATTR = "_personal_test_indices"
@@ -131,7 +131,7 @@ def evaluate_personalized(model_of: Callable[[int], nn.Module], federation, test
                           num_classes: int, batch_size: int = 1000) -> dict:
     """Score ``model_of(cid)`` for every device ``cid`` of ``federation`` on its own test
     subset (:func:`personal_test_indices`), restricted to the modalities it holds, with
-    :func:`mmfl.engine.training.evaluate_model`.
+    :func:`mmfl.core.training.evaluate_model`.
 
     Returns ``accuracy`` (mean over devices), ``accuracy_std``, ``uar`` (mean of the devices'
     unweighted average recall), ``test_loss`` (mean), ``client_accuracy`` (per device, None

@@ -1,0 +1,281 @@
+"""The typed schema of an experiment config: run settings, local training, privacy rules,
+the wireless system model, and the resolved :class:`ExperimentConfig` that the runtime and
+the algorithms read. No registry lookups here (those are :mod:`mmfl.config`'s resolution,
+a layer above the runtime): every layer may import this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import tomli_w
+
+from mmfl.errors import ConfigError
+
+COMPONENTS = ("data", "partition", "modalities", "model", "algorithm")
+
+
+@dataclass
+class TrainConfig:
+    """Local training settings (MOON's code defaults)."""
+
+    local_epochs: int = field(default=10, metadata={"help": "epochs of local training per round"})
+    batch_size: int = field(default=64, metadata={"help": "mini-batch size"})
+    lr: float = field(default=0.01, metadata={"help": "learning rate"})
+    momentum: float = field(default=0.9, metadata={"help": "SGD momentum"})
+    weight_decay: float = field(default=1e-5, metadata={"help": "L2 weight decay"})
+    optimizer: Literal["sgd", "adam"] = field(default="sgd", metadata={"help": "sgd or adam"})
+    lr_schedule: Literal["constant", "cosine"] = field(default="constant", metadata={
+        "help": "learning rate over rounds: constant, or cosine (lr_min + (lr - lr_min) (1 + cos(pi r / T)) / 2 "
+                "in round r, as torch's CosineAnnealingLR stepped once per round)"})
+    lr_min: float = field(default=0.0, metadata={"help": "cosine schedule: the learning rate it decays to"})
+    lr_rounds: int = field(default=0, metadata={
+        "help": "cosine schedule: its period T in rounds (0 = the run's rounds)"})
+
+    def __post_init__(self):
+        if self.local_epochs < 1:
+            raise ConfigError(f"train.local_epochs: must be >= 1, got {self.local_epochs}")
+        if self.batch_size < 1:
+            raise ConfigError(f"train.batch_size: must be >= 1, got {self.batch_size}")
+        if not self.lr > 0:
+            raise ConfigError(f"train.lr: must be > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"train.momentum: must be in [0, 1), got {self.momentum}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"train.weight_decay: must be >= 0, got {self.weight_decay}")
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ConfigError(f"train.lr_schedule: must be 'constant' or 'cosine', got {self.lr_schedule!r}")
+        if not 0 <= self.lr_min <= self.lr:
+            raise ConfigError(f"train.lr_min: must be in [0, train.lr = {self.lr}], got {self.lr_min}")
+        if isinstance(self.lr_rounds, bool) or not isinstance(self.lr_rounds, int) or self.lr_rounds < 0:
+            raise ConfigError(f"train.lr_rounds: must be an integer >= 0, got {self.lr_rounds!r}")
+
+
+@dataclass
+class RunConfig:
+    """Top-level run settings."""
+
+    name: str = field(default="experiment", metadata={"help": "run folder name under output_dir"})
+    seed: int = field(default=0, metadata={"help": "seed of model init, sampling and local shuffling"})
+    rounds: int = field(default=10, metadata={"help": "communication rounds"})
+    sample_fraction: float = field(default=1.0, metadata={"help": "fraction of clients sampled per round, in (0, 1]"})
+    clients_per_round: int = field(default=0, metadata={"help": "clients per round (overrides sample_fraction if > 0)"})
+    eval_every: int = field(default=1, metadata={"help": "evaluate every N rounds (and at the last round)"})
+    output_dir: str = field(default="runs", metadata={"help": "parent folder of run folders"})
+    threads: int = field(default=0, metadata={"help": "torch CPU threads (0 = torch's default)"})
+    on_nonfinite: Literal["fail", "drop"] = field(
+        default="fail", metadata={"help": "a client reply with NaN/inf: fail the run, or drop that client"})
+    keep_checkpoints: int = field(default=1, metadata={"help": "how many round checkpoints to keep (>= 1)"})
+    reply_timeout: float = field(
+        default=600.0, metadata={"help": "Flower: seconds to wait for the replies of one send (> 0)"})
+    on_missing_reply: Literal["fail", "drop"] = field(
+        default="drop", metadata={"help": "Flower: a client whose SuperNode did not reply in time or died: "
+                                          "fail the run, or drop that client"})
+    batch_clients: bool = field(
+        default=False, metadata={"help": "train a round's clients together (vmap over stacked parameters) "
+                                         "where the algorithm and model allow it; equal to sequential "
+                                         "training within float tolerance, not bit for bit"})
+    state_store: Literal["auto", "memory", "disk"] = field(
+        default="auto", metadata={"help": "where persistent client state lives between rounds: memory, "
+                                          "disk (memory-mapped files in the run folder), or auto "
+                                          "(disk from 1,000 clients on)"})
+
+    def __post_init__(self):
+        if not self.name or "/" in self.name or self.name in (".", ".."):
+            raise ConfigError(f"name: must be a plain folder name, got {self.name!r}")
+        if self.rounds < 1:
+            raise ConfigError(f"rounds: must be >= 1, got {self.rounds}")
+        if not 0 < self.sample_fraction <= 1:
+            raise ConfigError(f"sample_fraction: must be in (0, 1], got {self.sample_fraction}")
+        if self.clients_per_round < 0:
+            raise ConfigError(f"clients_per_round: must be >= 0, got {self.clients_per_round}")
+        if self.eval_every < 1:
+            raise ConfigError(f"eval_every: must be >= 1, got {self.eval_every}")
+        if self.threads < 0:
+            raise ConfigError(f"threads: must be >= 0, got {self.threads}")
+        if self.keep_checkpoints < 1:
+            raise ConfigError(f"keep_checkpoints: must be >= 1, got {self.keep_checkpoints}")
+        if not self.reply_timeout > 0:
+            raise ConfigError(f"reply_timeout: must be > 0, got {self.reply_timeout}")
+
+
+Rule = Literal["shareable", "private"]
+RULES = ("shareable", "private")
+
+
+@dataclass
+class PrivacyConfig:
+    """The ``[privacy]`` table: which modalities' raw data and whether labels may leave a
+    client. Absent table: no rules, nothing checked. Every client reply is checked against
+    the rules before it leaves the client (:mod:`mmfl.engine.privacy`); modality names are
+    checked against the data set(s) when the transport is built (``mmfl.engine.privacy.make_checker``)."""
+
+    modalities: dict[str, Rule] = field(default_factory=dict, metadata={
+        "help": "per modality, \"shareable\" (its raw data may leave a client) or \"private\", "
+                "e.g. {audio = \"private\", image = \"shareable\"}"})
+    labels: Rule = field(default="private", metadata={"help": "\"private\": no reply may carry the client's labels"})
+    default: Rule = field(default="private", metadata={"help": "the rule of modalities not named in 'modalities'"})
+
+    def __post_init__(self):
+        for m, rule in self.modalities.items():
+            if rule not in RULES:
+                raise ConfigError(f"privacy.modalities.{m}: must be \"shareable\" or \"private\", got {rule!r}")
+
+    def rule_of(self, modality: str) -> tuple[str, str]:
+        """``(rule, the config key that sets it)`` for ``modality``."""
+        if modality in self.modalities:
+            return self.modalities[modality], f"privacy.modalities.{modality}"
+        return self.default, "privacy.default"
+
+    def check_names(self, modalities) -> None:
+        """ConfigError for a rule naming a modality the data set(s) do not have."""
+        known = list(dict.fromkeys(modalities))
+        for m in self.modalities:
+            if m not in known:
+                raise ConfigError(f"privacy.modalities.{m}: unknown modality {m!r} "
+                                  f"(data set has: {', '.join(known)})")
+
+
+@dataclass
+class SystemConfig:
+    """The ``[system]`` table: the wireless system model that turns each round's bytes and
+    FLOPs into simulated latency (:mod:`mmfl.core.system`, docs/system.md). Absent table:
+    no system model, no ``sim_*`` metrics. Geometry, path loss and carrier frequency are the
+    paper's (Yin, Chen, Tao, sec. IV-A); the paper gives no values for the others, so their
+    defaults are common assumptions (docs/system.md says which)."""
+
+    name: Literal["wireless"] = field(default="wireless", metadata={"help": "the system model (only 'wireless')"})
+    diameter_m: float = field(default=100.0, metadata={
+        "help": "devices are placed uniformly in a disc of this diameter around the base station (m)"})
+    min_distance_m: float = field(default=1.0, metadata={
+        "help": "closest a device may be to the base station (m); the path-loss formula needs d > 0"})
+    carrier_ghz: float = field(default=2.6, metadata={"help": "carrier frequency f_c (GHz), in the path loss"})
+    fading: Literal["rayleigh", "none"] = field(default="rayleigh", metadata={
+        "help": "rayleigh: the channel amplitude is Rayleigh with mean 10^(-PL/20), redrawn every round; "
+                "none: the amplitude is that mean"})
+    bandwidth_hz: float = field(default=1e6, metadata={"help": "bandwidth B of each device's channel (Hz)"})
+    bs_power_dbm: float = field(default=30.0, metadata={"help": "base-station transmit power p^ (dBm), download"})
+    device_power_dbm: float = field(default=23.0, metadata={"help": "device transmit power p_k (dBm), upload"})
+    noise_dbm_per_hz: float = field(default=-174.0, metadata={"help": "AWGN power spectral density N_0 (dBm/Hz)"})
+    cycles_per_s: float | list[float] = field(default=1e9, metadata={
+        "help": "device computing frequency f_k (cycles/s): a number, or [min, max] drawn uniformly per device"})
+    flops_per_cycle: float = field(default=16.0, metadata={"help": "FLOPs per cycle e_k of every device"})
+    train_flops_factor: float = field(default=3.0, metadata={
+        "help": "FLOPs of one training step per FLOP of the forward pass (forward + backward ~ 3x forward)"})
+
+    def __post_init__(self):
+        import math
+
+        for key in ("diameter_m", "min_distance_m", "carrier_ghz", "bandwidth_hz", "flops_per_cycle",
+                    "train_flops_factor"):
+            v = getattr(self, key)
+            if not (math.isfinite(v) and v > 0):
+                raise ConfigError(f"system.{key}: must be a positive number, got {v}")
+        if self.min_distance_m > self.diameter_m / 2:
+            raise ConfigError(f"system.min_distance_m: must be at most the radius ({self.diameter_m / 2} m), "
+                              f"got {self.min_distance_m}")
+        for key in ("bs_power_dbm", "device_power_dbm", "noise_dbm_per_hz"):
+            if not math.isfinite(getattr(self, key)):
+                raise ConfigError(f"system.{key}: must be a finite number (dBm), got {getattr(self, key)}")
+        f = self.cycles_per_s
+        if isinstance(f, list):
+            if len(f) != 2 or not all(math.isfinite(v) and v > 0 for v in f) or f[0] > f[1]:
+                raise ConfigError(f"system.cycles_per_s: must be a positive number or [min, max] with "
+                                  f"0 < min <= max, got {f}")
+        elif not (math.isfinite(f) and f > 0):
+            raise ConfigError(f"system.cycles_per_s: must be a positive number or [min, max], got {f}")
+
+
+@dataclass
+class Component:
+    """A ``[data]``/``[partition]``/``[model]``/``[algorithm]`` table: a name and raw values."""
+
+    name: str
+    values: dict[str, Any]
+    params: Any = None  # the validated params dataclass
+
+
+@dataclass
+class ClientModel:
+    """A ``[[client_models]]`` entry: which clients build another model than ``[model]``.
+
+    ``for_clients`` (ids) or ``for_modalities`` (the exact set a client holds) selects
+    the clients; ``model`` is the resolved model table (``[model]`` with this entry's
+    keys on top, so a group can change only ``feat_dim``, or name another model).
+    """
+
+    clients: list[int]
+    modalities: list[str]
+    model: Component
+
+    def matches(self, cid: int, holds: tuple[str, ...]) -> bool:
+        if self.clients and cid not in self.clients:
+            return False
+        return not self.modalities or sorted(self.modalities) == sorted(holds)
+
+
+@dataclass
+class ClientData:
+    """A ``[[client_data]]`` entry: more clients, whose private data comes from another data
+    set (``data``) split by ``partition`` (CreamFL's image-only and text-only clients). They
+    come after the clients of ``[data]``, hold all of their data set's modalities, and
+    evaluate local models on its test split; the server keeps ``[data]``'s test set."""
+
+    data: Component
+    partition: Component
+
+
+@dataclass
+class ExperimentConfig:
+    run: RunConfig
+    train: TrainConfig
+    data: Component
+    partition: Component
+    modalities: Component
+    model: Component
+    algorithm: Component
+    client_models: list[ClientModel] = field(default_factory=list)
+    client_data: list[ClientData] = field(default_factory=list)
+    privacy: PrivacyConfig | None = None  # [privacy]; None: no rules (nothing checked)
+    system: SystemConfig | None = None  # [system]; None: no system model (no simulated latency)
+
+    def to_dict(self) -> dict:
+        """The resolved config (every default filled in), as TOML-able tables."""
+        out: dict[str, Any] = asdict(self.run)
+        for kind in COMPONENTS:
+            comp: Component = getattr(self, kind)
+            table = {"name": comp.name}
+            if comp.params is not None:
+                table.update(asdict(comp.params))
+            out[kind] = table
+        out["train"] = asdict(self.train)
+        if self.client_models:
+            out["client_models"] = [
+                {**({"for_clients": g.clients} if g.clients else {}),
+                 **({"for_modalities": g.modalities} if g.modalities else {}),
+                 "name": g.model.name, **(asdict(g.model.params) if g.model.params is not None else {})}
+                for g in self.client_models]
+        if self.client_data:
+            out["client_data"] = [
+                {kind: {"name": getattr(e, kind).name, **asdict(getattr(e, kind).params)}
+                 for kind in ("data", "partition")} for e in self.client_data]
+        if self.privacy is not None:
+            out["privacy"] = asdict(self.privacy)
+        if self.system is not None:
+            out["system"] = asdict(self.system)
+        return _drop_none(out)
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.to_dict())
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.output_dir) / self.run.name
+
+
+def _drop_none(d):
+    if isinstance(d, dict):
+        return {k: _drop_none(v) for k, v in d.items() if v is not None}
+    return d

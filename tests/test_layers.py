@@ -1,0 +1,112 @@
+"""The import rule (docs/architecture.md, "Layers"): every module imports only from its own
+layer or the layers below it, at module level and inside functions alike, so no import
+anywhere exists to dodge a cycle.
+
+    base (errors, registry, schema, seeds, report) -> data -> models -> core -> algorithms
+    -> engine -> config -> apps (cli, flower, sweep, bench, vqa_eval)
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "mmfl"
+
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("base", ("mmfl.errors", "mmfl.registry", "mmfl.schema", "mmfl.seeds", "mmfl.report")),
+    ("data", ("mmfl.data",)),
+    ("models", ("mmfl.models",)),
+    ("core", ("mmfl.core",)),
+    ("algorithms", ("mmfl.algorithms",)),
+    ("engine", ("mmfl.engine",)),
+    ("config", ("mmfl.config",)),
+    ("apps", ("mmfl.cli", "mmfl.flower", "mmfl.sweep", "mmfl.bench", "mmfl.vqa_eval")),
+]
+FACADE = "mmfl"  # mmfl/__init__.py: load_config / Experiment on first attribute access (PEP 562)
+
+
+def layer_of(module: str) -> int:
+    """Index in LAYERS of the layer holding ``module`` (a dotted mmfl module name)."""
+    for i, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    raise AssertionError(f"{module}: in no layer; add it to LAYERS in tests/test_layers.py "
+                         "and to docs/architecture.md")
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
+    """``(line, module)`` of every mmfl import in ``path``: module level and in functions,
+    absolute and relative."""
+    me = module_name(path, root)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "mmfl"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if mod.split(".")[0] == "mmfl":
+                out.append((node.lineno, mod))
+    return out
+
+
+def all_modules() -> list[Path]:
+    return sorted(ROOT.rglob("*.py"))
+
+
+def test_every_module_is_in_a_layer():
+    for path in all_modules():
+        name = module_name(path)
+        if name != FACADE:
+            layer_of(name)
+
+
+def test_imports_point_down_only():
+    upward = []
+    for path in all_modules():
+        me = module_name(path)
+        if me == FACADE:
+            continue
+        mine = layer_of(me)
+        for line, target in imported_modules(path):
+            if target == FACADE:
+                upward.append(f"{path.relative_to(ROOT.parent)}:{line}: imports the package facade 'mmfl'")
+            elif layer_of(target) > mine:
+                upward.append(f"{path.relative_to(ROOT.parent)}:{line}: {me} ({LAYERS[mine][0]}) imports "
+                              f"{target} ({LAYERS[layer_of(target)][0]})")
+    assert not upward, "imports pointing up:\n" + "\n".join(upward)
+
+
+def test_the_rule_catches_an_upward_import(tmp_path):
+    """The check itself: an import inside a function of a core module that reaches the runtime
+    is found, relative imports resolve, and the runtime is a higher layer than core."""
+    bad = tmp_path / "mmfl" / "core"
+    bad.mkdir(parents=True)
+    (bad / "x.py").write_text("def f():\n    from mmfl.engine.runner import Experiment\n"
+                              "from ..engine import checkpoint\n")
+    found = imported_modules(bad / "x.py", tmp_path / "mmfl")
+    assert sorted(found) == [(2, "mmfl.engine.runner"), (3, "mmfl.engine")]
+    assert module_name(bad / "x.py", tmp_path / "mmfl") == "mmfl.core.x"
+    assert all(layer_of(t) > layer_of("mmfl.core.x") for _, t in found)
+
+
+@pytest.mark.parametrize("comment", ["cycle", "circular", "lazy: the simulation", "not at import"])
+def test_no_import_comment_names_a_cycle(comment):
+    hits = [f"{p.relative_to(ROOT.parent)}:{i}" for p in all_modules()
+            for i, line in enumerate(p.read_text().splitlines(), 1)
+            if "import" in line and "#" in line and comment in line.split("#", 1)[1]]
+    assert not hits, f"imports whose comment names a cycle ({comment!r}): {hits}"
