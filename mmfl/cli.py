@@ -9,6 +9,8 @@
     mmfl report RUN [RUN ...]      comparison table (+ plot) of finished runs
     mmfl flower ...                the same config on Flower (simulate, submit, loopback; docs/flower.md)
     mmfl vqa RUN --root DIR        VQA accuracy of a finished CreamFL-style run's server model (docs/vqa.md)
+    mmfl bench GRID.toml           run a benchmark grid's missing runs in parallel, write its tables
+                                   (--tables-only, --workers N, --seeds ...; docs/benchmarks.md)
 
 A user error (bad path, unknown name, invalid value, corrupt file) prints one
 line ``mmfl: error: ...`` and exits with code 2.
@@ -101,6 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
     from mmfl.vqa_eval import add_vqa_parser  # imports no torch: cheap
 
     add_vqa_parser(sub)
+    p = sub.add_parser("bench", help="run a benchmark grid (what is missing, in parallel) and write its tables",
+                       description="Run the runs of a benchmark grid file that are not finished yet "
+                                   "(worker processes, one torch thread each; resumable) and write its "
+                                   "report from the finished runs. Grid format: docs/benchmarks.md.")
+    p.add_argument("grid", help="grid file (TOML), e.g. benchmarks/moon/grid.toml")
+    p.add_argument("--tables-only", action="store_true", help="run nothing; rebuild the report from finished runs")
+    p.add_argument("--workers", type=int, help="worker processes (default: the grid's workers)")
+    p.add_argument("--seeds", type=int, nargs="+", help="run only these seeds (the tables use every finished run)")
+    p.add_argument("--group", action="append", default=[], help="run only this group (repeatable)")
     return parser
 
 
@@ -219,10 +230,17 @@ def cmd_vqa(args) -> int:
     return vqa_main(args)
 
 
+def cmd_bench(args) -> int:
+    from mmfl.bench.runner import cmd_bench as bench_main
+
+    return bench_main(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"run": cmd_run, "demo": cmd_demo, "list": cmd_list, "partition": cmd_partition,
-               "report": cmd_report, "flower": cmd_flower, "vqa": cmd_vqa}[args.command]
+               "report": cmd_report, "flower": cmd_flower, "vqa": cmd_vqa,
+               "bench": cmd_bench}[args.command]
     try:
         return handler(args)
     except MMFLError as e:

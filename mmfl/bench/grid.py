@@ -1,0 +1,384 @@
+"""A benchmark grid from a TOML file: groups of settings x methods x seeds, expanded into
+named runs (raw configs). Format and semantics: docs/benchmarks.md.
+
+Precedence of config values (later wins): the base config file(s) (``config`` of the
+setting, else of the group, else of the grid), the grid's ``set``, the setting's, the
+group's, the method's. Each level may ``unset`` dotted keys, ``replace`` whole values
+(a table replaced, not merged) and ``set`` leaves (a table value in ``set`` is merged key
+by key; dotted keys may be quoted, ``"algorithm.mu" = 1.0``, or nested)."""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mmfl.errors import ConfigError
+
+GRID_KEYS = {"name", "root", "raw_dir", "report", "tables", "seeds", "workers", "failed_is_done",
+             "reuse_finished", "keep_below", "config", "settings", "set", "replace", "unset", "params", "groups", "extends"}
+GROUP_KEYS = {"template", "seeds", "settings", "methods", "extra", "config", "set", "replace", "unset", "label"}
+ENTRY_KEYS = {"label", "name", "template", "seeds", "config", "set", "replace", "unset", "info"}
+DEFAULT_TEMPLATE = "{group}-{setting}-{method}-s{seed}"
+
+
+@dataclass
+class Overrides:
+    set: dict[str, Any] = field(default_factory=dict)  # dotted key -> leaf value
+    replace: dict[str, Any] = field(default_factory=dict)  # dotted key -> whole value
+    unset: list[str] = field(default_factory=list)
+
+    def apply(self, raw: dict, where: str) -> None:
+        for key in self.unset:
+            node, last = _parent(raw, key, where, create=False)
+            if node is not None:
+                node.pop(last, None)
+        for key, value in [*self.replace.items(), *self.set.items()]:
+            node, last = _parent(raw, key, where, create=True)
+            node[last] = copy.deepcopy(value)
+
+
+@dataclass
+class Entry:
+    """A method, extra run, or setting of a group."""
+    key: str
+    label: str
+    token: str  # what {method} / {setting} expands to in the run name (``name``, default the key)
+    over: Overrides
+    seeds: list[int] | None = None
+    config: list[Path] | None = None
+    template: str | None = None
+    info: dict = field(default_factory=dict)  # ``info = { optimizer = "..." }``: free values for the table spec
+
+
+@dataclass
+class Group:
+    key: str
+    label: str
+    template: str
+    seeds: list[int]
+    settings: dict[str, Entry]
+    methods: dict[str, Entry]
+    extra: dict[str, Entry]
+    config: list[Path] | None
+    over: Overrides
+
+
+@dataclass
+class Run:
+    name: str
+    group: str
+    setting: str
+    method: str
+    seed: int
+    raw: dict
+    extra: bool = False  # an extra run (not one of the group's methods)
+
+
+@dataclass
+class Grid:
+    path: Path
+    name: str
+    root: Path
+    raw_dir: Path
+    report: Path | None
+    tables: Path | None
+    seeds: list[int]
+    workers: int
+    failed_is_done: bool
+    reuse_finished: bool
+    keep_below: str | None
+    config: list[Path]
+    over: Overrides
+    params: dict
+    groups: dict[str, Group]
+
+    def methods(self, group: str) -> dict[str, Entry]:
+        """The group's methods (rows), in file order: tables iterate over these."""
+        return self._group(group).methods
+
+    def settings(self, group: str) -> dict[str, Entry]:
+        return self._group(group).settings
+
+    def entry(self, group: str, method: str) -> Entry:
+        g = self._group(group)
+        if method in g.methods:
+            return g.methods[method]
+        if method in g.extra:
+            return g.extra[method]
+        raise ConfigError(f"groups.{group}: no method or extra run {method!r}")
+
+    def _group(self, group: str) -> Group:
+        if group not in self.groups:
+            raise ConfigError(f"{self.path}: no group {group!r} (groups: {', '.join(self.groups)})")
+        return self.groups[group]
+
+    def name_of(self, group: str, method: str, seed: int, setting: str | None = None) -> str:
+        g = self._group(group)
+        s = g.settings[_one_setting(g, setting)]
+        m = self.entry(group, method)
+        template = m.template or s.template or g.template
+        return template.format(group=group, setting=s.token, method=m.token, seed=seed)
+
+    def names(self, group: str, method: str, setting: str | None = None,
+              seeds: list[int] | None = None) -> dict[int, str]:
+        """``{seed: run name}`` of one method (and setting) over its planned seeds (or ``seeds``)."""
+        g = self._group(group)
+        s = _one_setting(g, setting)
+        m = self.entry(group, method)
+        use = seeds if seeds is not None else _seeds(g, g.settings[s], m)
+        return {seed: self.name_of(group, method, seed, s) for seed in use}
+
+    def raw_config(self, group: str, method: str | None = None, setting: str | None = None,
+                   seed: int | None = None) -> dict:
+        """The raw config of one run (default: the group's first method, setting and seed)."""
+        g = self._group(group)
+        s = g.settings[_one_setting(g, setting)]
+        m = self.entry(group, method) if method else next(iter({**g.methods, **g.extra}.values()))
+        seed = seed if seed is not None else _seeds(g, s, m)[0]
+        return self._raw(g, s, m, seed)
+
+    def _raw(self, g: Group, s: Entry, m: Entry, seed: int) -> dict:
+        files = s.config if s.config is not None else g.config if g.config is not None else self.config
+        raw: dict = {}
+        for f in files:
+            raw = merge(raw, _load_toml(f))
+        where = f"groups.{g.key}"
+        for over, w in ((self.over, "set"), (s.over, f"{where}.settings.{s.key}"), (g.over, where),
+                        (m.over, f"{where}.methods.{m.key}")):
+            over.apply(raw, w)
+        raw["seed"] = seed
+        return raw
+
+    def runs(self, groups: list[str] | None = None, seeds: list[int] | None = None) -> list[Run]:
+        """Every planned run, seed by seed (an interrupted benchmark has whole seeds first),
+        then group, setting, method, extra run. A name planned twice must be the same config."""
+        for g in groups or []:
+            self._group(g)
+        all_seeds: list[int] = []
+        for g in self.groups.values():
+            for e in [*g.settings.values(), *g.methods.values(), *g.extra.values(), None]:
+                for seed in (e.seeds if e and e.seeds is not None else g.seeds):
+                    if seed not in all_seeds:
+                        all_seeds.append(seed)
+        out: dict[str, Run] = {}
+        for seed in all_seeds:
+            if seeds is not None and seed not in seeds:
+                continue
+            for g in self.groups.values():
+                if groups and g.key not in groups:
+                    continue
+                for s in g.settings.values():
+                    for m, is_extra in [*((m, False) for m in g.methods.values()),
+                                        *((m, True) for m in g.extra.values())]:
+                        if seed not in _seeds(g, s, m):
+                            continue
+                        name = self.name_of(g.key, m.key, seed, s.key)
+                        run = Run(name, g.key, s.key, m.key, seed, self._raw(g, s, m, seed), is_extra)
+                        if name in out and out[name].raw != run.raw:
+                            raise ConfigError(f"{self.path}: run name {name!r} is planned with two different "
+                                              f"configs (groups.{out[name].group}.{out[name].method} and "
+                                              f"groups.{g.key}.{m.key}); make the name template tell them apart")
+                        out.setdefault(name, run)
+        return list(out.values())
+
+
+def _one_setting(g: Group, setting: str | None) -> str:
+    if setting is None:
+        if len(g.settings) != 1:
+            raise ConfigError(f"groups.{g.key}: has settings {', '.join(g.settings)}; name one")
+        return next(iter(g.settings))
+    if setting not in g.settings:
+        raise ConfigError(f"groups.{g.key}: no setting {setting!r}")
+    return setting
+
+
+def _seeds(g: Group, s: Entry, m: Entry) -> list[int]:
+    seeds = m.seeds if m.seeds is not None else s.seeds if s.seeds is not None else g.seeds
+    if m.seeds is not None and s.seeds is not None:
+        seeds = [x for x in m.seeds if x in s.seeds]
+    return seeds
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def merge(a: dict, b: dict) -> dict:
+    """``a`` deep-merged with ``b`` (b wins; tables merged key by key), a new dict."""
+    out = copy.deepcopy(a)
+    for k, v in b.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def dotted_get(raw: dict, key: str, default=None):
+    node = raw
+    for k in key.split("."):
+        if not isinstance(node, dict) or k not in node:
+            return default
+        node = node[k]
+    return node
+
+
+def _parent(raw: dict, key: str, where: str, create: bool):
+    keys = key.split(".")
+    node = raw
+    for k in keys[:-1]:
+        if k not in node:
+            if not create:
+                return None, None
+            node[k] = {}
+        node = node[k]
+        if not isinstance(node, dict):
+            raise ConfigError(f"{where}: {key}: {k} is not a table")
+    return node, keys[-1]
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _load_toml(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"{path}: file not found")
+    try:
+        return tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid TOML ({e})") from None
+
+
+def _check_keys(table, allowed: set[str], where: str) -> None:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: must be a table")
+    bad = sorted(set(table) - allowed)
+    if bad:
+        raise ConfigError(f"{where}: unknown key {bad[0]!r} (allowed: {', '.join(sorted(allowed))})")
+
+
+def _seed_list(v, where: str) -> list[int]:
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise ConfigError(f"{where}: must be a list of integers, got {v!r}")
+    return list(v)
+
+
+def _paths(v, root: Path, where: str) -> list[Path]:
+    v = [v] if isinstance(v, str) else v
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise ConfigError(f"{where}: must be a path or a list of paths, got {v!r}")
+    return [root / x for x in v]
+
+
+def _overrides(t: dict, where: str) -> Overrides:
+    for k in ("set", "replace"):
+        if not isinstance(t.get(k, {}), dict):
+            raise ConfigError(f"{where}.{k}: must be a table of dotted keys")
+    unset = t.get("unset", [])
+    if not isinstance(unset, list) or not all(isinstance(x, str) for x in unset):
+        raise ConfigError(f"{where}.unset: must be a list of dotted keys")
+    return Overrides(_flatten(t.get("set", {})), dict(t.get("replace", {})), list(unset))
+
+
+def _entry(key: str, t, root: Path, where: str) -> Entry:
+    if not isinstance(t, dict):
+        raise ConfigError(f"{where}: must be a table, e.g. {{ label = \"...\", set = {{ \"algorithm.name\" = \"...\" }} }}")
+    _check_keys(t, ENTRY_KEYS, where)
+    info = t.get("info", {})
+    if not isinstance(info, dict):
+        raise ConfigError(f"{where}.info: must be a table")
+    return Entry(key=key, label=str(t.get("label", key)), token=str(t.get("name", key)),
+                 over=_overrides(t, where),
+                 seeds=_seed_list(t["seeds"], f"{where}.seeds") if "seeds" in t else None,
+                 config=_paths(t["config"], root, f"{where}.config") if "config" in t else None,
+                 template=t.get("template"), info=info)
+
+
+def _read(path: Path, seen: tuple = ()) -> dict:
+    """A grid file's table, ``extends`` resolved (this file wins), ``root`` and ``tables``
+    made absolute relative to the file that names them."""
+    path = path.resolve()
+    if path in seen:
+        raise ConfigError(f"{path}: extends itself")
+    t = _load_toml(path)
+    if not isinstance(t.get("root", ""), str) or not isinstance(t.get("tables", ""), str):
+        raise ConfigError(f"{path}: root and tables must be paths (strings)")
+    for k in ("root", "tables"):
+        if k in t:
+            t[k] = str((path.parent / t[k]).resolve())
+    if "extends" in t:
+        if not isinstance(t["extends"], str):
+            raise ConfigError(f"{path}: extends must be a path (string)")
+        base = _read(path.parent / t.pop("extends"), (*seen, path))
+        t = merge(base, t)
+    t.setdefault("root", str(path.parent))
+    return t
+
+
+def load_grid(path: str | Path) -> Grid:
+    """Read and check a grid file (any error: :class:`ConfigError` naming the file and field)."""
+    path = Path(path)
+    t = _read(path)
+    _check_keys(t, GRID_KEYS, str(path))
+    root = Path(t["root"])
+    for k in ("raw_dir",):
+        if not isinstance(t.get(k), str):
+            raise ConfigError(f"{path}: {k}: required, a path relative to root")
+    seeds = _seed_list(t.get("seeds", [0]), f"{path}: seeds")
+    workers = t.get("workers", 2)
+    if not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"{path}: workers: must be an integer >= 1, got {workers!r}")
+    groups_t = t.get("groups")
+    if not isinstance(groups_t, dict) or not groups_t:
+        raise ConfigError(f"{path}: groups: at least one [groups.<name>] table with methods is required")
+    top = t.get("settings", {})
+    if not isinstance(top, dict):
+        raise ConfigError(f"{path}: settings: must be a table of [settings.<name>] tables")
+    top_settings = {k: _entry(k, v, root, f"{path}: settings.{k}") for k, v in top.items()}
+    groups = {}
+    for gk, gt in groups_t.items():
+        where = f"{path}: groups.{gk}"
+        _check_keys(gt, GROUP_KEYS, where)
+        if not isinstance(gt.get("methods"), dict) or not gt["methods"]:
+            raise ConfigError(f"{where}.methods: required, a table of methods")
+        settings_t = gt.get("settings")
+        if isinstance(settings_t, list):  # names of the grid's [settings.<name>]
+            for k in settings_t:
+                if k not in top_settings:
+                    raise ConfigError(f"{where}.settings: no [settings.{k}] in the grid")
+            settings = {k: top_settings[k] for k in settings_t}
+        elif isinstance(settings_t, dict) and settings_t:
+            settings = {k: _entry(k, v, root, f"{where}.settings.{k}") for k, v in settings_t.items()}
+        elif settings_t is None:
+            settings = dict(top_settings) or {"": _entry("", {}, root, where)}
+        else:
+            raise ConfigError(f"{where}.settings: a non-empty table of settings or a list of the grid's settings")
+        g = Group(
+            key=gk, label=str(gt.get("label", gk)), template=str(gt.get("template", DEFAULT_TEMPLATE)),
+            seeds=_seed_list(gt["seeds"], f"{where}.seeds") if "seeds" in gt else seeds,
+            settings=settings,
+            methods={k: _entry(k, v, root, f"{where}.methods.{k}") for k, v in gt["methods"].items()},
+            extra={k: _entry(k, v, root, f"{where}.extra.{k}") for k, v in gt.get("extra", {}).items()},
+            config=_paths(gt["config"], root, f"{where}.config") if "config" in gt else None,
+            over=_overrides(gt, where))
+        for e in [*g.methods.values(), *g.extra.values(), *g.settings.values()]:
+            try:
+                (e.template or g.template).format(group=gk, setting="s", method="m", seed=0)
+            except (KeyError, IndexError, ValueError) as err:
+                raise ConfigError(f"{where}: template {e.template or g.template!r}: bad field {err}") from None
+        groups[gk] = g
+    return Grid(
+        path=path, name=str(t.get("name", path.parent.name)), root=root, raw_dir=root / t["raw_dir"],
+        report=root / t["report"] if t.get("report") else None,
+        tables=Path(t["tables"]) if t.get("tables") else None,
+        seeds=seeds, workers=workers, failed_is_done=bool(t.get("failed_is_done", False)),
+        reuse_finished=bool(t.get("reuse_finished", False)), keep_below=t.get("keep_below"),
+        config=_paths(t.get("config", []), root, f"{path}: config"), over=_overrides(t, str(path)),
+        params=dict(t.get("params", {})), groups=groups)

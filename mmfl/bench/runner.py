@@ -1,0 +1,154 @@
+"""Running a grid (what is missing, in parallel workers, resumable) and rendering its report
+through the grid's table spec. ``mmfl bench GRID.toml`` (parser in :mod:`mmfl.cli`) calls
+:func:`cmd_bench`."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from functools import partial
+from pathlib import Path
+from types import ModuleType
+
+from mmfl.bench.grid import Grid, Run, load_grid
+from mmfl.bench.render import md_table, ms, write_report
+from mmfl.bench.results import Results
+from mmfl.errors import ConfigError
+
+_SPECS: dict[str, ModuleType] = {}
+
+
+def load_spec(path: Path | None) -> ModuleType | None:
+    """The table spec module (``tables = "tables.py"`` of the grid), loaded from its file."""
+    if path is None:
+        return None
+    key = str(path)
+    if key not in _SPECS:
+        if not path.is_file():
+            raise ConfigError(f"tables: {path}: file not found")
+        spec = importlib.util.spec_from_file_location(f"mmfl_bench_spec_{path.parent.name}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _SPECS[key] = mod
+    return _SPECS[key]
+
+
+class Bench:
+    """What a table spec's ``report(b)`` gets: the grid, the raw folder's results and the
+    planned runs, with shortcuts for the common readings."""
+
+    def __init__(self, grid: Grid, files: tuple[str, ...] = ()):
+        self.grid = grid
+        self.raw = grid.raw_dir
+        self.results = Results(grid.raw_dir, files)
+        self.runs: list[Run] = grid.runs()
+        self.params = grid.params
+
+    def methods(self, group: str):
+        return self.grid.methods(group)
+
+    def names(self, group: str, method: str, setting: str | None = None, seeds=None) -> dict[int, str]:
+        return self.grid.names(group, method, setting, seeds)
+
+    def by_seed(self, group: str, method: str, setting: str | None = None, key: str = "accuracy",
+                reader: str = "final", keep_failed: bool = False) -> dict[int, float | None]:
+        """``{seed: value}`` of one method (and setting) of a group (see :meth:`Results.by_seed`)."""
+        return self.results.by_seed(self.names(group, method, setting), key, reader, keep_failed)
+
+    def vals(self, group: str, method: str, setting: str | None = None, key: str = "accuracy",
+             reader: str = "final") -> list[float]:
+        return [v for v in self.by_seed(group, method, setting, key, reader).values() if v is not None]
+
+    def config(self, group: str, method: str | None = None, setting: str | None = None) -> dict:
+        """The raw config of a group's first run (or of one method / setting)."""
+        return self.grid.raw_config(group, method, setting)
+
+    def finished(self) -> list[str]:
+        return [r.name for r in self.runs if self.results.finished(r.name)]
+
+    def failed(self) -> list[tuple[str, str]]:
+        return [(r.name, f) for r in self.runs if (f := self.results.failed(r.name)) is not None]
+
+    def last_invocation(self) -> dict | None:
+        """The record :func:`mmfl.sweep.run_pool` wrote of the last invocation that ran runs."""
+        p = self.raw / "last_invocation.json"
+        return json.loads(p.read_text()) if p.is_file() else None
+
+
+def default_report(b: Bench) -> list[str]:
+    """Without a table spec: per group, the final accuracy (mean ± std over seeds, %) of each
+    method (rows) in each setting (columns)."""
+    out = [f"# {b.grid.name}", ""]
+    for gk, g in b.grid.groups.items():
+        out += [f"## {g.label}", ""]
+        header = ["method", *[s.label or "final accuracy (%)" for s in g.settings.values()]]
+        rows = [[m.label, *[ms(b.vals(gk, mk, sk), len(b.names(gk, mk, sk)), scale=100.0) for sk in g.settings]]
+                for mk, m in g.methods.items()]
+        out += [*md_table(header, rows), ""]
+    return out
+
+
+def _spec_post(raw: dict, cfg, run_dir: Path, exp, *, spec_path: str) -> None:
+    """A worker's post-run step: the spec's ``post(raw, cfg, run_dir, exp)`` (the spec is
+    loaded from its file in the worker, so it need not be importable by name)."""
+    load_spec(Path(spec_path)).post(raw, cfg, run_dir, exp)
+
+
+def execute(grid: Grid, workers: int | None = None, seeds: list[int] | None = None,
+            groups: list[str] | None = None) -> int:
+    """Run the planned runs that are not done, in ``workers`` spawned one-thread processes
+    (:func:`mmfl.sweep.run_missing`). Done: the spec's ``done(run_dir, raw)`` if it has one,
+    else summary.json exists (or failed.txt, with ``failed_is_done``). Returns how many ran."""
+    from mmfl.sweep import run_missing
+
+    spec = load_spec(grid.tables)
+    runs = grid.runs(groups, seeds)
+    raw_dir = grid.raw_dir
+
+    def done(name: str, raw: dict) -> bool:
+        d = raw_dir / name
+        if spec is not None and hasattr(spec, "done"):
+            return spec.done(d, raw)
+        return (d / "summary.json").is_file() or (grid.failed_is_done and (d / "failed.txt").is_file())
+
+    warm, seen = [], set()
+    for r in runs:  # the data sets of each (group, setting) once, before the workers start
+        if (r.group, r.setting) not in seen:
+            seen.add((r.group, r.setting))
+            warm.append(r.raw)
+    post = partial(_spec_post, spec_path=str(grid.tables)) if spec is not None and hasattr(spec, "post") else None
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    return run_missing(grid.name, [(r.name, r.raw) for r in runs], raw_dir, workers or grid.workers, warm,
+                       done=done, post=post, reuse_finished=grid.reuse_finished)
+
+
+def render(grid: Grid) -> Path | None:
+    """Write the grid's report from the finished runs (the spec's ``report(b)``, else
+    :func:`default_report`); returns its path (None when the grid names no report)."""
+    spec = load_spec(grid.tables)
+    b = Bench(grid, tuple(getattr(spec, "FILES", ())))
+    lines = spec.report(b) if spec is not None and hasattr(spec, "report") else default_report(b)
+    if grid.report is None:
+        print("\n".join(lines))
+        return None
+    return write_report(grid.report, lines, grid.keep_below)
+
+
+def cmd_bench(args) -> int:
+    grid = load_grid(args.grid)
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"--workers: must be >= 1, got {args.workers}")
+    if not args.tables_only:
+        execute(grid, args.workers, args.seeds, args.group or None)
+    path = render(grid)
+    if path is not None:
+        print(f"wrote {path}")
+    return 0
+
+
+def bench_main(grid: str | Path, argv: list[str] | None = None) -> int:
+    """``mmfl bench GRID [argv]`` from a benchmark's thin ``run.py``."""
+    from mmfl.cli import main
+
+    return main(["bench", str(grid), *(sys.argv[1:] if argv is None else argv)])

@@ -1,0 +1,143 @@
+"""The benchmark toolkit (mmfl.bench): grid expansion, resume, table rendering, CLI errors."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mmfl.bench import Results, load_grid, pair_row, render, seed_cell
+from mmfl.bench import runner as bench_runner
+from mmfl.cli import main
+
+TINY = Path(__file__).parent / "flower_tiny.toml"
+
+GRID = f"""
+name = "tiny"
+raw_dir = "raw"
+report = "out.md"
+seeds = [0, 1, 2]
+config = "{TINY}"
+
+[set]
+threads = 1
+train = {{ lr = 0.1 }}
+
+[groups.g]
+template = "g-{{setting}}-{{method}}-s{{seed}}"
+set = {{ rounds = 3 }}
+
+[groups.g.settings]
+a = {{ label = "beta 0.5", set = {{ "partition.beta" = 0.5 }} }}
+b = {{ label = "beta 0.1", set = {{ "partition.beta" = 0.1 }}, seeds = [0, 1] }}
+
+[groups.g.methods]
+fedavg = {{ label = "FedAvg", set = {{ "algorithm.name" = "fedavg" }} }}
+prox = {{ label = "FedProx", name = "fedprox", seeds = [0], set = {{ "algorithm.name" = "fedprox", "algorithm.mu" = 0.1 }} }}
+"""
+
+
+def _grid(tmp_path, text=GRID):
+    p = tmp_path / "grid.toml"
+    p.write_text(text)
+    return load_grid(p)
+
+
+def test_grid_expands_names_overrides_and_seeds(tmp_path):
+    g = _grid(tmp_path)
+    runs = {r.name: r for r in g.runs()}
+    # a: 3 seeds x fedavg + seed 0 x prox; b: seeds 0,1 x fedavg + seed 0 x prox
+    assert sorted(runs) == sorted(["g-a-fedavg-s0", "g-a-fedavg-s1", "g-a-fedavg-s2", "g-a-fedprox-s0",
+                                   "g-b-fedavg-s0", "g-b-fedavg-s1", "g-b-fedprox-s0"])
+    r = runs["g-b-fedprox-s0"].raw
+    assert r["algorithm"] == {"name": "fedprox", "mu": 0.1}
+    assert r["partition"] == {"name": "dirichlet", "num_clients": 3, "beta": 0.1}  # base file merged, not replaced
+    assert r["train"]["lr"] == 0.1 and r["train"]["batch_size"] == 64
+    assert r["rounds"] == 3 and r["threads"] == 1 and r["seed"] == 0
+    assert runs["g-a-fedavg-s2"].raw["seed"] == 2
+    assert g.names("g", "fedavg", "b") == {0: "g-b-fedavg-s0", 1: "g-b-fedavg-s1"}
+    assert [r.seed for r in g.runs(seeds=[1])] == [1, 1]
+    assert list(g.methods("g")) == ["fedavg", "prox"]
+
+
+def test_adding_a_method_is_one_line(tmp_path):
+    g = _grid(tmp_path, GRID + 'fedavgm = { label = "FedAvgM", set = { "algorithm.name" = "fedavgm" } }\n')
+    assert list(g.methods("g")) == ["fedavg", "prox", "fedavgm"]
+    assert g.names("g", "fedavgm", "a") == {0: "g-a-fedavgm-s0", 1: "g-a-fedavgm-s1", 2: "g-a-fedavgm-s2"}
+
+
+def test_same_name_for_two_configs_is_an_error(tmp_path):
+    from mmfl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="two different configs"):
+        _grid(tmp_path, GRID.replace("g-{setting}-{method}", "g-{method}")).runs()
+
+
+def test_finished_run_is_not_run_again(tmp_path, monkeypatch):
+    import mmfl.sweep as sweep
+
+    g = _grid(tmp_path)
+    done = g.raw_dir / "g-a-fedavg-s0"
+    done.mkdir(parents=True)
+    (done / "summary.json").write_text("{}")
+    ran = []
+    monkeypatch.setattr(sweep, "warm_caches", lambda raws: None)
+    monkeypatch.setattr(sweep, "run_pool", lambda todo, fn, raw_dir, workers: ran.extend(n for n, _ in todo) or len(todo))
+    assert bench_runner.execute(g, workers=1) == 6
+    assert "g-a-fedavg-s0" not in ran and len(ran) == 6
+    # a failed run is retried unless the grid says failed_is_done
+    (g.raw_dir / "g-a-fedavg-s1").mkdir()
+    (g.raw_dir / "g-a-fedavg-s1" / "failed.txt").write_text("diverged")
+    ran.clear()
+    bench_runner.execute(g, workers=1)
+    assert "g-a-fedavg-s1" in ran
+    g.failed_is_done = True
+    ran.clear()
+    bench_runner.execute(g, workers=1)
+    assert "g-a-fedavg-s1" not in ran and len(ran) == 5
+
+
+def _fake_run(raw_dir: Path, name: str, accs: list[float]):
+    d = raw_dir / name
+    d.mkdir(parents=True)
+    rows = [{"round": i + 1, "accuracy": a, "bytes_up": 1_000_000, "bytes_down": 2_000_000, "wall_time_s": 1.5}
+            for i, a in enumerate(accs)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "summary.json").write_text(json.dumps({"rounds": len(accs), "final_accuracy": accs[-1],
+                                                "best_accuracy": max(accs), "wall_time_s": 1.5 * len(accs)}))
+
+
+def test_tables_from_fake_run_folders(tmp_path):
+    g = _grid(tmp_path)
+    for seed, acc in ((0, 0.5), (1, 0.7), (2, 0.6)):
+        _fake_run(g.raw_dir, f"g-a-fedavg-s{seed}", [0.2, acc + 0.1, acc])
+    _fake_run(g.raw_dir, "g-a-fedprox-s0", [0.3, 0.4, 0.45])
+    res = Results(g.raw_dir)
+    f = res.final("g-a-fedavg-s0")
+    assert f["accuracy"] == 0.5 and f["_mb_round"] == pytest.approx(3.0) and f["_wall"] == pytest.approx(4.5)
+    assert res.value("g-a-fedavg-s0", reader="best") == pytest.approx(0.6)
+    assert res.by_seed(g.names("g", "fedavg", "a")) == {0: 0.5, 1: 0.7, 2: 0.6}
+    assert res.mean_curve(g.names("g", "fedavg", "a"))[-1]["accuracy"] == pytest.approx(0.6)
+    render(g)  # no table spec: the default report, a method x setting table of final accuracy
+    text = (tmp_path / "out.md").read_text()
+    assert "| FedAvg | 60.0 ± 8.2 | — |" in text  # std over seeds (ddof 0) of 50, 70, 60
+    assert "| FedProx | 45.0 | — |" in text
+    # a diverged run (failed.txt) counts in the MOON-style cell and the paired row
+    (g.raw_dir / "g-b-fedavg-s0").mkdir()
+    (g.raw_dir / "g-b-fedavg-s0" / "failed.txt").write_text("ValueError: non-finite model")
+    vals = res.by_seed(g.names("g", "fedavg", "b"), keep_failed=True)
+    assert vals == {0: None} and seed_cell(vals) == "– (1 of 1 diverged)"
+    a = {s: 0.6 + 0.01 * s for s in range(5)}
+    b = {s: 0.5 + 0.01 * s * (s % 2) for s in range(5)}
+    row = pair_row("A", "B", a, b)
+    assert row.startswith("| A − B | +") and "**A > B** (5 seeds)" in row
+    assert "not claimed" in pair_row("A", "B", {0: 0.6, 1: 0.7}, {0: 0.5, 1: 0.55})
+
+
+def test_cli_bad_grid_is_one_line_error(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('raw_dir = "raw"\n[groups.g]\nmethods = { m = { sett = 1 } }\n')
+    assert main(["bench", str(bad), "--tables-only"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mmfl: error: ") and "sett" in err[0]
+    assert main(["bench", str(tmp_path / "missing.toml")]) == 2
+    assert "file not found" in capsys.readouterr().err
