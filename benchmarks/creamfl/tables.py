@@ -256,6 +256,7 @@ def fig4(b, out_png: Path) -> list[str]:
             ax.legend(fontsize=7)
         lines.append("")
     fig.tight_layout()
+    out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=120)
     plt.close(fig)
     return lines

@@ -319,7 +319,8 @@ def _entries(t, root: Path, where: str) -> dict[str, Entry]:
 
 
 def _like(groups_t: dict, path: Path) -> dict:
-    """Groups with ``like = "other"``: the other group's table deep-merged under this one's."""
+    """Groups with ``like = "other"``: the other group's table deep-merged under this one's
+    (``settings = [...]`` then names a subset of the other group's own settings, if it has any)."""
     out = {}
 
     def resolve(gk: str, seen: tuple) -> dict:
@@ -331,7 +332,14 @@ def _like(groups_t: dict, path: Path) -> dict:
             raise ConfigError(f"{path}: groups.{gk}.like: no group {base!r}")
         if base in seen:
             raise ConfigError(f"{path}: groups.{gk}.like: a cycle ({' -> '.join((*seen, base))})")
-        t = merge(resolve(base, (*seen, base)), {k: v for k, v in gt.items() if k != "like"})
+        under = resolve(base, (*seen, base))
+        t = merge(under, {k: v for k, v in gt.items() if k != "like"})
+        if isinstance(gt.get("settings"), list) and isinstance(under.get("settings"), dict):
+            # a subset of the other group's own settings
+            bad = [k for k in gt["settings"] if k not in under["settings"]]
+            if bad:
+                raise ConfigError(f"{path}: groups.{gk}.settings: no setting {bad[0]!r} in groups.{base}")
+            t["settings"] = {k: under["settings"][k] for k in gt["settings"]}
         return t
 
     for gk in groups_t:
@@ -415,10 +423,12 @@ def load_grid(path: str | Path, sets: list[str] | tuple = ()) -> Grid:
             extra=_entries(gt.get("extra", {}), root, f"{where}.extra"),
             config=_paths(gt["config"], root, f"{where}.config") if "config" in gt else None,
             over=_overrides(gt, where), post=_post(gt.get("post"), f"{where}.post"))
-        for e in [*g.methods.values(), *g.extra.values()]:
-            bad = [x for x in e.settings or [] if x not in g.settings]
+        known = {*top_settings, *(k for t_ in groups_t.values() if isinstance(t_, dict)
+                                  and isinstance(t_.get("settings"), dict) for k in t_["settings"])}
+        for e in [*g.methods.values(), *g.extra.values()]:  # (a like group may have fewer settings than its entries)
+            bad = [x for x in e.settings or [] if x not in known]
             if bad:
-                raise ConfigError(f"{where}: {e.key}.settings: no setting {bad[0]!r} in the group")
+                raise ConfigError(f"{where}: {e.key}.settings: no setting {bad[0]!r} in the grid")
         for e in [*g.methods.values(), *g.extra.values(), *g.settings.values()]:
             try:
                 (e.template or g.template).format(group=gk, setting="s", method="m", seed=0)
