@@ -112,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="worker processes (default: the grid's workers)")
     p.add_argument("--seeds", type=int, nargs="+", help="run only these seeds (the tables use every finished run)")
     p.add_argument("--group", action="append", default=[], help="run only this group (repeatable)")
+    p.add_argument("--raw-dir", help="run folders here instead of the grid's raw_dir; the report (and what "
+                                     "the spec writes next to it) then goes here too, not to the grid's report path")
     return parser
 
 
