@@ -182,3 +182,27 @@ def test_verdict_count_counts_held_beyond_and_reversed():
          "reversed, within the spread"]
     assert verdict_count(v, "T") == ("2 of 4 T claims hold in the mean; 1 beyond the seed spread, "
                                      "1 reversed beyond it, the rest within it.")
+
+def test_invocation_record_only_when_this_invocation_ran_runs(tmp_path, monkeypatch):
+    """``b.invocation``: the record of the runs this invocation ran (for a cost line); None for
+    ``--tables-only`` even when an older record exists, so a rebuilt report stays identical."""
+    import mmfl.sweep as sweep
+
+    spec = tmp_path / "tables.py"
+    spec.write_text("def report(b):\n    inv = b.invocation\n"
+                    "    return ['ran ' + (str(inv['runs']) if inv else 'none'), '']\n")
+    g = _grid(tmp_path, 'tables = "tables.py"\n' + GRID)
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "last_invocation.json").write_text(json.dumps({"runs": 99, "wall_s": 1.0, "workers": 2}))
+
+    def fake_pool(todo, fn, raw_dir, workers):
+        (Path(raw_dir) / "last_invocation.json").write_text(json.dumps({"runs": len(todo), "wall_s": 1.0,
+                                                                         "workers": workers}))
+        return len(todo)
+
+    monkeypatch.setattr(sweep, "warm_caches", lambda raws: None)
+    monkeypatch.setattr(sweep, "run_pool", fake_pool)
+    assert main(["bench", str(g.path), "--tables-only"]) == 0
+    assert (tmp_path / "out.md").read_text() == "ran none\n"
+    assert main(["bench", str(g.path), "--workers", "1"]) == 0
+    assert (tmp_path / "out.md").read_text() == "ran 7\n"

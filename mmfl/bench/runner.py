@@ -44,6 +44,7 @@ class Bench:
         self.results = Results(grid.raw_dir, files)
         self.runs: list[Run] = grid.runs()
         self.params = grid.params
+        self.invocation: dict | None = None  # this invocation's record when it ran runs (None: --tables-only)
 
     def methods(self, group: str):
         return self.grid.methods(group)
@@ -123,11 +124,13 @@ def execute(grid: Grid, workers: int | None = None, seeds: list[int] | None = No
                        done=done, post=post, reuse_finished=grid.reuse_finished)
 
 
-def render(grid: Grid) -> Path | None:
+def render(grid: Grid, ran: int = 0) -> Path | None:
     """Write the grid's report from the finished runs (the spec's ``report(b)``, else
-    :func:`default_report`); returns its path (None when the grid names no report)."""
+    :func:`default_report`); returns its path (None when the grid names no report). ``ran``:
+    how many runs this invocation ran (then ``b.invocation`` is their record, else None)."""
     spec = load_spec(grid.tables)
     b = Bench(grid, tuple(getattr(spec, "FILES", ())))
+    b.invocation = b.last_invocation() if ran else None
     lines = spec.report(b) if spec is not None and hasattr(spec, "report") else default_report(b)
     if grid.report is None:
         print("\n".join(lines))
@@ -150,9 +153,8 @@ def cmd_bench(args) -> int:
         grid = redirect(grid, args.raw_dir)
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers: must be >= 1, got {args.workers}")
-    if not args.tables_only:
-        execute(grid, args.workers, args.seeds, args.group or None)
-    path = render(grid)
+    ran = 0 if args.tables_only else execute(grid, args.workers, args.seeds, args.group or None)
+    path = render(grid, ran)
     if path is not None:
         print(f"wrote {path}")
     return 0
