@@ -10,6 +10,7 @@ Fig. 3 runs (``xi_history.json``)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mmfl.algorithms.fedavg import FedAvgParams
 from mmfl.bench import finite, ms, verdict_count
 from mmfl.sweep import machine, spread_text, verdict
 
@@ -756,7 +758,9 @@ def scale_lines(s) -> list[str]:
         raw = base_raw(s["settings"][0], s)
         raw["algorithm"] = {"name": m}
         p = resolve(raw).algorithm.params
-        defaults.append(f"{LABEL[m]} " + ", ".join(f"{k} {v}" for k, v in vars(p).items()))
+        family = {f.name for f in dataclasses.fields(FedAvgParams)}  # the aggregation rule: FedAvg's, not the method's
+        defaults.append(f"{LABEL[m]} " + ", ".join(f"{k} {v}" for k, v in vars(p).items()
+                                                   if k not in family or v != getattr(FedAvgParams(), k)))
     out.append("- Baselines with their registered defaults (the paper gives none): " + "; ".join(defaults) + ".")
     return out
 
