@@ -34,9 +34,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+import torch
 from torch import Tensor, nn
 
 from mmfl.core.message import Message
+from mmfl.core.retrieval import evaluate_retrieval, pairs_to_retrieval
 from mmfl.core.personal import combine_devices, device_metrics, evaluate_devices, held_test_set, own_test_indices
 from mmfl.core.training import evaluate_model, load_into, state_of
 from mmfl.data.base import ArrayDataset
@@ -90,13 +92,15 @@ def global_metrics(model: nn.Module, test: ArrayDataset, num_classes: int) -> di
 
 
 def personalized_metrics(ctx: EvalContext, model_of: Callable[[int], nn.Module] | None,
-                         state_of_client: Callable[[int], dict[str, Tensor] | None]) -> dict:
+                         state_of_client: Callable[[int], dict[str, Tensor] | None] | None,
+                         over_own: bool = False) -> dict:
     """``personalized``: the mean over clients of each one's metrics on its own test rows
     (:func:`mmfl.core.personal.combine_devices`).
 
     ``model_of(cid)``: the server's copy of client ``cid``'s model (None: the server has none,
     the clients evaluate their own). ``state_of_client(cid)``: the tensors of that model to send
-    on the message route (None: the client's own model, ``model/*`` in its state). The server's
+    on the message route (None: the client's own model, ``model/*`` in its state; with
+    ``over_own`` the sent tensors replace only their entries of the client's own model). The server's
     copies are scored here when ``ctx.personal_rows`` is given; otherwise every client gets a
     :data:`PERSONAL_ROUTE` message and answers with :func:`client_personal_metrics`.
     """
@@ -107,7 +111,7 @@ def personalized_metrics(ctx: EvalContext, model_of: Callable[[int], nn.Module] 
     for cid in range(ctx.num_clients):
         arrays = state_of_client(cid)
         msgs[cid] = Message(arrays=dict(arrays or {}), scalars={
-            "seed": int(ctx.seed), "num_classes": int(ctx.num_classes), "own": arrays is None,
+            "seed": int(ctx.seed), "num_classes": int(ctx.num_classes), "own": arrays is None or over_own,
             "batch_size": int(ctx.batch_size)})
     replies = ctx.send(PERSONAL_ROUTE, msgs)
     per = []
@@ -136,3 +140,26 @@ def client_personal_metrics(ctx, msg: Message) -> Message:
     data = held_test_set(ctx.test_data, ctx.modalities, idx)
     m = device_metrics(model, data, num_classes, int(msg.scalars.get("batch_size", 1000)))
     return Message(scalars=m)
+
+
+def retrieval_scores(img: Tensor, txt: Tensor, test: ArrayDataset, meta) -> dict:
+    """``retrieval``: image-to-text and text-to-image Recall@1/5/10 of the representations
+    ``img``/``txt`` ``[len(test), d]`` of the test rows (:func:`mmfl.core.retrieval.evaluate_retrieval`):
+    the 1K protocol for 5,000 test images, else plain; rows paired by instance (or several
+    captions per image via ``meta.info["image_index"]``), or by class for class-paired sets."""
+    pairing = (meta.info or {}).get("pairing", "instance")
+    index = ((meta.info or {}).get("image_index") or {}).get("test")
+    if pairing == "class":
+        labels = test.get()[1]
+        out = evaluate_retrieval(img, txt, None, "plain", class_level=True, img_labels=labels, txt_labels=labels)
+    elif index is not None and int(index.numel()) == len(test):
+        img, txt, t2i = pairs_to_retrieval(img, txt, index)
+        out = evaluate_retrieval(img, txt, t2i)
+    else:
+        out = evaluate_retrieval(img, txt, torch.arange(len(test)))
+        if meta.num_classes > 1:  # also by class: a hit is an item of the query's class
+            labels = test.get()[1]
+            by_class = evaluate_retrieval(img, txt, None, "plain", class_level=True, img_labels=labels,
+                                          txt_labels=labels)
+            out.update({f"class_{k}": v for k, v in by_class.items() if isinstance(v, float)})
+    return {k: v for k, v in out.items() if isinstance(v, float)}
