@@ -25,7 +25,7 @@ from mmfl.schema import TrainConfig
 from mmfl.data.base import ArrayDataset, DatasetMeta
 from mmfl.core.evaluation import EvalContext, client_personal_metrics, global_metrics, personalized_metrics
 from mmfl.core.message import Message
-from mmfl.core.training import load_into, model_tensors, state_of, train_at_round
+from mmfl.core.training import LossFn, load_into, local_train, model_tensors, state_of, train_at_round
 
 
 class TrafficLog(Protocol):
@@ -180,6 +180,64 @@ class Client:
         if method is None:
             raise RuntimeError(f"{type(self).__name__} has no handler for route {route!r}")
         return method(msg)
+
+
+class TrainingClient(Client):
+    """A client whose ``train`` route is local training, with the one family of hooks every
+    training client (single-modal FedAvg family, multimodal family) overrides::
+
+        train(msg):  model = load_model(msg)
+                     begin(model, msg)
+                     local_train(model, loss_fn(msg), on_epoch, before_step, after_step)
+                     return finish(model, msg, stats)   # calls after_train where it keeps state
+
+    - ``load_model(msg)``: the local model loaded with what the client trains from.
+    - ``begin(model, msg)``: before training (SCAFFOLD's c - c_i, FedCMI's temperatures).
+    - ``loss_fn(msg)``: the objective ``(model, inputs, labels) -> scalar``; by default
+      :meth:`loss` with ``msg``. (The FedAvg family builds it from a loss written once for
+      the sequential and the batched path, :class:`~mmfl.algorithms.fedavg.FedAvgClient`.)
+    - ``on_epoch(epoch)``, ``before_step()`` (between backward and the optimizer step:
+      gradient corrections), ``after_step()`` (after every optimizer step).
+    - ``after_train(model, msg, stats)``: update ``ctx.state`` (MOON keeps the model).
+    - ``finish(model, msg, stats) -> Message``: the reply.
+    """
+
+    def train(self, msg: Message) -> Message:
+        model = self.load_model(msg)
+        self.begin(model, msg)
+        stats = local_train(model, self.ctx.data, self.ctx.train, self.ctx.generator(),
+                            loss_fn=self.loss_fn(msg), before_step=self.before_step,
+                            after_step=self.after_step, on_epoch=self.on_epoch)
+        return self.finish(model, msg, stats)
+
+    def load_model(self, msg: Message) -> nn.Module:
+        return load_into(self.ctx.model("local"), msg.arrays)
+
+    def begin(self, model: nn.Module, msg: Message) -> None:
+        """Called before local training."""
+
+    def loss_fn(self, msg: Message) -> LossFn:
+        return lambda model, inputs, labels: self.loss(model, inputs, labels, msg)
+
+    def loss(self, model: nn.Module, inputs: dict[str, Tensor], labels: Tensor, msg: Message) -> Tensor:
+        """The objective on one batch (a scalar)."""
+        raise NotImplementedError
+
+    def on_epoch(self, epoch: int) -> None:
+        """At the start of each local epoch."""
+
+    def before_step(self) -> None:
+        """Between backward and the optimizer step."""
+
+    def after_step(self) -> None:
+        """After each optimizer step."""
+
+    def after_train(self, model: nn.Module, msg: Message, stats: dict) -> None:
+        """Update ``self.ctx.state`` after local training."""
+
+    def finish(self, model: nn.Module, msg: Message, stats: dict) -> Message:
+        """The reply after local training ended at ``model``."""
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
