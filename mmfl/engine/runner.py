@@ -27,6 +27,8 @@ import torch
 
 from mmfl.algorithms import ALGORITHMS
 from mmfl.algorithms.base import ServerContext, Transport
+from mmfl.core.evaluation import PERSONAL_PREFIX, EvalContext, run_evaluations
+from mmfl.core.personal import personal_test_indices
 from mmfl.core.system import WirelessSystem
 from mmfl.core.training import train_for_run
 from mmfl.data.federation import build_federation
@@ -146,13 +148,13 @@ class Experiment:
             self.transport.begin_round(rnd)
             row: dict = {"round": rnd + 1, "clients": len(cohort)}
             row.update(self.server.round(rnd, cohort, self.transport))
-            row.update(getattr(self.transport, "batch_info", None) or {})  # batched clients, or why not
+            row.update(self.transport.batch_info)  # batched clients, or why not
             train_comm = self.transport.log.summary()
             dropped = list(self.transport.log.dropped)  # before the evaluation resets the log
             row["train_time_s"] = time.perf_counter() - t0
             if (rnd + 1) % cfg.run.eval_every == 0 or rnd + 1 == cfg.run.rounds:
                 self.transport.log.reset()
-                row.update(self.server.evaluate(rnd, self.federation.test, self.transport))
+                row.update(run_evaluations(self.server, self.evaluations(), self.eval_context(rnd)))
                 ev = self.transport.log.summary()
                 if ev["bytes_down"] or ev["bytes_up"]:
                     row["eval_bytes_down"], row["eval_bytes_up"] = ev["bytes_down"], ev["bytes_up"]
@@ -177,6 +179,25 @@ class Experiment:
                 bar.set_postfix(r1_sum=f"{row['r1_sum']:.2f}")
         summary = self._finish()
         return summary
+
+    # --- evaluation (mmfl.core.evaluation) -------------------------------
+    def evaluations(self) -> dict[str, str]:
+        """The server's declared evaluations, plus the personalized one with ``run.personal_eval``."""
+        kinds = dict(self.server.evaluations)
+        if self.cfg.run.personal_eval and "personalized" not in kinds:
+            kinds["personalized"] = PERSONAL_PREFIX
+        return kinds
+
+    def eval_context(self, rnd: int) -> EvalContext:
+        """What the evaluations get. The per-client personalized test rows are drawn here only
+        when the clients' data is in this process; otherwise the clients draw their own."""
+        fed, seed = self.federation, self.cfg.run.seed
+        rows = None
+        if self.transport.clients_in_process:
+            rows = lambda: personal_test_indices(fed, fed.test, seed, fed.meta.num_classes)  # noqa: E731
+        return EvalContext(rnd=rnd, test=fed.test, seed=seed, num_classes=fed.meta.num_classes,
+                           num_clients=fed.num_clients, modalities_of=fed.modalities_of,
+                           send=self.transport.send, personal_rows=rows)
 
     def _sim_time_so_far(self) -> float:
         """Simulated seconds of the rounds already in ``metrics.jsonl`` (a resumed run)."""
