@@ -14,6 +14,8 @@ Run folder ``<output_dir>/<name>/``:
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import os
 import shutil
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import tomli_w
 import torch
 
 from mmfl.algorithms import ALGORITHMS
@@ -38,7 +41,7 @@ from mmfl.engine.state import make_store
 from mmfl.errors import ConfigError, MMFLError
 from mmfl.models.factory import model_factory
 from mmfl.report import load_metrics, plot_accuracy, summarize
-from mmfl.schema import ExperimentConfig
+from mmfl.schema import COMPONENTS, ExperimentConfig
 from mmfl.seeds import derive_seed
 
 
@@ -104,8 +107,10 @@ class Experiment:
         if resume:
             if not (d / "config.toml").is_file():
                 raise MMFLError(f"{d}: nothing to resume (no config.toml); run without --resume")
-            # both sides as written by ExperimentConfig.to_toml (every default filled in)
-            mine, theirs = tomllib.loads(self.cfg.to_toml()), _load_toml(d / "config.toml")
+            # both sides as written by ExperimentConfig.to_toml (every default filled in); a
+            # setting added to mmfl since the run started counts at its default
+            mine = tomllib.loads(self.cfg.to_toml())
+            theirs = with_new_defaults(_load_toml(d / "config.toml"), self.cfg)
             mine.pop("rounds"), theirs.pop("rounds")
             if mine != theirs:
                 diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
@@ -242,9 +247,31 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def _load_toml(path: Path) -> dict:
-    import tomllib
-
     return tomllib.loads(path.read_text())
+
+
+def with_new_defaults(saved: dict, cfg: ExperimentConfig) -> dict:
+    """``saved`` (a run folder's config.toml) with every setting it lacks that ``cfg``'s
+    dataclasses declare set to that field's default: a run written by an older mmfl ran with
+    the behaviour a newly added setting defaults to. Component tables naming another entry
+    than ``cfg`` are left alone (they differ anyway)."""
+    out = copy.deepcopy(saved)
+    tables = {None: cfg.run, "train": cfg.train, "privacy": cfg.privacy, "system": cfg.system,
+              **{kind: getattr(cfg, kind).params for kind in COMPONENTS}}
+    for key, obj in tables.items():
+        table = out if key is None else out.get(key)
+        if obj is None or not dataclasses.is_dataclass(obj) or not isinstance(table, dict):
+            continue
+        if key in COMPONENTS and table.get("name") != getattr(cfg, key).name:
+            continue
+        for f in dataclasses.fields(obj):
+            if f.name in table or not f.init:
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+            if default is not None:
+                table[f.name] = tomllib.loads(tomli_w.dumps({"v": default}))["v"]
+    return out
 
 
 def _truncate_metrics(path: Path, start: int) -> None:
