@@ -185,20 +185,20 @@ def data_weights_per_sample(local: Tensor, data_weights: list[float], **context:
     return (raw / raw.sum()).unsqueeze(1).expand(-1, local.shape[1])
 
 
-def iot_weights_per_sample(local: Tensor, data_weights: list[float], multimodal: list[bool] | None = None,
-                           multimodal_weight: float = 100.0, **context: Any) -> Tensor:
-    """:func:`data_weights_per_sample` after multiplying the weight of a client holding several
-    modalities (``multimodal[c]``) by ``multimodal_weight`` (reamFL+IoT: 100). ``[C, P, d] -> [C, P]``."""
-    if multimodal is None:
-        raise ValueError("the 'rep_iot' rule needs multimodal=[bool per update]")
-    return data_weights_per_sample(local, [scale_weight(w, multimodal_weight) if mm else w
-                                           for w, mm in zip(data_weights, multimodal)])
-
-
 AGGREGATION_RULES.register("rep_mean", help="representations [P, d]: uniform per-sample mean in float32 "
                                             "(CreamFL's reamFL+Mean, FedMD's consensus)")(per_sample_rule(uniform_weights))
-AGGREGATION_RULES.register("rep_avg", help="representations [P, d]: data-weighted mean in float32 "
-                                           "(CreamFL's reamFL+Avg)")(per_sample_rule(data_weights_per_sample))
-AGGREGATION_RULES.register("rep_iot", help="representations [P, d]: rep_avg with multimodal clients' weights times "
-                                           "multimodal_weight (CreamFL's reamFL+IoT)")(
-    per_sample_rule(iot_weights_per_sample))
+rep_avg = AGGREGATION_RULES.register("rep_avg", help="representations [P, d]: data-weighted mean in float32 "
+                                                     "(CreamFL's reamFL+Avg)")(per_sample_rule(data_weights_per_sample))
+
+
+@AGGREGATION_RULES.register("rep_iot", help="representations [P, d]: rep_avg with multimodal clients' weights times "
+                                            "multimodal_weight (CreamFL's reamFL+IoT)")
+def rep_iot(updates: list[dict[str, Tensor]], weights: list[float | dict[str, float]],
+            previous: dict[str, Tensor] | None = None, multimodal: list[bool] | None = None,
+            multimodal_weight: float = 100.0, **context: Any) -> dict[str, Tensor]:
+    """``rep_avg`` after multiplying the weight of each update from a client holding several
+    modalities (``multimodal[k]``) by ``multimodal_weight`` (reamFL+IoT: 100)."""
+    if multimodal is None:
+        raise ValueError("the 'rep_iot' rule needs multimodal=[bool per update] (CreamFL's server gives it)")
+    scaled = [scale_weight(w, multimodal_weight) if mm else w for w, mm in zip(weights, multimodal)]
+    return rep_avg(updates, scaled, previous, **context)
