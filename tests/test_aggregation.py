@@ -184,3 +184,15 @@ def test_creamfl_unknown_aggregation_is_one_config_error_line(tmp_path):
     with pytest.raises(ConfigError, match="^algorithm.aggregation: unknown aggregation rule 'medain'"):
         load_config(None, ["algorithm.name=creamfl", "algorithm.aggregation=medain", f"output_dir={tmp_path}"])
     assert {"gca", "rep_mean", "rep_avg", "rep_iot", "fedet_variance", "fedgems_entropy"} <= set(AGGREGATION_RULES.names())
+
+
+def test_a_representation_rule_is_refused_where_model_states_are_averaged():
+    """A per-sample representation rule (CreamFL's family) named for a FedAvg-family server is a
+    config error naming the field, not a failure at run time; CreamFL accepts it."""
+    from mmfl.config import load_config
+    from mmfl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="algorithm.aggregation: rule 'gca' combines per-sample"):
+        load_config(None, ["algorithm.name=fedavg", 'algorithm.aggregation="gca"'])
+    cfg = load_config(None, ["data.name=emoji_pairs", "algorithm.name=creamfl", 'algorithm.aggregation="fedet_variance"'])
+    assert cfg.algorithm.params.aggregation == "fedet_variance"

@@ -80,7 +80,7 @@ from mmfl.algorithms.fedavg import weighted_mean_scalar
 from mmfl.algorithms.multimodal import FEDIOT_MULTIMODAL_WEIGHT
 from mmfl.algorithms.pcme import SAMPLES, VIB_WEIGHT
 from mmfl.algorithms.public_terms import DEFAULT_CHUNK
-from mmfl.core.aggregation import AGGREGATION_RULES, aggregate
+from mmfl.core.aggregation import AGGREGATION_RULES, aggregate, check_rule
 from mmfl.core.message import Message
 from mmfl.core.training import cosine_lr, load_optimizer_state, optimizer_state, set_lr, shuffled_batches
 from mmfl.errors import ConfigError
@@ -151,6 +151,7 @@ class CreamFLParams:
         if self.aggregation not in AGGREGATIONS and self.aggregation not in AGGREGATION_RULES:
             raise ConfigError(f"algorithm.aggregation: unknown aggregation rule {self.aggregation!r} (CreamFL's: "
                               f"{', '.join(AGGREGATIONS)}; any of `mmfl list aggregation`)")
+        check_rule(AGGREGATIONS.get(self.aggregation, self.aggregation), representations=True)
         if self.server_optimizer not in ("per_phase", "restart", "shared"):
             raise ConfigError(f"algorithm.server_optimizer: must be 'per_phase', 'restart' or 'shared', "
                               f"got {self.server_optimizer!r}")

@@ -44,11 +44,23 @@ def aggregate(rule: str, updates: list[dict[str, Tensor]], weights: list[float |
     return AGGREGATION_RULES.get(rule).factory(updates, weights, previous, **context)
 
 
-def check_rule(name: str, where: str = "algorithm.aggregation") -> str:
-    """``name`` if it is a registered rule, else a ConfigError naming the field."""
+def per_sample(name: str) -> bool:
+    """Whether rule ``name`` combines per-sample representations ``[P, d]`` (CreamFL's family)
+    rather than model states."""
+    return bool(getattr(AGGREGATION_RULES.get(name).factory, "per_sample", False))
+
+
+def check_rule(name: str, where: str = "algorithm.aggregation", representations: bool = False) -> str:
+    """``name`` if it is a registered rule this algorithm can use, else a ConfigError naming the
+    field: a rule over per-sample representations only where ``representations`` (CreamFL's
+    family; the per-key rules serve both)."""
     if name not in AGGREGATION_RULES:
         raise ConfigError(f"{where}: unknown aggregation rule {name!r} "
                           f"(known: {', '.join(AGGREGATION_RULES.names())})")
+    if per_sample(name) and not representations:
+        usable = [n for n in AGGREGATION_RULES.names() if not per_sample(n)]
+        raise ConfigError(f"{where}: rule {name!r} combines per-sample representations (CreamFL-family "
+                          f"servers); this algorithm averages model states: one of {', '.join(usable)}")
     return name
 
 
@@ -167,6 +179,7 @@ def per_sample_rule(weights_of: Callable[..., Tensor]) -> Rule:
         return out
 
     rule.__doc__ = weights_of.__doc__
+    rule.per_sample = True  # combines representations [P, d], not model states (check_rule)
     return rule
 
 
@@ -202,3 +215,6 @@ def rep_iot(updates: list[dict[str, Tensor]], weights: list[float | dict[str, fl
         raise ValueError("the 'rep_iot' rule needs multimodal=[bool per update] (CreamFL's server gives it)")
     scaled = [scale_weight(w, multimodal_weight) if mm else w for w, mm in zip(weights, multimodal)]
     return rep_avg(updates, scaled, previous, **context)
+
+
+rep_iot.per_sample = True
