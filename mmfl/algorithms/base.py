@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from mmfl.schema import TrainConfig
 from mmfl.data.base import ArrayDataset, DatasetMeta
 from mmfl.core.message import Message
+from mmfl.core.state import Stateful, module
 from mmfl.core.training import evaluate_model, train_at_round
 
 
@@ -82,8 +83,14 @@ class ClientContext:
         return torch.Generator().manual_seed(self.seed)
 
 
-class Server:
-    """Base server: holds the global model; FedAvg-shaped hooks."""
+class Server(Stateful):
+    """Base server: holds the global model; FedAvg-shaped hooks.
+
+    What persists between rounds is declared in ``state_fields`` (see
+    :mod:`mmfl.core.state`); ``state_dict``/``load_state_dict`` derive from it.
+    """
+
+    state_fields = {"model": module()}
 
     def __init__(self, params, ctx: ServerContext):
         self.params = params
@@ -109,14 +116,6 @@ class Server:
     def evaluate(self, rnd: int, test: ArrayDataset, transport: Transport) -> dict[str, float]:
         """Accuracy and loss of the global model on the server's test set."""
         return evaluate_model(self.model, test, num_classes=self.ctx.meta.num_classes)
-
-    # --- checkpointing --------------------------------------------------
-    def state_dict(self) -> dict[str, Tensor]:
-        """Everything needed to continue the run (tensors only)."""
-        return {f"model/{k}": v for k, v in self.model.state_dict().items()}
-
-    def load_state_dict(self, sd: dict[str, Tensor]) -> None:
-        self.model.load_state_dict({k[len("model/"):]: v for k, v in sd.items() if k.startswith("model/")})
 
 
 class Client:
