@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import load, save
 from torch import nn
 
-from mmfl.core.state import (StateError, Stateful, dict_of, module, optimizer, per_client, read, rng, scalar, tensor,
-                             tensors, write)
+from mmfl.core.state import (StateError, Stateful, dict_of, module, optimizer, per_client, read, record, rng, scalar,
+                             tensor, tensors, write)
 
 
 class Base(Stateful):
@@ -22,7 +22,8 @@ class Base(Stateful):
 class Everything(Base):
     state_fields = {"opt": optimizer(), "alias": optimizer(), "p": tensor(), "maybe": tensor(), "c": tensors(),
                     "uploads": per_client(), "empty": per_client(), "groups": dict_of(per_client()),
-                    "xs": per_client(tensor()), "round": scalar(), "lr": scalar(), "done": scalar(), "gen": rng()}
+                    "xs": per_client(tensor()), "round": scalar(), "lr": scalar(), "done": scalar(), "gen": rng(),
+                    "stats": record(P=tensor(), n=scalar())}
 
     def __init__(self, seed: int):
         super().__init__(seed)
@@ -36,6 +37,7 @@ class Everything(Base):
         self.xs = {}
         self.round, self.lr, self.done = -1, 0.0, False
         self.gen = torch.Generator().manual_seed(seed)
+        self.stats = {"P": torch.zeros(2), "n": 0}
 
     def step(self):
         x = torch.randn(5, 3, generator=self.gen)
@@ -49,6 +51,7 @@ class Everything(Base):
         self.groups["a"][3] = {"k": torch.randn(4, generator=self.gen)}
         self.xs[2] = torch.arange(4, dtype=torch.int32)
         self.round, self.lr, self.done = self.round + 1, 0.1 + 1e-17 * self.round, True
+        self.stats = {"P": self.stats["P"] + 1, "n": self.stats["n"] + 2}
 
 
 def _checkpoint(sd):
@@ -64,7 +67,7 @@ def test_declared_server_round_trips_every_kind_bit_exactly():
     run.step(), run.step()
     sd = run.state_dict()
     assert not any(k.startswith(("alias/", "empty", "maybe")) for k in sd)  # aliases once; empty/None cost nothing
-    assert {"round", "lr", "done", "gen", "p", "xs/2", "groups/a/3/k", "uploads/7/n"} <= set(sd)
+    assert {"round", "lr", "done", "gen", "p", "xs/2", "groups/a/3/k", "uploads/7/n", "stats/P", "stats/n"} <= set(sd)
     fresh = Everything(1)
     fresh.load_state_dict(_checkpoint(sd))
     assert _same(fresh.state_dict(), sd)
@@ -94,6 +97,8 @@ def test_missing_or_extra_checkpoint_key_is_one_error_naming_it():
         Everything(1).load_state_dict(missing)
     with pytest.raises(StateError, match=r"missing key 'round'"):
         Everything(1).load_state_dict({k: v for k, v in sd.items() if k != "round"})
+    with pytest.raises(StateError, match=r"missing key 'stats/n'"):
+        Everything(1).load_state_dict({k: v for k, v in sd.items() if k != "stats/n"})
     with pytest.raises(StateError, match=r"unexpected key 'velocity/w'"):
         Everything(1).load_state_dict({**sd, "velocity/w": torch.zeros(1)})
     with pytest.raises(StateError, match=r"unexpected key 'model/extra.weight'"):
@@ -113,11 +118,12 @@ def test_client_state_fields_read_and_write_a_flat_ctx_state():
     model(torch.ones(1, 2)).sum().backward()
     opt.step()
     write(state, "prev", {"v": torch.zeros(3)})
-    write(state, "opt", opt, optimizer())
-    assert set(state) == {"prev/v", "c/x", "opt/0/momentum_buffer", "opt/1/momentum_buffer"}
+    write(state, "sl/opt", opt, optimizer())  # a part may sit under a path
+    assert set(state) == {"prev/v", "c/x", "sl/opt/0/momentum_buffer", "sl/opt/1/momentum_buffer"}
     other = torch.optim.SGD(nn.Linear(2, 1).parameters(), lr=0.1, momentum=0.9)
-    read(state, "opt", optimizer(), other)
+    read(state, "sl/opt", optimizer(), other)
     assert all(torch.equal(other.state[q]["momentum_buffer"], opt.state[p]["momentum_buffer"])
                for p, q in zip(model.parameters(), other.param_groups[0]["params"]))
     write(state, "c", None)
-    assert set(state) == {"prev/v", "opt/0/momentum_buffer", "opt/1/momentum_buffer"}
+    write(state, "sl", None)
+    assert set(state) == {"prev/v"}

@@ -36,6 +36,7 @@ from torch import Tensor
 from mmfl.algorithms.registry import register
 from mmfl.algorithms.fedavg import FedAvgClient, FedAvgServer
 from mmfl.core.message import Message
+from mmfl.core.state import read, write
 from mmfl.core.training import LossFn, load_into, state_of
 from mmfl.errors import ConfigError
 
@@ -104,7 +105,7 @@ class MoonClient(FedAvgClient):
     def loss_fn(self, global_arrays: dict[str, Tensor]) -> LossFn:
         mu, tau, contrast = self.params.mu, self.params.tau, self.params.contrast
         glob = load_into(self.ctx.model("global"), global_arrays).eval()
-        prev_state = {k[len(PREV):]: v for k, v in self.ctx.state.items() if k.startswith(PREV)}
+        prev_state = read(self.ctx.state, PREV)
         prev = load_into(self.ctx.model("prev"), prev_state).eval() if prev_state else None
 
         def loss(model, inputs, labels):
@@ -140,14 +141,14 @@ class MoonClient(FedAvgClient):
         out = model.eval()(inputs)
         model.train(mode)
         z_glob = load_into(self.ctx.model("global"), global_arrays).eval()(inputs)["rep"]
-        prev_state = {k[len(PREV):]: v for k, v in self.ctx.state.items() if k.startswith(PREV)}
+        prev_state = read(self.ctx.state, PREV)
         z_prev = load_into(self.ctx.model("prev"), prev_state).eval()(inputs)["rep"] if prev_state else None
         row = {"ce": float(F.cross_entropy(out["logits"], labels)),
                **representation_probe(out["rep"], z_glob, z_prev, self.params.tau)}
         return {PROBE + k: v for k, v in row.items()}
 
     def after_train(self, model, msg: Message, stats: dict) -> None:
-        self.ctx.state.update({PREV + k: v for k, v in state_of(model).items()})
+        write(self.ctx.state, PREV, state_of(model))
 
     # --- batched training: the previous model is a per-client extra; clients with and
     # without one train in separate groups (the latter have no l_con, as above)
@@ -155,7 +156,7 @@ class MoonClient(FedAvgClient):
         task = super().batched_task(route, msg)
         if task is None:
             return None
-        prev = {k[len(PREV):]: v for k, v in self.ctx.state.items() if k.startswith(PREV)}
+        prev = read(self.ctx.state, PREV)
         use_prev = bool(prev) and self.params.contrast == "cosine"
         task.shared = {"global": {k: v.detach() for k, v in msg.arrays.items()}}
         task.extras = {"prev": prev} if use_prev else {}

@@ -276,11 +276,22 @@ def restore(fields: Mapping[str, Field], values: Mapping[str, Any], flat: Mappin
     place where the kind allows); raises one :class:`StateError` listing every bad key."""
     errors: list[str] = []
     out = _restore(fields, values, flat, "", errors)
+    _raise(errors, f"{owner}: checkpoint does not match its declared state ({', '.join(fields)})")
+    return out
+
+
+def load_field(field: Field, flat: Mapping[str, Tensor], current=None, owner: str = "state"):
+    """One field's value from its own flat keys (no field name in front), e.g. a client-state store."""
+    errors: list[str] = []
+    out = field.restore(current, flat, "", errors)
+    _raise(errors, f"{owner}: checkpoint does not match its declared state")
+    return out
+
+
+def _raise(errors: list[str], what: str) -> None:
     if errors:
         shown = "; ".join(errors[:5]) + (f"; and {len(errors) - 5} more" if len(errors) > 5 else "")
-        raise StateError(f"{owner}: checkpoint does not match its declared state "
-                         f"({', '.join(fields)}): {shown}")
-    return out
+        raise StateError(f"{what}: {shown}")
 
 
 def _restore(fields, values, flat, path, errors) -> dict[str, Any]:
@@ -303,22 +314,36 @@ def _restore(fields, values, flat, path, errors) -> dict[str, Any]:
     return out
 
 
+def _under(key: str, name: str) -> bool:
+    return key == name or key.startswith(name + "/")
+
+
 def read(state: Mapping[str, Tensor], name: str, field: Field | None = None, current=None):
-    """Field ``name`` (default kind :func:`tensors`; a trailing '/' is ignored) out of a flat
-    state such as ``ctx.state``; absent: empty (or ``current``)."""
+    """The part ``name`` (a field name or a path such as ``"sl/opt"``; a trailing '/' is ignored)
+    of a flat state such as ``ctx.state``, as a value of kind ``field`` (default :func:`tensors`);
+    absent: empty (or ``current``, an optimizer or module, loaded in place)."""
     name = name.rstrip("/")
-    field = field if field is not None else tensors()
-    sub = {k: state[k] for k in state if k.partition("/")[0] == name}
-    return restore({name: field}, {name: current}, sub, owner=name)[name]
+    sub = {k[len(name) + 1:]: state[k] for k in state if _under(k, name)}
+    return load_field(field if field is not None else tensors(), sub, current, owner=name)
 
 
 def write(state: dict[str, Tensor], name: str, value, field: Field | None = None) -> None:
-    """Replace field ``name`` of a flat state (such as ``ctx.state``) with ``value`` (None: drop it)."""
+    """Replace the part ``name`` of a flat state (such as ``ctx.state``) with ``value`` of kind
+    ``field`` (default :func:`tensors`); None drops it."""
     name = name.rstrip("/")
-    for k in [k for k in state if k.partition("/")[0] == name]:
+    for k in [k for k in state if _under(k, name)]:
         del state[k]
     if value is not None:
-        state.update(flatten({name: field if field is not None else tensors()}, {name: value}))
+        field = field if field is not None else tensors()
+        state.update({_join(name, rel): t for rel, t in field.flatten(value).items()})
+
+
+def split_client_key(key: str) -> tuple[int, str]:
+    """``"{cid}/{name}"`` (a :func:`per_client` key) -> ``(cid, name)``."""
+    cid, _, name = key.partition("/")
+    if not (cid.lstrip("-").isdigit() and name):
+        raise StateError(f"client state: unexpected key '{key}' (want '<client id>/<name>')")
+    return int(cid), name
 
 
 class Stateful:
