@@ -112,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="worker processes (default: the grid's workers)")
     p.add_argument("--seeds", type=int, nargs="+", help="run only these seeds (the tables use every finished run)")
     p.add_argument("--group", action="append", default=[], help="run only this group (repeatable)")
+    p.add_argument("--raw-dir", help="folder of the run folders instead of the grid's raw_dir (the report is "
+                                     "written there too)")
+    p.add_argument("--grid-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a grid file value, e.g. 'groups.fig4.seeds=[0, 1, 2]' (repeatable)")
     return parser
 
 

@@ -111,7 +111,7 @@ def vqa_of_run(run_dir: str | Path, root: str | Path | None = None, emoji: bool 
     :class:`~mmfl.core.vqa.VQATrainParams` (epochs, encoders, lr, ...)."""
     import torch
 
-    from mmfl.algorithms.creamfl import reps_of
+    from mmfl.algorithms.creamfl_terms import reps_of
     from mmfl.data.vqa import VQADataParams, load_vqa
     from mmfl.core.vqa import finetune_vqa
 

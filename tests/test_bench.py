@@ -141,3 +141,83 @@ def test_cli_bad_grid_is_one_line_error(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("mmfl: error: ") and "sett" in err[0]
     assert main(["bench", str(tmp_path / "missing.toml")]) == 2
     assert "file not found" in capsys.readouterr().err
+
+
+def test_like_post_settings_false_eval_key_and_file_reader(tmp_path, monkeypatch):
+    """Group inheritance (like), a group's post step (only on its runs without the file it writes),
+    entries restricted to settings or removed by an extending file, eval_key and a file reader."""
+    import mmfl.sweep as sweep
+
+    text = GRID + '''
+[groups.v]
+like = "g"
+settings = ["a"]
+post = { call = "post_v", writes = "v.json" }
+[groups.v.methods]
+only_b = { settings = ["b"], set = { "algorithm.name" = "fedavg", rounds = 2 } }
+'''
+    text = text.replace('name = "tiny"', 'name = "tiny"\neval_key = "r1"')
+    (tmp_path / "tables.py").write_text("def post_v(raw, cfg, run_dir, exp):\n    pass\n")
+    text = text.replace('report = "out.md"', 'report = "out.md"\ntables = "tables.py"')
+    g = _grid(tmp_path, text)
+    assert list(g.methods("v")) == ["fedavg", "prox", "only_b"] and list(g.settings("v")) == ["a"]
+    assert g.names("v", "fedavg") == g.names("g", "fedavg", "a")  # the same runs as g's
+    assert g.names("v", "only_b") == {}  # only_b is for setting b, which v does not have
+    names = {r.name for r in g.runs()}
+    (tmp_path / "plain.toml").write_text(GRID)
+    assert names == {r.name for r in load_grid(tmp_path / "plain.toml").runs()}  # v plans no run of its own
+    (tmp_path / "quick.toml").write_text('extends = "grid.toml"\n[groups.g.methods]\nprox = false\n')
+    q = load_grid(tmp_path / "quick.toml")
+    assert list(q.methods("g")) == ["fedavg"] and list(q.methods("v")) == ["fedavg", "only_b"]
+    # post step: runs of v without v.json (finished ones reused), after the grid's runs
+    calls = []
+    monkeypatch.setattr(sweep, "warm_caches", lambda raws: None)
+    monkeypatch.setattr(sweep, "run_pool", lambda todo, fn, raw_dir, workers: calls.append(
+        (sorted(n for n, _ in todo), fn.keywords["post"], fn.keywords["reuse_finished"])) or len(todo))
+    for n in names:
+        _fake_run(g.raw_dir, n, [0.5])
+    (g.raw_dir / "g-a-fedavg-s1" / "v.json").write_text(json.dumps({"score": 3.0}))
+    assert bench_runner.execute(g, workers=1) == 3
+    (todo, post, reuse), = calls
+    assert todo == ["g-a-fedavg-s0", "g-a-fedavg-s2", "g-a-fedprox-s0"] and reuse
+    assert post.keywords["call"] == "post_v"
+    # eval_key: a run total read off the last row with r1; a file reader
+    d = g.raw_dir / "g-a-fedavg-s0"
+    (d / "metrics.jsonl").write_text(json.dumps({"round": 1, "r1": 5.0, "bytes_up": 10**6}) + "\n"
+                                     + json.dumps({"round": 2, "bytes_up": 3 * 10**6}) + "\n")
+    b = bench_runner.Bench(g)
+    assert b.by_seed("g", "fedavg", "a", key="_mb_up")[0] == pytest.approx(2.0)
+    assert b.by_seed("v", "fedavg", key="score", reader="v.json") == {1: 3.0}
+
+
+def test_cli_grid_set_and_raw_dir(tmp_path):
+    _grid(tmp_path)
+    assert main(["bench", str(tmp_path / "grid.toml"), "--tables-only", "--raw-dir", str(tmp_path / "elsewhere"),
+                 "--grid-set", 'groups.g.methods.prox.label="Prox!"']) == 0
+    assert "| Prox! |" in (tmp_path / "elsewhere" / "out.md").read_text()
+    assert not (tmp_path / "out.md").exists()
+    g = load_grid(tmp_path / "grid.toml", ["groups.g.seeds=[7]"])
+    assert g.names("g", "fedavg", "a") == {7: "g-a-fedavg-s7"}
+def test_invocation_record_only_when_this_invocation_ran_runs(tmp_path, monkeypatch):
+    """``b.invocation``: the record of the runs this invocation ran (for a cost line); None for
+    ``--tables-only`` even when an older record exists, so a rebuilt report stays identical."""
+    import mmfl.sweep as sweep
+
+    spec = tmp_path / "tables.py"
+    spec.write_text("def report(b):\n    inv = b.invocation\n"
+                    "    return ['ran ' + (str(inv['runs']) if inv else 'none'), '']\n")
+    g = _grid(tmp_path, 'tables = "tables.py"\n' + GRID)
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "last_invocation.json").write_text(json.dumps({"runs": 99, "wall_s": 1.0, "workers": 2}))
+
+    def fake_pool(todo, fn, raw_dir, workers):
+        (Path(raw_dir) / "last_invocation.json").write_text(json.dumps({"runs": len(todo), "wall_s": 1.0,
+                                                                         "workers": workers}))
+        return len(todo)
+
+    monkeypatch.setattr(sweep, "warm_caches", lambda raws: None)
+    monkeypatch.setattr(sweep, "run_pool", fake_pool)
+    assert main(["bench", str(g.path), "--tables-only"]) == 0
+    assert (tmp_path / "out.md").read_text() == "ran none\n"
+    assert main(["bench", str(g.path), "--workers", "1"]) == 0
+    assert (tmp_path / "out.md").read_text() == "ran 7\n"

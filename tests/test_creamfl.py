@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from mmfl.algorithms import ALGORITHMS
-from mmfl.algorithms.creamfl import (CreamFLParams, CreamFLServer, entropy_selection_weights, info_nce, inter_loss,
-                                     intra_loss, select_public, variance_weights)
+from mmfl.algorithms.creamfl import CreamFLParams, CreamFLServer
+from mmfl.algorithms.creamfl_terms import (entropy_selection_weights, info_nce, inter_loss, intra_loss, select_public,
+                                           variance_weights)
 from mmfl.algorithms.public_terms import global_local_contrastive_scores
 from mmfl.cli import main as cli_main
 from mmfl.config import resolve
@@ -223,7 +224,7 @@ def test_distilling_the_server_toward_its_own_representations_leaves_it_unchange
     phase must then not move the server. With "restart" (the default) it does not move at all; one
     Adam carried across phases ("shared", the authors' code) keeps stepping along the public
     epoch's momentum, and a persistent per-phase Adam along the last round's distillation."""
-    from mmfl.algorithms.creamfl import public_reps
+    from mmfl.algorithms.creamfl_terms import public_reps
 
     server = _server_after_one_round(tmp_path, optimizer)
     server.train_public(1)
@@ -258,7 +259,7 @@ def test_server_lr_follows_the_cosine_schedule(tmp_path):
 
 
 def test_target_quality_scores_the_distillation_targets_against_the_servers_own():
-    from mmfl.algorithms.creamfl import target_quality
+    from mmfl.algorithms.creamfl_terms import target_quality
 
     g, img, txt = _reps(P=30)
     glob = {"image": img, "text": txt}

@@ -460,7 +460,7 @@ def test_local_distillation_pulls_the_clients_public_representations_toward_the_
     """FedMD's digest (toward last round's consensus) and FedET/FedGEMS's local distillation
     (toward the server's global representations) before private training: the client's
     representations of the public set end closer (MSE) to the target than without it."""
-    from mmfl.algorithms.creamfl import public_reps
+    from mmfl.algorithms.creamfl_terms import public_reps
 
     public = pair_exp.federation.public
     cid = 0
@@ -621,8 +621,8 @@ def test_pfedwireless_coefficients_move_toward_devices_with_the_same_label_distr
     """Devices 0, 1 hold classes {0, 1}, devices 2, 3 classes {2, 3}. Every device uploads every
     group each round (k_hat = 1); with a large eta_hat, eq. 6-7 raise xi~_{k,k'} for the
     devices k' of k's own group (their updates lower F_k) and lower it for the others."""
-    from mmfl.algorithms.pfedwireless import (SHARED, PFedWirelessClient, PFedWirelessParams, PFedWirelessServer,
-                                              softmax_rows)
+    from mmfl.algorithms.pfedwireless import PFedWirelessClient, PFedWirelessParams, PFedWirelessServer
+    from mmfl.algorithms.pfedwireless_math import SHARED, softmax_rows
 
     def data(classes, seed):
         g = torch.Generator().manual_seed(seed)

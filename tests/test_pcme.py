@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmfl.algorithms.creamfl import CreamFLParams, info_nce, pair_loss
+from mmfl.algorithms.creamfl import CreamFLParams
+from mmfl.algorithms.creamfl_terms import info_nce, pair_loss
 from mmfl.algorithms.pcme import (kl_to_standard_normal, match_logits, match_probability, pcme_loss,
                                   pcme_pair_loss, sample_embeddings, soft_contrastive_loss)
 from mmfl.config import resolve

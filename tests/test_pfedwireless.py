@@ -16,10 +16,10 @@ from torch import nn
 
 from mmfl.algorithms import ALGORITHMS
 from mmfl.algorithms.base import ClientContext, ServerContext
-from mmfl.algorithms.pfedwireless import (SHARED, PFedWirelessClient, PFedWirelessParams, PFedWirelessServer,
-                                          aggregate_row, coefficient_gradient, flat, mask_matrix,
-                                          masked_coefficients, pseudo_gradient, ranking_values,
-                                          scheduled_count, select_devices, softmax_rows)
+from mmfl.algorithms.pfedwireless import PFedWirelessClient, PFedWirelessParams, PFedWirelessServer
+from mmfl.algorithms.pfedwireless_math import (SHARED, aggregate_row, coefficient_gradient, flat, mask_matrix,
+                                               masked_coefficients, pseudo_gradient, softmax_rows)
+from mmfl.algorithms.wireless_scheduling import ranking_values, scheduled_count, select_devices
 from mmfl.config import TrainConfig, load_config
 from mmfl.data.base import DatasetMeta
 from mmfl.engine.runner import Experiment

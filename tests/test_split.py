@@ -12,8 +12,8 @@ import torch
 from mmfl.algorithms import ALGORITHMS
 from mmfl.algorithms.base import ClientContext, ServerContext
 from mmfl.algorithms.multimodal import MFedAvgClient, MFedAvgParams
-from mmfl.algorithms.split import (ACT, GRAD, GRAD_REP, LABELS, ORDER, REP, ZREP, RoundMeter, SplitClient,
-                                   SplitParams, SplitServer, batch_schedule, client_keys, is_client_key)
+from mmfl.algorithms.split import GRAD_REP, ORDER, REP, ZREP, RoundMeter, SplitClient, SplitParams, SplitServer
+from mmfl.algorithms.split_cut import ACT, GRAD, LABELS, batch_schedule, client_keys, is_client_key
 from mmfl.config import TrainConfig, resolve
 from mmfl.data.base import PRESENT, ArrayDataset, DatasetMeta
 from mmfl.engine.runner import Experiment

@@ -221,7 +221,7 @@ def _server(image_dim: int, text_dim: int):
 
 @pytest.mark.parametrize("encoders", ["frozen", "finetune"])
 def test_finetuning_the_head_learns_what_the_image_determines(tmp_path, encoders):
-    from mmfl.algorithms.creamfl import reps_of
+    from mmfl.algorithms.creamfl_terms import reps_of
 
     # the colour question's answer is the image's colour; "green" is rarer, so the majority
     # answer ("no") scores only on the yes/no questions it fits

@@ -1,6 +1,6 @@
 """FedMSplit's graph on mfeat pair: learned vs cosine graph, personalized vs global model
 (the tables of docs/algorithms/fedmsplit.md), with the FedCMI benchmark's settings
-(benchmarks/fedcmi/run.py, FULL, mfeat pair: 10 clients, 5 per round, 10 rounds, 2 local
+(benchmarks/fedcmi/grid.toml, mfeat pair: 10 clients, 5 per round, 10 rounds, 2 local
 epochs, lr 0.01, momentum 0.9), 5 seeds; about 30 minutes on one core.
 
     .venv/bin/python benchmarks/fedmsplit/run.py [--out /tmp/fedmsplit-graph] [--workers 1]

@@ -10,7 +10,9 @@ and group M+1 = ``"shared"`` (``fusion`` + ``classifier``: everything that is no
 A device holds the groups of its modalities and the shared one.
 
 Server (:class:`PFedWirelessServer`) keeps, per device k, the personalized model W_k (the
-modules k holds) and, per group m, the K x K matrix Xi^m (eq. 3, initialised to 1/K):
+modules k holds) and, per group m, the K x K matrix Xi^m (eq. 3, initialised to 1/K). The
+equation functions are in :mod:`mmfl.algorithms.pfedwireless_math` (eq. 2-6) and
+:mod:`mmfl.algorithms.wireless_scheduling` (Algorithm 1's scheduling):
 
 - eq. 4:  xi~_{k,k'} = softmax_k'(xi^_{k,.})                           :func:`softmax_rows`
 - eq. 5:  xi_{k,k'} = I~_{k,k'} xi~_{k,k'} / sum_k'' I~_{k,k''} xi~_{k,k''}  :func:`masked_coefficients`
@@ -62,8 +64,10 @@ from mmfl.core.personal import evaluate_personalized
 from mmfl.core.training import load_into, model_tensors, state_of
 from mmfl.errors import ConfigError, MMFLError
 from mmfl.models.multimodal import branch_of
+from mmfl.algorithms.pfedwireless_math import (SHARED, aggregate_row, coefficient_gradient, exchange_group, flat,
+                                               masked_coefficients, pseudo_gradient, softmax_rows)
+from mmfl.algorithms.wireless_scheduling import ranking_values, scheduled_count, select_devices
 
-SHARED = "shared"  # group M+1: fusion + joint classifier
 MODEL = "model/"  # the client's own model in ctx.state
 UPLOAD = "upload/"  # train-message scalar "upload/<group>": I^m_{k,t}
 SEND = "send/"  # evaluate-message scalar "send/<group>": return this group of your model
@@ -104,130 +108,6 @@ class PFedWirelessParams:
             raise ConfigError(f"algorithm.a_th: must be >= 0 (0 = never force an upload), got {self.a_th}")
         if not (math.isfinite(self.alpha) and self.alpha >= 0):
             raise ConfigError(f"algorithm.alpha: must be >= 0, got {self.alpha}")
-
-
-# ----------------------------------------------------------------------------- the math
-
-
-def exchange_group(key: str, probe: bool = True) -> str | None:
-    """The parameter group of a state-dict key: its modality for a branch key, ``"shared"``
-    (group M+1) otherwise; None for ``heads.<m>`` when the probes are off (never trained,
-    never exchanged)."""
-    b = branch_of(key)
-    if b is None:
-        return SHARED
-    if not probe and key.startswith("heads."):
-        return None
-    return b
-
-
-def softmax_rows(xi_hat: Tensor) -> Tensor:
-    """Eq. 4: xi~_{k,k'} = exp(xi^_{k,k'}) / sum_k'' exp(xi^_{k,k''}), row by row."""
-    return torch.softmax(xi_hat.to(torch.float64), dim=1)
-
-
-def mask_matrix(uploaded: Tensor) -> Tensor:
-    """I~ of eq. 5 from I_k (bool ``[K]``): for a device with I_k = 0, I~_kk = 1 and
-    I~_{k,k'} = I~_{k',k} = 0 (k' != k); every other entry 1. So I~ = u u^T with a unit diagonal."""
-    u = uploaded.to(torch.float64)
-    m = torch.outer(u, u)
-    m.fill_diagonal_(1.0)
-    return m
-
-
-def masked_coefficients(xi_hat: Tensor, uploaded: Tensor) -> Tensor:
-    """Eq. 4 + 5: the aggregation coefficients xi_{k,k'} (``[K, K]``, float64). Row k of an
-    uploader is the softmax renormalised over the uploaders (itself included); row k of a
-    device that did not upload is e_k, and no other row gives it weight."""
-    num = mask_matrix(uploaded) * softmax_rows(xi_hat)
-    return num / num.sum(dim=1, keepdim=True)
-
-
-def aggregate_row(coeff: Tensor, uploads: dict[int, dict[str, Tensor]]) -> dict[str, Tensor]:
-    """Eq. 2: W_k = sum_k' xi_{k,k'} w_k' over the uploads (``{k': {key: tensor}}``) with
-    ``coeff`` = row k of :func:`masked_coefficients`. Floating tensors are combined in float64
-    and cast back; integer ones (BatchNorm's ``num_batches_tracked``) take the maximum."""
-    srcs = [c for c in sorted(uploads) if float(coeff[c]) > 0]
-    out = {}
-    for key in uploads[srcs[0]]:
-        ref = uploads[srcs[0]][key]
-        if ref.is_floating_point():
-            acc = torch.zeros_like(ref, dtype=torch.float64)
-            for c in srcs:
-                acc.add_(uploads[c][key].to(torch.float64), alpha=float(coeff[c]))
-            out[key] = acc.to(ref.dtype)
-        else:
-            out[key] = torch.stack([uploads[c][key] for c in srcs]).max(0).values
-    return out
-
-
-def flat(tensors: dict[str, Tensor], keys: list[str]) -> Tensor:
-    """The tensors named ``keys`` (in that order) as one float64 vector."""
-    if not keys:
-        return torch.zeros(0, dtype=torch.float64)
-    return torch.cat([tensors[k].reshape(-1).to(torch.float64) for k in keys])
-
-
-def pseudo_gradient(w_start: Tensor, w_end: Tensor) -> Tensor:
-    """The estimate of grad_W F_k(w^0) from the device's parameter change (sec. III-A):
-    w^0 - w^N = eta sum_n grad F_k(w^{n-1}) by eq. 1, so a positive multiple of the gradient
-    (exactly eta * grad F_k(w^0) for a single SGD step). The factor 1/(eta N_k) is left to eta^."""
-    return w_start - w_end
-
-
-def coefficient_gradient(coeff: Tensor, uploads: dict[int, Tensor], w_agg: Tensor, grad_w: Tensor) -> Tensor:
-    """Eq. 6 for row k: ``[K]`` with entry k' = (dW_k / d xi^_{k,k'})^T grad_W.
-
-    W_k = sum_j xi_j w_j with xi = the softmax of xi^_{k,.} over the uploaders S (eq. 4-5; the
-    full softmax's denominator cancels), so dxi_j/dxi^_i = xi_j (delta_ij - xi_i) and
-    dW_k/dxi^_i = xi_i (w_i - W_k) for i in S, 0 outside S. ``coeff``: row k of
-    :func:`masked_coefficients`; ``uploads``: ``{k': flat w_k'}`` (the k' in S); ``w_agg``:
-    flat W_k; ``grad_w``: flat grad_W F_k (:func:`pseudo_gradient`)."""
-    out = torch.zeros(coeff.shape[0], dtype=torch.float64)
-    for c, w in uploads.items():
-        out[c] = float(coeff[c]) * float(torch.dot(w.to(torch.float64) - w_agg, grad_w))
-    return out
-
-
-def scheduled_count(k_hat: float, n: int) -> int:
-    """K^ for a round of ``n`` devices: ``round(k_hat * n)`` (at least 1) for a fraction
-    ``k_hat`` in (0, 1], else the count ``k_hat``."""
-    if k_hat <= 1:
-        return max(1, int(math.floor(k_hat * n + 0.5)))
-    return int(k_hat)
-
-
-def ranking_values(one_minus_self: np.ndarray, latency: np.ndarray, mode: str, alpha: float) -> np.ndarray:
-    """Alg. 1 line 6 (``"ratio"``): (1 - xi~_kk) / latency; Table III (``"linear"``):
-    1 - xi~_kk - alpha * latency. ``latency``: seconds, T^ParD + T^cmp + the upload term."""
-    one_minus_self = np.asarray(one_minus_self, dtype=np.float64)
-    latency = np.asarray(latency, dtype=np.float64)
-    if mode == "ratio":
-        return one_minus_self / np.maximum(latency, 1e-12)
-    if mode == "linear":
-        return one_minus_self - alpha * latency
-    raise ValueError(f"unknown schedule {mode!r}")
-
-
-def select_devices(values, eligible: list[int], count: int, age: Tensor,
-                   a_th: int) -> tuple[list[int], list[int], Tensor]:
-    """Alg. 1 lines 7-8 for one group: the ``count`` eligible devices with the largest
-    ``values`` (ties: the lower id) are scheduled and their A_k reset to 0; the others' A_k
-    grows by 1, and any with A_k >= ``a_th`` (> 0) is scheduled too and reset.
-    Returns ``(scheduled, forced, new age)``; devices not eligible keep their A_k."""
-    age = age.clone()
-    order = sorted(range(len(eligible)), key=lambda i: (-float(values[i]), eligible[i]))
-    top = {eligible[i] for i in order[:count]}
-    forced = []
-    for c in eligible:
-        if c in top:
-            age[c] = 0
-            continue
-        age[c] += 1
-        if a_th > 0 and int(age[c]) >= a_th:
-            forced.append(c)
-            age[c] = 0
-    return sorted(top | set(forced)), forced, age
 
 
 # ----------------------------------------------------------------------------- server

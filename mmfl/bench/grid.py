@@ -18,9 +18,11 @@ from typing import Any
 from mmfl.errors import ConfigError
 
 GRID_KEYS = {"name", "root", "raw_dir", "report", "tables", "seeds", "workers", "failed_is_done",
-             "reuse_finished", "keep_below", "config", "settings", "set", "replace", "unset", "params", "groups", "extends"}
-GROUP_KEYS = {"template", "seeds", "settings", "methods", "extra", "config", "set", "replace", "unset", "label"}
-ENTRY_KEYS = {"label", "name", "template", "seeds", "config", "set", "replace", "unset", "info"}
+             "reuse_finished", "keep_below", "config", "settings", "set", "replace", "unset", "params", "groups", "extends",
+             "eval_key"}
+GROUP_KEYS = {"template", "seeds", "settings", "methods", "extra", "config", "set", "replace", "unset", "label", "like",
+              "post"}
+ENTRY_KEYS = {"label", "name", "template", "seeds", "config", "set", "replace", "unset", "info", "settings"}
 DEFAULT_TEMPLATE = "{group}-{setting}-{method}-s{seed}"
 
 
@@ -51,6 +53,7 @@ class Entry:
     config: list[Path] | None = None
     template: str | None = None
     info: dict = field(default_factory=dict)  # ``info = { optimizer = "..." }``: free values for the table spec
+    settings: list[str] | None = None  # a method or extra run planned only in these of its group's settings
 
 
 @dataclass
@@ -64,6 +67,7 @@ class Group:
     extra: dict[str, Entry]
     config: list[Path] | None
     over: Overrides
+    post: dict | None = None  # ``{"call": spec function, "writes": file}``: a post-run step of the group's runs
 
 
 @dataclass
@@ -94,6 +98,7 @@ class Grid:
     over: Overrides
     params: dict
     groups: dict[str, Group]
+    eval_key: str | None = None  # the key of an evaluated row (the final row); None: the key read
 
     def methods(self, group: str) -> dict[str, Entry]:
         """The group's methods (rows), in file order: tables iterate over these."""
@@ -196,6 +201,8 @@ def _one_setting(g: Group, setting: str | None) -> str:
 
 
 def _seeds(g: Group, s: Entry, m: Entry) -> list[int]:
+    if m.settings is not None and s.key not in m.settings:
+        return []
     seeds = m.seeds if m.seeds is not None else s.seeds if s.seeds is not None else g.seeds
     if m.seeds is not None and s.seeds is not None:
         seeds = [x for x in m.seeds if x in s.seeds]
@@ -294,11 +301,50 @@ def _entry(key: str, t, root: Path, where: str) -> Entry:
     info = t.get("info", {})
     if not isinstance(info, dict):
         raise ConfigError(f"{where}.info: must be a table")
+    only = t.get("settings")
+    if only is not None and (not isinstance(only, list) or not all(isinstance(x, str) for x in only)):
+        raise ConfigError(f"{where}.settings: must be a list of the group's setting names")
     return Entry(key=key, label=str(t.get("label", key)), token=str(t.get("name", key)),
                  over=_overrides(t, where),
                  seeds=_seed_list(t["seeds"], f"{where}.seeds") if "seeds" in t else None,
                  config=_paths(t["config"], root, f"{where}.config") if "config" in t else None,
-                 template=t.get("template"), info=info)
+                 template=t.get("template"), info=info, settings=only)
+
+
+def _entries(t, root: Path, where: str) -> dict[str, Entry]:
+    """A table of entries; an entry set to ``false`` (by an extending file) is left out."""
+    if not isinstance(t, dict):
+        raise ConfigError(f"{where}: must be a table of entries")
+    return {k: _entry(k, v, root, f"{where}.{k}") for k, v in t.items() if v is not False}
+
+
+def _like(groups_t: dict, path: Path) -> dict:
+    """Groups with ``like = "other"``: the other group's table deep-merged under this one's
+    (``settings = [...]`` then names a subset of the other group's own settings, if it has any)."""
+    out = {}
+
+    def resolve(gk: str, seen: tuple) -> dict:
+        gt = groups_t[gk]
+        if not isinstance(gt, dict) or "like" not in gt:
+            return gt
+        base = gt["like"]
+        if not isinstance(base, str) or base not in groups_t:
+            raise ConfigError(f"{path}: groups.{gk}.like: no group {base!r}")
+        if base in seen:
+            raise ConfigError(f"{path}: groups.{gk}.like: a cycle ({' -> '.join((*seen, base))})")
+        under = resolve(base, (*seen, base))
+        t = merge(under, {k: v for k, v in gt.items() if k != "like"})
+        if isinstance(gt.get("settings"), list) and isinstance(under.get("settings"), dict):
+            # a subset of the other group's own settings
+            bad = [k for k in gt["settings"] if k not in under["settings"]]
+            if bad:
+                raise ConfigError(f"{path}: groups.{gk}.settings: no setting {bad[0]!r} in groups.{base}")
+            t["settings"] = {k: under["settings"][k] for k in gt["settings"]}
+        return t
+
+    for gk in groups_t:
+        out[gk] = resolve(gk, (gk,))
+    return out
 
 
 def _read(path: Path, seen: tuple = ()) -> dict:
@@ -322,10 +368,16 @@ def _read(path: Path, seen: tuple = ()) -> dict:
     return t
 
 
-def load_grid(path: str | Path) -> Grid:
-    """Read and check a grid file (any error: :class:`ConfigError` naming the file and field)."""
+def load_grid(path: str | Path, sets: list[str] | tuple = ()) -> Grid:
+    """Read and check a grid file (any error: :class:`ConfigError` naming the file and field).
+    ``sets``: ``"groups.fig4.seeds=[0, 1, 2]"`` values laid over the file (``--grid-set``)."""
+    from mmfl.config import parse_override
+
     path = Path(path)
     t = _read(path)
+    for item in sets:
+        keys, value = parse_override(item)
+        _parent(t, ".".join(keys), f"--grid-set {item!r}", create=True)[0][keys[-1]] = value
     _check_keys(t, GRID_KEYS, str(path))
     root = Path(t["root"])
     for k in ("raw_dir",):
@@ -341,9 +393,12 @@ def load_grid(path: str | Path) -> Grid:
     top = t.get("settings", {})
     if not isinstance(top, dict):
         raise ConfigError(f"{path}: settings: must be a table of [settings.<name>] tables")
-    top_settings = {k: _entry(k, v, root, f"{path}: settings.{k}") for k, v in top.items()}
+    top_settings = _entries(top, root, f"{path}: settings")
+    eval_key = t.get("eval_key")
+    if eval_key is not None and not isinstance(eval_key, str):
+        raise ConfigError(f"{path}: eval_key: must be a metric name (string)")
     groups = {}
-    for gk, gt in groups_t.items():
+    for gk, gt in _like(groups_t, path).items():
         where = f"{path}: groups.{gk}"
         _check_keys(gt, GROUP_KEYS, where)
         if not isinstance(gt.get("methods"), dict) or not gt["methods"]:
@@ -355,7 +410,7 @@ def load_grid(path: str | Path) -> Grid:
                     raise ConfigError(f"{where}.settings: no [settings.{k}] in the grid")
             settings = {k: top_settings[k] for k in settings_t}
         elif isinstance(settings_t, dict) and settings_t:
-            settings = {k: _entry(k, v, root, f"{where}.settings.{k}") for k, v in settings_t.items()}
+            settings = _entries(settings_t, root, f"{where}.settings")
         elif settings_t is None:
             settings = dict(top_settings) or {"": _entry("", {}, root, where)}
         else:
@@ -364,10 +419,16 @@ def load_grid(path: str | Path) -> Grid:
             key=gk, label=str(gt.get("label", gk)), template=str(gt.get("template", DEFAULT_TEMPLATE)),
             seeds=_seed_list(gt["seeds"], f"{where}.seeds") if "seeds" in gt else seeds,
             settings=settings,
-            methods={k: _entry(k, v, root, f"{where}.methods.{k}") for k, v in gt["methods"].items()},
-            extra={k: _entry(k, v, root, f"{where}.extra.{k}") for k, v in gt.get("extra", {}).items()},
+            methods=_entries(gt["methods"], root, f"{where}.methods"),
+            extra=_entries(gt.get("extra", {}), root, f"{where}.extra"),
             config=_paths(gt["config"], root, f"{where}.config") if "config" in gt else None,
-            over=_overrides(gt, where))
+            over=_overrides(gt, where), post=_post(gt.get("post"), f"{where}.post"))
+        known = {*top_settings, *(k for t_ in groups_t.values() if isinstance(t_, dict)
+                                  and isinstance(t_.get("settings"), dict) for k in t_["settings"])}
+        for e in [*g.methods.values(), *g.extra.values()]:  # (a like group may have fewer settings than its entries)
+            bad = [x for x in e.settings or [] if x not in known]
+            if bad:
+                raise ConfigError(f"{where}: {e.key}.settings: no setting {bad[0]!r} in the grid")
         for e in [*g.methods.values(), *g.extra.values(), *g.settings.values()]:
             try:
                 (e.template or g.template).format(group=gk, setting="s", method="m", seed=0)
@@ -381,4 +442,12 @@ def load_grid(path: str | Path) -> Grid:
         seeds=seeds, workers=workers, failed_is_done=bool(t.get("failed_is_done", False)),
         reuse_finished=bool(t.get("reuse_finished", False)), keep_below=t.get("keep_below"),
         config=_paths(t.get("config", []), root, f"{path}: config"), over=_overrides(t, str(path)),
-        params=dict(t.get("params", {})), groups=groups)
+        params=dict(t.get("params", {})), groups=groups, eval_key=eval_key)
+
+
+def _post(t, where: str) -> dict | None:
+    if t is None:
+        return None
+    if not isinstance(t, dict) or set(t) != {"call", "writes"} or not all(isinstance(v, str) for v in t.values()):
+        raise ConfigError(f"{where}: must be {{ call = \"<function of the table spec>\", writes = \"<file>\" }}")
+    return dict(t)

@@ -85,13 +85,18 @@ class Results:
         self._final[ck] = out
         return out
 
-    def value(self, name: str, key: str = "accuracy", reader: str = "final"):
+    def value(self, name: str, key: str = "accuracy", reader: str = "final", eval_key: str | None = None):
         """One number of one run: ``reader`` "final" (the final evaluated row, with the
-        ``files`` overlaid), "best" (the maximum of ``key`` over the rows) or "summary"
-        (summary.json). None when absent."""
+        ``files`` overlaid: the last row with ``eval_key``, default ``key``, so run totals
+        such as ``_mb_up`` can be read off it), "best" (the maximum of ``key`` over the rows),
+        "summary" (summary.json) or a JSON file name (``"vqa.json"``: a file a post-run step
+        wrote into the run folder). None when absent."""
         if reader == "final":
-            r = self.final(name, key)
+            r = self.final(name, eval_key or key)
             return None if r is None else r.get(key)
+        if reader.endswith(".json"):
+            f = self.file(name, reader)
+            return None if f is None else f.get(key)
         if reader == "best":
             v = [r[key] for r in self.rows(name) if finite(r.get(key))]
             return max(v) if v else None
@@ -101,22 +106,22 @@ class Results:
         raise ValueError(f"reader: 'final', 'best' or 'summary', got {reader!r}")
 
     def by_seed(self, names: dict[int, str], key: str = "accuracy", reader: str = "final",
-                keep_failed: bool = False) -> dict[int, float | None]:
+                keep_failed: bool = False, eval_key: str | None = None) -> dict[int, float | None]:
         """``{seed: value}`` of the finished runs of ``names`` (``{seed: run name}``) with a
         finite value; ``keep_failed``: a failed run gives ``None`` (a diverged run counts)."""
         out: dict[int, float | None] = {}
         for seed, name in names.items():
-            v = self.value(name, key, reader)
+            v = self.value(name, key, reader, eval_key)
             if finite(v):
                 out[seed] = float(v)
             elif keep_failed and self.failed(name) is not None:
                 out[seed] = None
         return out
 
-    def vals(self, names, key: str = "accuracy", reader: str = "final") -> list[float]:
+    def vals(self, names, key: str = "accuracy", reader: str = "final", eval_key: str | None = None) -> list[float]:
         """The finite values of the finished runs among ``names`` (a list or ``{seed: name}``)."""
         names = names if isinstance(names, dict) else dict(enumerate(names))
-        return [v for v in self.by_seed(names, key, reader).values() if v is not None]
+        return [v for v in self.by_seed(names, key, reader, eval_key=eval_key).values() if v is not None]
 
     def mean_curve(self, names, key: str = "accuracy") -> list[dict]:
         """``[{"round", key}]``: the mean over the finished runs among ``names`` of each

@@ -44,6 +44,7 @@ class Bench:
         self.results = Results(grid.raw_dir, files)
         self.runs: list[Run] = grid.runs()
         self.params = grid.params
+        self.invocation: dict | None = None  # this invocation's record when it ran runs (None: --tables-only)
 
     def methods(self, group: str):
         return self.grid.methods(group)
@@ -54,7 +55,7 @@ class Bench:
     def by_seed(self, group: str, method: str, setting: str | None = None, key: str = "accuracy",
                 reader: str = "final", keep_failed: bool = False) -> dict[int, float | None]:
         """``{seed: value}`` of one method (and setting) of a group (see :meth:`Results.by_seed`)."""
-        return self.results.by_seed(self.names(group, method, setting), key, reader, keep_failed)
+        return self.results.by_seed(self.names(group, method, setting), key, reader, keep_failed, self.grid.eval_key)
 
     def vals(self, group: str, method: str, setting: str | None = None, key: str = "accuracy",
              reader: str = "final") -> list[float]:
@@ -89,10 +90,11 @@ def default_report(b: Bench) -> list[str]:
     return out
 
 
-def _spec_post(raw: dict, cfg, run_dir: Path, exp, *, spec_path: str) -> None:
-    """A worker's post-run step: the spec's ``post(raw, cfg, run_dir, exp)`` (the spec is
-    loaded from its file in the worker, so it need not be importable by name)."""
-    load_spec(Path(spec_path)).post(raw, cfg, run_dir, exp)
+def _spec_post(raw: dict, cfg, run_dir: Path, exp, *, spec_path: str, call: str = "post") -> None:
+    """A worker's post-run step: the spec's ``post(raw, cfg, run_dir, exp)`` (or the function
+    a group's ``post.call`` names; the spec is loaded from its file in the worker, so it need
+    not be importable by name)."""
+    getattr(load_spec(Path(spec_path)), call)(raw, cfg, run_dir, exp)
 
 
 def execute(grid: Grid, workers: int | None = None, seeds: list[int] | None = None,
@@ -119,15 +121,29 @@ def execute(grid: Grid, workers: int | None = None, seeds: list[int] | None = No
             warm.append(r.raw)
     post = partial(_spec_post, spec_path=str(grid.tables)) if spec is not None and hasattr(spec, "post") else None
     raw_dir.mkdir(parents=True, exist_ok=True)
-    return run_missing(grid.name, [(r.name, r.raw) for r in runs], raw_dir, workers or grid.workers, warm,
-                       done=done, post=post, reuse_finished=grid.reuse_finished)
+    n = run_missing(grid.name, [(r.name, r.raw) for r in runs], raw_dir, workers or grid.workers, warm,
+                    done=done, post=post, reuse_finished=grid.reuse_finished)
+    for gk, g in grid.groups.items():  # a group's post-run step: on each of its runs without the file it writes
+        if g.post is None or (groups and gk not in groups):
+            continue
+        if spec is None or not hasattr(spec, g.post["call"]):
+            raise ConfigError(f"groups.{gk}.post: the table spec has no function {g.post['call']!r}")
+        writes = g.post["writes"]
+        mine = [(r.name, r.raw) for r in grid.runs([gk], seeds)]
+        n += run_missing(f"{grid.name} {gk} ({g.post['call']})", mine, raw_dir, workers or grid.workers, [],
+                         done=lambda name, raw: (raw_dir / name / writes).is_file(),
+                         post=partial(_spec_post, spec_path=str(grid.tables), call=g.post["call"]),
+                         reuse_finished=True)
+    return n
 
 
-def render(grid: Grid) -> Path | None:
+def render(grid: Grid, ran: int = 0) -> Path | None:
     """Write the grid's report from the finished runs (the spec's ``report(b)``, else
-    :func:`default_report`); returns its path (None when the grid names no report)."""
+    :func:`default_report`); returns its path (None when the grid names no report). ``ran``:
+    how many runs this invocation ran (then ``b.invocation`` is their record, else None)."""
     spec = load_spec(grid.tables)
     b = Bench(grid, tuple(getattr(spec, "FILES", ())))
+    b.invocation = b.last_invocation() if ran else None
     lines = spec.report(b) if spec is not None and hasattr(spec, "report") else default_report(b)
     if grid.report is None:
         print("\n".join(lines))
@@ -136,12 +152,15 @@ def render(grid: Grid) -> Path | None:
 
 
 def cmd_bench(args) -> int:
-    grid = load_grid(args.grid)
+    grid = load_grid(args.grid, args.grid_set)
+    if args.raw_dir is not None:  # another folder of runs (a test location): the report stays with its runs
+        grid.raw_dir = Path(args.raw_dir)
+        if grid.report is not None:
+            grid.report = grid.raw_dir / grid.report.name
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers: must be >= 1, got {args.workers}")
-    if not args.tables_only:
-        execute(grid, args.workers, args.seeds, args.group or None)
-    path = render(grid)
+    ran = 0 if args.tables_only else execute(grid, args.workers, args.seeds, args.group or None)
+    path = render(grid, ran)
     if path is not None:
         print(f"wrote {path}")
     return 0

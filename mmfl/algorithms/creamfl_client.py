@@ -1,0 +1,123 @@
+"""CreamFL's client (see :mod:`mmfl.algorithms.creamfl` for the round): its private task
+(classification, or the image-text contrastive task), the local contrastive regularization
+of eq. 1-3 over the public set, the optional local distillation of the KD baselines, and
+the upload of its public-set representations."""
+
+from __future__ import annotations
+
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mmfl.algorithms.base import Client
+from mmfl.core.message import Message
+from mmfl.core.training import (load_into, make_optimizer, shuffled_batches, state_of)
+from mmfl.errors import ConfigError
+
+from mmfl.algorithms.creamfl_terms import (CONSENSUS, GLOBAL, MODEL, REP, inter_loss, intra_loss, pair_loss, public_reps,
+                                           reps_of, select_public)
+
+
+class CreamFLClient(Client):
+    """A client of the representation-exchange family: keeps its own model (any size),
+    trains its private task with LCR, uploads representations of the public set."""
+
+    def pair(self) -> list[str]:
+        if self.ctx.public is None:
+            raise ConfigError(f"client {self.ctx.cid}: no public set (CreamFL-style algorithms need one)")
+        return sorted(self.ctx.public.modalities)
+
+    def own_model(self) -> nn.Module:
+        model = self.ctx.model("local")
+        own = {k[len(MODEL):]: v for k, v in self.ctx.state.items() if k.startswith(MODEL)}
+        return load_into(model, own if own else self.ctx.init_model().state_dict())
+
+    def task_loss(self, model: nn.Module, inputs: dict[str, Tensor], labels: Tensor, pair: list[str]) -> Tensor:
+        """Image-text clients: symmetric InfoNCE (or PCME) on their pairs; uni-modal: cross-entropy of ``heads[m]``."""
+        held = [m for m in pair if m in inputs and m in model.holds]
+        if len(held) == 2:
+            z = reps_of(model, inputs, held) if self.params.multimodal_loss == "infonce" else None
+            return pair_loss(model, inputs, z, held, self.params)
+        m = held[0] if held else next(m for m in model.holds if m in inputs)
+        return F.cross_entropy(model.heads[m](model.proj[m](model.encoders[m](inputs[m]))), labels)
+
+    def train(self, msg: Message) -> Message:
+        p, ctx = self.params, self.ctx
+        public = select_public(ctx.public, p.public_size)
+        pair = self.pair()
+        held = [m for m in pair if m in ctx.modalities]
+        model = self.own_model()
+        self.before_training(model, msg)
+        glob = {k[len(GLOBAL):]: v for k, v in msg.arrays.items() if k.startswith(GLOBAL)}
+        prev = public_reps(model, public, held) if p.intra and glob else {}
+        gen = ctx.generator()
+        opt = make_optimizer([q for q in model.parameters() if q.requires_grad], ctx.train)
+        model.train()
+        stats = {"task": [0.0, 0], "lcr": [0.0, 0], "kd": [0.0, 0]}
+        target = {}
+        if p.local_distill == "consensus":
+            target = {k[len(CONSENSUS):]: v for k, v in msg.arrays.items() if k.startswith(CONSENSUS)}
+        elif p.local_distill == "global":
+            target = {m: glob[m] for m in held if m in glob}
+        if target and p.local_distill_weight:  # FedMD's digest / FedET-FedGEMS's local distillation
+            self.public_pass(model, opt, public, gen, stats["kd"], lambda z, rows: p.local_distill_weight * sum(
+                F.mse_loss(z[m], target[m][rows]) for m in z if m in target))
+        for _ in range(ctx.train.local_epochs):
+            for inputs, labels in ctx.data.batches(ctx.train.batch_size, shuffle=True, generator=gen):
+                if labels.shape[0] < 2:
+                    continue
+                loss = self.task_loss(model, inputs, labels, pair)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                stats["task"][0] += float(loss.detach())
+                stats["task"][1] += 1
+            self.extra_epoch(model, opt, public, gen, stats["task"], pair)
+            if glob and (p.inter or p.intra):  # LCR: one pass over the public set after every epoch (eq. 3)
+                self.public_pass(model, opt, public, gen, stats["lcr"],
+                                 lambda z, rows: p.gamma * self.lcr(z, rows, glob, prev, pair))
+        ctx.state.update({MODEL + k: v for k, v in state_of(model).items()})
+        out = self.reply_arrays(model, public, held)
+        mean = {k: v[0] / max(v[1], 1) for k, v in stats.items()}
+        scalars = {"num_examples": len(ctx.data), "train_loss": mean["task"] + mean["lcr"] + mean["kd"],
+                   "task_loss": mean["task"]}
+        if stats["lcr"][1]:
+            scalars["lcr_loss"] = mean["lcr"]
+        return Message(arrays=out, scalars=scalars)
+
+    def lcr(self, z: dict[str, Tensor], rows: Tensor, glob: dict[str, Tensor], prev: dict[str, Tensor],
+            pair: list[str]) -> Tensor:
+        p = self.params
+        loss = 0.0
+        for m, zm in z.items():
+            other = pair[1] if m == pair[0] else pair[0]
+            if p.inter and other in glob:
+                loss = loss + inter_loss(zm, glob[other], rows, p.lcr_temperature)  # eq. 1
+            if p.intra and m in glob and m in prev:
+                loss = loss + intra_loss(zm, glob[m][rows], prev[m][rows], p.lcr_temperature)  # eq. 2
+        return loss
+
+    def public_pass(self, model, opt, public, gen, stat, loss_of) -> None:
+        held = [m for m in self.pair() if m in model.holds]
+        for rows in shuffled_batches(len(public), self.ctx.train.batch_size, gen):
+            inputs, _ = public.get(rows)
+            z = reps_of(model, inputs, held)
+            loss = loss_of(z, rows)
+            if not isinstance(loss, Tensor):
+                continue
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            stat[0] += float(loss.detach())
+            stat[1] += 1
+
+    # hooks of the weight-sharing baselines
+    def before_training(self, model: nn.Module, msg: Message) -> None:
+        pass
+
+    def extra_epoch(self, model, opt, public, gen, stat, pair) -> None:
+        pass
+
+    def reply_arrays(self, model: nn.Module, public, held: list[str]) -> dict[str, Tensor]:
+        """Step 4: the representations of the public set, only for the modalities held."""
+        return {REP + m: t for m, t in public_reps(model, public, held).items()}
