@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from mmfl.algorithms.base import Client
 from mmfl.core.message import Message
+from mmfl.core.state import read, write
 from mmfl.core.training import (load_into, make_optimizer, shuffled_batches, state_of)
 from mmfl.errors import ConfigError
 
@@ -29,7 +30,7 @@ class CreamFLClient(Client):
 
     def own_model(self) -> nn.Module:
         model = self.ctx.model("local")
-        own = {k[len(MODEL):]: v for k, v in self.ctx.state.items() if k.startswith(MODEL)}
+        own = read(self.ctx.state, MODEL)
         return load_into(model, own if own else self.ctx.init_model().state_dict())
 
     def task_loss(self, model: nn.Module, inputs: dict[str, Tensor], labels: Tensor, pair: list[str]) -> Tensor:
@@ -76,7 +77,7 @@ class CreamFLClient(Client):
             if glob and (p.inter or p.intra):  # LCR: one pass over the public set after every epoch (eq. 3)
                 self.public_pass(model, opt, public, gen, stats["lcr"],
                                  lambda z, rows: p.gamma * self.lcr(z, rows, glob, prev, pair))
-        ctx.state.update({MODEL + k: v for k, v in state_of(model).items()})
+        write(ctx.state, MODEL, state_of(model))
         out = self.reply_arrays(model, public, held)
         mean = {k: v[0] / max(v[1], 1) for k, v in stats.items()}
         scalars = {"num_examples": len(ctx.data), "train_loss": mean["task"] + mean["lcr"] + mean["kd"],
