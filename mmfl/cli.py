@@ -26,11 +26,11 @@ from pathlib import Path
 
 from mmfl.errors import MMFLError
 
-KINDS = ("algorithm", "dataset", "partition", "modality", "model")
+KINDS = ("algorithm", "dataset", "partition", "modality", "model", "aggregation")
 # kind -> (heading, config table)
 _HEADINGS = {"algorithm": ("algorithms", "algorithm"), "dataset": ("datasets", "data"),
              "partition": ("partitions", "partition"), "modality": ("modality assigners", "modalities"),
-             "model": ("models", "model")}
+             "model": ("models", "model"), "aggregation": ("aggregation rules", "algorithm")}
 
 
 def _registries():
@@ -39,8 +39,10 @@ def _registries():
     from mmfl.data.modality import MODALITY_ASSIGNERS
     from mmfl.models import MODELS
 
+    from mmfl.core.aggregation import AGGREGATION_RULES
+
     return {"algorithm": ALGORITHMS, "dataset": DATASETS, "partition": PARTITIONERS,
-            "modality": MODALITY_ASSIGNERS, "model": MODELS}
+            "modality": MODALITY_ASSIGNERS, "model": MODELS, "aggregation": AGGREGATION_RULES}
 
 
 def _case_lines() -> list[str]:
@@ -164,7 +166,7 @@ def cmd_list(args) -> int:
         if args.kind and kind != args.kind:
             continue
         heading, table = _HEADINGS[kind]
-        print(f"{heading} ([{table}] name = ...):")
+        print(f"{heading} ([{table}] {'aggregation' if kind == 'aggregation' else 'name'} = ...):")
         for e in reg.entries():
             print(f"  {e.name:<16} {e.help}")
             for name, typ, default, help_ in param_doc(e.params):

@@ -63,6 +63,10 @@ class RunConfig:
     sample_fraction: float = field(default=1.0, metadata={"help": "fraction of clients sampled per round, in (0, 1]"})
     clients_per_round: int = field(default=0, metadata={"help": "clients per round (overrides sample_fraction if > 0)"})
     eval_every: int = field(default=1, metadata={"help": "evaluate every N rounds (and at the last round)"})
+    personal_eval: bool = field(
+        default=False, metadata={"help": "also evaluate every client's model on its own test rows "
+                                         "(personalized evaluation, metrics under personal/) for an "
+                                         "algorithm that does not already"})
     output_dir: str = field(default="runs", metadata={"help": "parent folder of run folders"})
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0 = torch's default)"})
     on_nonfinite: Literal["fail", "drop"] = field(

@@ -198,6 +198,48 @@ def test_cli_grid_set_and_raw_dir(tmp_path):
     assert not (tmp_path / "out.md").exists()
     g = load_grid(tmp_path / "grid.toml", ["groups.g.seeds=[7]"])
     assert g.names("g", "fedavg", "a") == {7: "g-a-fedavg-s7"}
+
+
+def test_when_rules_override_matching_runs_only(tmp_path):
+    g = _grid(tmp_path, GRID + """
+[[when]]
+methods = ["prox"]
+settings = ["b"]
+set = { "train.lr" = 0.5 }
+
+[[when]]
+names = ["g-a-fedavg-s*"]
+seeds = [1, 2]
+set = { keep_checkpoints = 3 }
+""")
+    runs = {r.name: r.raw for r in g.runs()}
+    assert runs["g-b-fedprox-s0"]["train"]["lr"] == 0.5  # setting b and method prox: matched
+    assert runs["g-a-fedprox-s0"]["train"]["lr"] == 0.1 and runs["g-b-fedavg-s0"]["train"]["lr"] == 0.1
+    assert [n for n, r in sorted(runs.items()) if "keep_checkpoints" in r] == ["g-a-fedavg-s1", "g-a-fedavg-s2"]
+
+
+def test_when_rule_naming_an_unknown_group_is_an_error(tmp_path):
+    from mmfl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"when\[0\].groups: no group 'nope'"):
+        _grid(tmp_path, GRID + '\n[[when]]\ngroups = ["nope"]\nset = { rounds = 1 }\n')
+
+
+def test_raw_dir_redirects_runs_and_report(tmp_path):
+    from mmfl.bench.runner import redirect
+
+    g = redirect(_grid(tmp_path), tmp_path / "elsewhere")
+    assert g.raw_dir == (tmp_path / "elsewhere").resolve() and g.report == g.raw_dir / "out.md"
+
+
+def test_verdict_count_counts_held_beyond_and_reversed():
+    from mmfl.bench import verdict_count
+
+    v = ["holds, beyond the spread", "holds, within the spread", "**reversed**, beyond the spread",
+         "reversed, within the spread"]
+    assert verdict_count(v, "T") == ("2 of 4 T claims hold in the mean; 1 beyond the seed spread, "
+                                     "1 reversed beyond it, the rest within it.")
+
 def test_invocation_record_only_when_this_invocation_ran_runs(tmp_path, monkeypatch):
     """``b.invocation``: the record of the runs this invocation ran (for a cost line); None for
     ``--tables-only`` even when an older record exists, so a rebuilt report stays identical."""

@@ -1,11 +1,12 @@
 """The shape every algorithm has: a server part and a client part exchanging
 :class:`~mmfl.core.message.Message` objects through a transport.
 
-- :class:`Server` configures a round (what each sampled client receives),
-  aggregates the replies and evaluates. The common case is the three hooks
-  ``configure_train`` / ``aggregate_train`` / ``evaluate``; a multi-phase
-  algorithm overrides :meth:`Server.round` and calls ``transport.send`` as
-  often as it needs.
+- :class:`Server` configures a round (what each sampled client receives) and
+  aggregates the replies. The common case is the two hooks ``configure_train`` /
+  ``aggregate_train``; a multi-phase algorithm overrides :meth:`Server.round` and
+  calls ``transport.send`` as often as it needs. It declares its evaluations
+  (``evaluations``, one ``evaluate_<kind>(ctx)`` each), which the engine runs with an
+  :class:`~mmfl.core.evaluation.EvalContext` (see :mod:`mmfl.core.evaluation`).
 - :class:`Client` handles one message with its private data and the
   persistent state the engine loads for it (``ctx.state``), and returns a
   reply. It is rebuilt for every message, so it must keep nothing between
@@ -22,15 +23,34 @@ from torch import Tensor, nn
 
 from mmfl.schema import TrainConfig
 from mmfl.data.base import ArrayDataset, DatasetMeta
+from mmfl.core.evaluation import EvalContext, client_personal_metrics, global_metrics, personalized_metrics
 from mmfl.core.message import Message
 from mmfl.core.state import Stateful, module
-from mmfl.core.training import evaluate_model, train_at_round
+from mmfl.core.training import LossFn, load_into, local_train, model_tensors, state_of, train_at_round
+
+
+class TrafficLog(Protocol):
+    """A transport's byte count (:class:`mmfl.engine.simulation.CommLog`)."""
+
+    dropped: list[int]  # clients dropped since the last reset (non-finite or missing reply)
+
+    def reset(self) -> None: ...
+
+    def summary(self) -> dict:
+        """``bytes_down``, ``bytes_up``, ``bytes_by_route``, ``bytes_per_client``."""
 
 
 class Transport(Protocol):
-    """What a server sees of the clients."""
+    """What the engine and a server see of the clients. The round loop
+    (:mod:`mmfl.engine.runner`) uses exactly this, on every transport."""
 
     num_clients: int
+    log: TrafficLog  # bytes since the last ``begin_round`` / ``log.reset()``
+    batch_info: dict  # this round's batched-training info for the metrics row ({}: none)
+    clients_in_process: bool  # the clients' data is in this process (simulation), not on other machines
+
+    def begin_round(self, rnd: int) -> None:
+        """Start round ``rnd`` (0-based): reset the log, the per-round message counters, ``batch_info``."""
 
     def send(self, route: str, messages: dict[int, Message]) -> dict[int, Message]:
         """Deliver ``messages[cid]`` to client ``cid`` on ``route``; return the replies.
@@ -92,10 +112,15 @@ class Server(Stateful):
 
     state_fields = {"model": module()}
 
+    # the evaluations the engine runs after an evaluated round: kind -> prefix of its metrics
+    # (mmfl.core.evaluation.KINDS; one ``evaluate_<kind>(ctx)`` method each)
+    evaluations: dict[str, str] = {"global": ""}
+
     def __init__(self, params, ctx: ServerContext):
         self.params = params
         self.ctx = ctx
         self.model = ctx.make_model()
+        self._personal_models: dict[tuple, nn.Module] = {}
 
     # --- the round ------------------------------------------------------
     def round(self, rnd: int, cohort: list[int], transport: Transport) -> dict[str, float]:
@@ -112,10 +137,30 @@ class Server(Stateful):
     def aggregate_train(self, rnd: int, replies: dict[int, Message]) -> dict[str, float]:
         raise NotImplementedError
 
-    # --- evaluation -----------------------------------------------------
-    def evaluate(self, rnd: int, test: ArrayDataset, transport: Transport) -> dict[str, float]:
-        """Accuracy and loss of the global model on the server's test set."""
-        return evaluate_model(self.model, test, num_classes=self.ctx.meta.num_classes)
+    # --- evaluation (run by the engine: mmfl.core.evaluation) -------------
+    def evaluate_global(self, ctx: EvalContext) -> dict:
+        """Accuracy and loss (per modality too) of the global model on the shared test set."""
+        return global_metrics(self.model, ctx.test, self.ctx.meta.num_classes)
+
+    def evaluate_personalized(self, ctx: EvalContext) -> dict:
+        """Each client's :meth:`personal_model` on its own test rows."""
+        return personalized_metrics(ctx, self.personal_model, self.personal_state)
+
+    def personal_model(self, cid: int) -> nn.Module:
+        """Client ``cid``'s model for the personalized evaluation; default: the global model
+        restricted to the modalities it holds (one reusable module per modality set)."""
+        h = tuple(self.ctx.modalities_of(cid))
+        h = None if h == tuple(self.ctx.meta.modalities) else h
+        if h not in self._personal_models:
+            self._personal_models[h] = self.ctx.make_model(h) if h is not None else self.ctx.make_model()
+        model = self._personal_models[h]
+        glob = model_tensors(self.model)
+        return load_into(model, {k: glob[k] for k in model_tensors(model)})
+
+    def personal_state(self, cid: int) -> dict[str, Tensor] | None:
+        """The tensors of :meth:`personal_model` sent to client ``cid`` when it evaluates on its
+        own machine (None: the client's own model, kept in its state)."""
+        return state_of(self.personal_model(cid))
 
 
 class Client:
@@ -125,11 +170,73 @@ class Client:
         self.params = params
         self.ctx = ctx
 
+    def evaluate_personal(self, msg: Message) -> Message:
+        """The personalized evaluation on this client's own test rows (every client answers it)."""
+        return client_personal_metrics(self.ctx, msg)
+
     def handle(self, route: str, msg: Message) -> Message:
         method = getattr(self, route, None)
         if method is None:
             raise RuntimeError(f"{type(self).__name__} has no handler for route {route!r}")
         return method(msg)
+
+
+class TrainingClient(Client):
+    """A client whose ``train`` route is local training, with the one family of hooks every
+    training client (single-modal FedAvg family, multimodal family) overrides::
+
+        train(msg):  model = load_model(msg)
+                     begin(model, msg)
+                     local_train(model, loss_fn(msg), on_epoch, before_step, after_step)
+                     return finish(model, msg, stats)   # calls after_train where it keeps state
+
+    - ``load_model(msg)``: the local model loaded with what the client trains from.
+    - ``begin(model, msg)``: before training (SCAFFOLD's c - c_i, FedCMI's temperatures).
+    - ``loss_fn(msg)``: the objective ``(model, inputs, labels) -> scalar``; by default
+      :meth:`loss` with ``msg``. (The FedAvg family builds it from a loss written once for
+      the sequential and the batched path, :class:`~mmfl.algorithms.fedavg.FedAvgClient`.)
+    - ``on_epoch(epoch)``, ``before_step()`` (between backward and the optimizer step:
+      gradient corrections), ``after_step()`` (after every optimizer step).
+    - ``after_train(model, msg, stats)``: update ``ctx.state`` (MOON keeps the model).
+    - ``finish(model, msg, stats) -> Message``: the reply.
+    """
+
+    def train(self, msg: Message) -> Message:
+        model = self.load_model(msg)
+        self.begin(model, msg)
+        stats = local_train(model, self.ctx.data, self.ctx.train, self.ctx.generator(),
+                            loss_fn=self.loss_fn(msg), before_step=self.before_step,
+                            after_step=self.after_step, on_epoch=self.on_epoch)
+        return self.finish(model, msg, stats)
+
+    def load_model(self, msg: Message) -> nn.Module:
+        return load_into(self.ctx.model("local"), msg.arrays)
+
+    def begin(self, model: nn.Module, msg: Message) -> None:
+        """Called before local training."""
+
+    def loss_fn(self, msg: Message) -> LossFn:
+        return lambda model, inputs, labels: self.loss(model, inputs, labels, msg)
+
+    def loss(self, model: nn.Module, inputs: dict[str, Tensor], labels: Tensor, msg: Message) -> Tensor:
+        """The objective on one batch (a scalar)."""
+        raise NotImplementedError
+
+    def on_epoch(self, epoch: int) -> None:
+        """At the start of each local epoch."""
+
+    def before_step(self) -> None:
+        """Between backward and the optimizer step."""
+
+    def after_step(self) -> None:
+        """After each optimizer step."""
+
+    def after_train(self, model: nn.Module, msg: Message, stats: dict) -> None:
+        """Update ``self.ctx.state`` after local training."""
+
+    def finish(self, model: nn.Module, msg: Message, stats: dict) -> Message:
+        """The reply after local training ended at ``model``."""
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)

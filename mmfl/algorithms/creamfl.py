@@ -348,8 +348,10 @@ class CreamFLServer(Server):
             total, steps = total + float(loss.detach()), steps + 1
         return total / max(steps, 1)
 
-    def evaluate(self, rnd, test, transport):
-        return retrieval_metrics(self.model, test, self.ctx.meta, self.pair)
+    evaluations = {"retrieval": ""}  # Recall@K of the global model (mmfl.core.evaluation)
+
+    def evaluate_retrieval(self, ctx):
+        return retrieval_metrics(self.model, ctx.test, self.ctx.meta, self.pair)
 
 
 

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmfl.algorithms.pcme import pcme_pair_loss
-from mmfl.core.retrieval import evaluate_retrieval, pairs_to_retrieval
+from mmfl.core.evaluation import retrieval_scores
+from mmfl.core.retrieval import evaluate_retrieval
 from mmfl.errors import ConfigError
 from mmfl.seeds import derive_seed
 
@@ -121,29 +122,12 @@ def pair_modalities(meta) -> tuple[str, str]:
 
 
 def retrieval_metrics(model: nn.Module, test, meta, modalities: tuple[str, str], batch_size: int = 512) -> dict:
-    """Image-to-text and text-to-image Recall@1/5/10 of ``model`` on ``test`` (see
-    :func:`mmfl.core.retrieval.evaluate_retrieval`): the 1K protocol for 5,000 test
-    images, else plain; rows paired by instance (or several captions per image via
-    ``meta.info["image_index"]``), or by class for class-paired sets."""
+    """Image-to-text and text-to-image Recall@1/5/10 of ``model`` on ``test``
+    (:func:`mmfl.core.evaluation.retrieval_scores` of its test-set representations)."""
     reps = public_reps(model, test, modalities, batch_size)
     a, b = modalities
     img, txt = (reps["image"], reps[b if a == "image" else a]) if "image" in modalities else (reps[a], reps[b])
-    pairing = (meta.info or {}).get("pairing", "instance")
-    index = ((meta.info or {}).get("image_index") or {}).get("test")
-    if pairing == "class":
-        labels = test.get()[1]
-        out = evaluate_retrieval(img, txt, None, "plain", class_level=True, img_labels=labels, txt_labels=labels)
-    elif index is not None and int(index.numel()) == len(test):
-        img, txt, t2i = pairs_to_retrieval(img, txt, index)
-        out = evaluate_retrieval(img, txt, t2i)
-    else:
-        out = evaluate_retrieval(img, txt, torch.arange(len(test)))
-        if meta.num_classes > 1:  # also by class: a hit is an item of the query's class
-            labels = test.get()[1]
-            by_class = evaluate_retrieval(img, txt, None, "plain", class_level=True, img_labels=labels,
-                                          txt_labels=labels)
-            out.update({f"class_{k}": v for k, v in by_class.items() if isinstance(v, float)})
-    return {k: v for k, v in out.items() if isinstance(v, float)}
+    return retrieval_scores(img, txt, test, meta)
 
 
 def select_public(public, size: int):

@@ -6,11 +6,14 @@ its data and returns w_k^t; the server sets
     w^{t+1} = sum_k |D^k| / |D| * w_k^t        (Algorithm 1, line 7)
 
 over the clients that replied (|D| = their total size). Subclasses change the
-local loss (:meth:`FedAvgClient.loss_fn`) or the aggregate (:meth:`FedAvgServer.aggregate`).
+local objective (:meth:`FedAvgClient.objective` / ``penalty`` / ``references``, written once
+for the sequential and the batched path) or the aggregation rule (``algorithm.aggregation``,
+a name in :data:`mmfl.core.aggregation.AGGREGATION_RULES`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -18,10 +21,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mmfl.algorithms.registry import register
-from mmfl.algorithms.base import Client, Server
+from mmfl.algorithms.base import Server, TrainingClient
+from mmfl.core.aggregation import aggregate, check_rule, weighted_mean
 from mmfl.core.batched import BatchedClient, BatchedTask
 from mmfl.core.message import Message
-from mmfl.core.training import LossFn, cross_entropy_loss, load_into, local_train, model_tensors, state_of
+from mmfl.core.training import LossFn, load_into, model_tensors, state_of
 
 
 MODULE_WEIGHT = "examples/"  # reply scalar "examples/<key prefix>": the data weight of that module
@@ -29,52 +33,9 @@ MODULE_WEIGHT = "examples/"  # reply scalar "examples/<key prefix>": the data we
 
 def weighted_average(states: list[dict[str, Tensor]], weights: list[float | dict[str, float]],
                      previous: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
-    """Average the states key by key, each key over the states that carry it (aggregation by module).
-
-    MOON Alg. 1, line 7 (``sum_k w_k * state_k / sum w``) when every state carries
-    every key. Otherwise (clients holding only some modalities build and upload
-    only those modules) each key is averaged over the states holding it, with
-    weights renormalised over them; a key in no state keeps its value from
-    ``previous`` (omitted from the result when ``previous`` is None).
-
-    ``weights[k]`` is a number, or ``{key prefix: weight}`` (a module's own data
-    size, e.g. ``{"encoders.image.": 120, "": 200}``): a key takes the weight of
-    the longest prefix it starts with. Floating tensors are averaged in float64
-    and cast back; integer tensors (BatchNorm's ``num_batches_tracked``) take
-    the maximum.
-    """
-    per_key: dict[str, list[tuple[Tensor, float]]] = {}
-    for state, w in zip(states, weights):
-        for key, t in state.items():
-            per_key.setdefault(key, []).append((t, _weight_for(key, w)))
-    out = dict(previous) if previous is not None else {}
-    for key, pairs in per_key.items():
-        ref = pairs[0][0]
-        if ref.is_floating_point():
-            total = float(sum(w for _, w in pairs))
-            if total <= 0:
-                if previous is not None and key in previous:
-                    continue  # nobody with data for this module: it keeps its value
-                raise ValueError(f"weights of '{key}' must sum to a positive number")
-            acc = torch.zeros_like(ref, dtype=torch.float64)
-            for t, w in pairs:
-                acc.add_(t.to(torch.float64), alpha=w / total)
-            out[key] = acc.to(ref.dtype)
-        else:
-            out[key] = torch.stack([t for t, _ in pairs]).max(0).values
-    return out
-
-
-def _weight_for(key: str, w: float | dict[str, float]) -> float:
-    if not isinstance(w, dict):
-        return float(w)
-    best, found = -1, 0.0
-    for prefix, v in w.items():
-        if key.startswith(prefix) and len(prefix) > best:
-            best, found = len(prefix), float(v)
-    if best < 0:
-        raise ValueError(f"no weight for '{key}' (prefixes: {sorted(w)})")
-    return found
+    """The ``weighted_mean`` aggregation rule (:func:`mmfl.core.aggregation.weighted_mean`):
+    each key averaged over the states carrying it, weights per module (MOON Alg. 1, line 7)."""
+    return weighted_mean(states, weights, previous)
 
 
 def reply_weights(reply: Message) -> float | dict[str, float]:
@@ -93,25 +54,47 @@ def weighted_mean_scalar(replies: dict[int, Message], key: str) -> float | None:
     return float(sum(v * n for v, n in pairs) / total)
 
 
+@dataclass
+class FedAvgParams:
+    """The parameters every FedAvg-family algorithm has (its params dataclass extends this)."""
+
+    aggregation: str = field(default="weighted_mean", kw_only=True, metadata={  # kw_only: after subclass fields
+        "help": "the server's aggregation rule, by name (`mmfl list aggregation`): weighted_mean = "
+                "FedAvg's data-size weights (MOON Alg. 1 line 7), mean = uniform, ..."})
+
+    def __post_init__(self):
+        check_rule(self.aggregation)
+
+
 class FedAvgServer(Server):
+    default_aggregation = "weighted_mean"  # the rule when the params name none (subclasses: their paper's)
+
     def configure_train(self, rnd: int, cohort: list[int]) -> dict[int, Message]:
         msg = Message(arrays=dict(self.model.state_dict()))  # one message object, counted per recipient
         return {cid: msg for cid in cohort}
 
     def weight(self, cid: int, reply: Message) -> float | dict[str, float]:
-        """Aggregation weight of a reply: its data size, per module (FedIoT overrides it)."""
+        """Aggregation weight of a reply: its data size, per module."""
         return reply_weights(reply)
+
+    def aggregation_rule(self) -> str:
+        """The name of the rule in :data:`mmfl.core.aggregation.AGGREGATION_RULES` (``algorithm.aggregation``)."""
+        return getattr(self.params, "aggregation", None) or self.default_aggregation
+
+    def aggregation_context(self, rnd: int, replies: dict[int, Message]) -> dict:
+        """Keyword arguments the rule gets besides updates, weights and previous values."""
+        return {}
 
     def aggregate(self, rnd: int, replies: dict[int, Message]) -> dict[str, Tensor]:
         """The new global state from the clients' models (the model entries of their
-        ``arrays``; other arrays, e.g. prototypes, are the algorithm's), module by module:
-        a module only some replies carry is averaged over those, one none carries keeps
-        its value (see :func:`weighted_average`)."""
+        ``arrays``; other arrays, e.g. prototypes, are the algorithm's) by the named rule,
+        module by module: a module only some replies carry is combined over those, one none
+        carries keeps its value (see :mod:`mmfl.core.aggregation`)."""
         cids = sorted(replies)
         own = model_tensors(self.model)
         states = [{k: v for k, v in replies[c].arrays.items() if k in own} for c in cids]
-        return weighted_average(states, [self.weight(c, replies[c]) for c in cids],
-                                previous=dict(self.model.state_dict()))
+        return aggregate(self.aggregation_rule(), states, [self.weight(c, replies[c]) for c in cids],
+                         dict(self.model.state_dict()), **self.aggregation_context(rnd, replies))
 
     def reported_scalars(self) -> tuple[str, ...]:
         """Reply scalars averaged (by data size) into the round's metrics besides ``train_loss``."""
@@ -127,43 +110,96 @@ class FedAvgServer(Server):
         return out
 
 
-class FedAvgClient(Client, BatchedClient):
-    def loss_fn(self, global_arrays: dict[str, Tensor]) -> LossFn:
-        """The local objective; FedAvg: cross-entropy."""
-        return cross_entropy_loss
+class FedAvgClient(TrainingClient, BatchedClient):
+    """Local SGD on the client's data (the hooks of :class:`~mmfl.algorithms.base.TrainingClient`).
 
-    def step_hook(self, model, msg: Message) -> Callable[[], None] | None:
-        """A function called after each optimizer step, or None (SCAFFOLD
-        applies its drift correction here)."""
+    The objective is written once, for the sequential and the batched path
+    (:mod:`mmfl.core.batched`): :meth:`objective` (the batch loss from the
+    model's outputs; per sample or its mean), :meth:`references` (frozen models
+    whose outputs it reads, MOON's global and previous model) and :meth:`penalty`
+    (a term of the parameters, FedProx's proximal term)."""
+
+    # --- the objective, shared by both paths -------------------------------------
+    def references(self, msg: Message) -> dict[str, dict[str, Tensor]]:
+        """Frozen models the objective reads, by name -> state: ``"global"`` (if used) is the
+        received model, the same for every client of a round; any other is the client's own."""
+        return {}
+
+    def objective(self, out: dict[str, Tensor], labels: Tensor, ref: Callable[[str], dict | None],
+                  reduction: str = "mean") -> Tensor:
+        """The loss of one batch from the model's outputs ``out`` (``logits`` [B, C], ...) and
+        ``labels`` [B]: per sample ``[B]`` for ``reduction="none"`` (the batched path), their mean
+        for ``"mean"`` (the sequential path). ``ref(name)`` is the (detached) output of reference
+        model ``name`` on the same inputs, None if the client has none. FedAvg: cross-entropy."""
+        return F.cross_entropy(out["logits"], labels, reduction=reduction)
+
+    def penalty(self, params: dict[str, Tensor], anchor: dict[str, Tensor]) -> Tensor | None:
+        """A term of the trainable ``params`` (name -> tensor) added to the mean loss, with
+        ``anchor`` the received values of the same names; None: none."""
         return None
 
-    def train(self, msg: Message) -> Message:
-        model = load_into(self.ctx.model("local"), msg.arrays)
-        hook = self.step_hook(model, msg)
-        stats = local_train(model, self.ctx.data, self.ctx.train, self.ctx.generator(),
-                            loss_fn=self.loss_fn(msg.arrays), after_step=hook)
-        return self.finish_train(model, msg, stats)
+    def loss_fn(self, msg: Message | dict[str, Tensor]) -> LossFn:
+        """The sequential objective ``(model, inputs, labels) -> scalar`` for the received
+        ``msg`` (or its arrays): :meth:`objective` (mean) + :meth:`penalty`."""
+        arrays = msg.arrays if isinstance(msg, Message) else msg
+        refs = self.references(Message(arrays=arrays))
+        models = {name: load_into(self.ctx.model(name), state).eval() for name, state in refs.items()}
+        has_penalty = type(self).penalty is not FedAvgClient.penalty
 
-    def finish_train(self, model, msg: Message, stats: dict) -> Message:
+        def loss(model, inputs, labels):
+            out = model(inputs)
+
+            @torch.no_grad()
+            def ref(name):
+                return models[name](inputs) if name in models else None
+
+            value = self.objective(out, labels, ref)
+            if not has_penalty:
+                return value
+            pen = self.penalty({n: p for n, p in model.named_parameters() if p.requires_grad}, arrays)
+            return value if pen is None else value + pen
+
+        return loss
+
+    # --- the reply ---------------------------------------------------------------
+    def finish(self, model, msg: Message, stats: dict) -> Message:
         """The reply after local training ended at ``model`` (sequential or batched)."""
         self.after_train(model, msg, stats)
         return Message(arrays=state_of(model),
                        scalars={"num_examples": len(self.ctx.data), "train_loss": stats["train_loss"],
                                 "steps": stats["steps"]})
 
-    def after_train(self, model, msg: Message, stats: dict) -> None:
-        """Update ``self.ctx.state`` after local training (MOON keeps the model here)."""
-
     # --- batched training (mmfl.core.batched): the same objective for one client of a stack
     def batched_task(self, route: str, msg: Message) -> BatchedTask | None:
-        return BatchedTask(start=msg.arrays) if route == "train" else None
+        if route != "train":
+            return None
+        task = BatchedTask(start=msg.arrays)
+        refs = self.references(msg)
+        if "global" in refs:
+            task.shared["global"] = {k: v.detach() for k, v in refs.pop("global").items()}
+        if refs:  # the client's own reference models; clients with other sets train apart
+            task.extras["refs"] = refs
+        task.group = tuple(sorted(refs)) or None
+        if type(self).penalty is not FedAvgClient.penalty:
+            names = [n for n, p in self.ctx.model("local").named_parameters() if p.requires_grad]
+            task.shared["anchor"] = {n: msg.arrays[n].detach() for n in names}
+        return task
 
     def batched_loss(self, forward, params, inputs, labels, extras, shared) -> Tensor:
-        return F.cross_entropy(forward(params, inputs)["logits"], labels, reduction="none")
+        def ref(name):
+            state = shared.get(name) if name == "global" else extras.get("refs", {}).get(name)
+            return None if state is None else {k: v.detach() if isinstance(v, Tensor) else v
+                                               for k, v in forward(state, inputs).items()}
+
+        return self.objective(forward(params, inputs), labels, ref, reduction="none")
+
+    def batched_penalty(self, params, extras, shared) -> Tensor | None:
+        anchor = shared.get("anchor")
+        return None if anchor is None else self.penalty({n: params[n] for n in anchor}, anchor)
 
     def batched_finish(self, route: str, msg: Message, state: dict[str, Tensor], stats: dict) -> Message:
-        return self.finish_train(load_into(self.ctx.model("local"), state), msg, stats)
+        return self.finish(load_into(self.ctx.model("local"), state), msg, stats)
 
 
-register("fedavg", None, FedAvgServer, FedAvgClient,
+register("fedavg", FedAvgParams, FedAvgServer, FedAvgClient,
          help="FedAvg: local SGD, data-size-weighted model averaging (McMahan et al. 2017)")

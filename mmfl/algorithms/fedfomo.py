@@ -31,10 +31,9 @@ modules both hold. The update (3) then moves each shared module towards the peer
 holding it and leaves a module only i holds at its own value.
 
 The server keeps each client's latest uploaded model (``clients/<cid>/...`` in its
-state, so checkpoints and resume carry them) and evaluates them with the
-personalized evaluation (:func:`mmfl.core.personal.evaluate_personalized`):
-each device's model on test rows that follow its own label distribution, with
-only the modalities it holds. :class:`PersonalizedServer` is shared with FedAMP.
+state, so checkpoints and resume carry them) and declares the personalized
+evaluation (:mod:`mmfl.core.evaluation`): each device's model on test rows that
+follow its own label distribution, with only the modalities it holds. :class:`PersonalizedServer` is shared with FedAMP.
 """
 
 from __future__ import annotations
@@ -148,16 +147,16 @@ class PersonalizedServer(Server):
         return type(self).__name__.removesuffix("Server").lower()
 
     # --- evaluation ----------------------------------------------------------
-    def evaluate(self, rnd, test, transport):
-        """Each device's own model, on test rows following its training label distribution,
-        with only its modalities (the personalized evaluation; no messages)."""
-        from mmfl.core.personal import evaluate_personalized
+    # each device's own model, on test rows following its training label distribution, with
+    # only its modalities (mmfl.core.evaluation; in the simulation no messages, on Flower the
+    # server's copy of each client's model goes to that client, which scores it on its own rows)
+    evaluations = {"personalized": ""}
 
-        fed = getattr(transport, "federation", None)
-        if fed is None:
-            raise MMFLError(f"'{self.algorithm_name()}' evaluates per device and needs the transport's federation")
-        return evaluate_personalized(self.model_of, fed, test, seed=self.ctx.seed,
-                                     num_classes=self.ctx.meta.num_classes)
+    def personal_model(self, cid: int) -> nn.Module:
+        return self.model_of(cid)
+
+    def personal_state(self, cid: int) -> dict[str, Tensor]:
+        return self.state_of_client(cid)
 
 
 def shared_distance(a: dict[str, Tensor], b: dict[str, Tensor], names) -> float:

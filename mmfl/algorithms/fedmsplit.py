@@ -39,7 +39,7 @@ client's largest edge change per round is ``graph_lr``, whatever the gradient's
 scale). ``graph = "cosine"``: ``b = 0`` (the fixed cosine attention of earlier
 versions; ``fedmsplit_cosine`` also restores their ``personal_mix = 0.5``).
 
-Evaluation is personalized (:func:`mmfl.core.personal.evaluate_personalized`):
+Evaluation is personalized (the ``personalized`` kind of :mod:`mmfl.core.evaluation`):
 client ``i``'s model is (G3) for every module it holds (global modules where it
 has no graph), tested on rows following its label distribution with only its
 modalities: ``accuracy``, ``uar``, ``client_accuracy``, ... The *global* model
@@ -59,10 +59,11 @@ from torch import Tensor, nn
 
 from mmfl.algorithms.registry import preset, register
 from mmfl.algorithms.multimodal import MFedAvgClient, MFedAvgParams, MultimodalServer, only_held
+from mmfl.core.evaluation import personalized_metrics
 from mmfl.core.message import Message
 from mmfl.core.state import per_client, tensors
-from mmfl.core.training import evaluate_model, load_into, model_tensors
-from mmfl.errors import ConfigError, MMFLError
+from mmfl.core.training import load_into, model_tensors
+from mmfl.errors import ConfigError
 from mmfl.models.multimodal import module_of
 
 __all__ = ["FedMSplitParams", "FedMSplitServer", "GRAPH_PREFIX", "GRAPHS", "STATE_PREFIX", "attention_matrix",
@@ -297,23 +298,20 @@ class FedMSplitServer(MultimodalServer):
         arrays = self.personalized(cid, holds, graphs) if personal else only_held(dict(self.model.state_dict()), holds)
         return load_into(self._eval_models[holds], arrays)
 
-    def evaluate(self, rnd, test, transport):
-        """Each client's personalized model on test rows following its label distribution, with
-        only its modalities (``accuracy``, ...); the global model on the whole test set under
-        ``global/`` (``global/accuracy``, ``global/accuracy/<m>``, ...), and under the same
-        per-client evaluation as ``global/personal_accuracy`` / ``global/personal_uar``."""
-        from mmfl.core.personal import evaluate_personalized
+    # the global model under global/; each client's personalized model (mmfl.core.evaluation)
+    evaluations = {"personalized": "", "global": GLOBAL}
 
-        fed = getattr(transport, "federation", None)
-        if fed is None:
-            raise MMFLError("fedmsplit evaluates per client and needs the transport's federation")
-        glob = evaluate_model(self.model, test, num_classes=self.ctx.meta.num_classes)
+    def evaluate_personalized(self, ctx):
+        """Each client's personalized model on test rows following its label distribution, with
+        only its modalities (``accuracy``, ...), and the global model under the same per-client
+        evaluation as ``global/personal_accuracy`` / ``global/personal_uar``."""
         graphs: dict = {}  # one graph per module for the whole evaluation
-        out = evaluate_personalized(lambda cid: self.model_of(cid, graphs), fed, test, seed=self.ctx.seed,
-                                    num_classes=self.ctx.meta.num_classes)
-        out.update({GLOBAL + k: v for k, v in glob.items()})
-        ref = evaluate_personalized(lambda cid: self.model_of(cid, personal=False), fed, test, seed=self.ctx.seed,
-                                    num_classes=self.ctx.meta.num_classes)
+        holds = lambda cid: tuple(self.ctx.modalities_of(cid))  # noqa: E731
+        out = personalized_metrics(ctx, lambda cid: self.model_of(cid, graphs),
+                                   lambda cid: self.personalized(cid, holds(cid), graphs))
+        glob = dict(self.model.state_dict())
+        ref = personalized_metrics(ctx, lambda cid: self.model_of(cid, personal=False),
+                                   lambda cid: only_held(glob, holds(cid)))
         for k in ("accuracy", "uar"):  # the global model under the same per-client evaluation: the reference
             if k in ref:
                 out[f"{GLOBAL}personal_{k}"] = ref[k]

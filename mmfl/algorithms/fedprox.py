@@ -12,52 +12,34 @@ from dataclasses import dataclass, field
 from torch import Tensor, nn
 
 from mmfl.algorithms.registry import register
-from mmfl.algorithms.fedavg import FedAvgClient, FedAvgServer
-from mmfl.core.training import LossFn, cross_entropy_loss
+from mmfl.algorithms.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from mmfl.errors import ConfigError
 
 
 @dataclass
-class FedProxParams:
+class FedProxParams(FedAvgParams):
     mu: float = field(default=0.01, metadata={"help": "proximal weight mu (MOON tunes it in {0.001, 0.01, 0.1, 1})"})
 
     def __post_init__(self):
+        super().__post_init__()
         if self.mu < 0:
             raise ConfigError(f"algorithm.mu: must be >= 0, got {self.mu}")
 
 
-def proximal_term(model: nn.Module, anchor: dict[str, Tensor]) -> Tensor:
-    """||w - w^t||^2 over the model's trainable parameters (FedProx eq. 2)."""
-    return sum(((p - anchor[n]) ** 2).sum() for n, p in model.named_parameters() if p.requires_grad)
+def proximal_term(params: dict[str, Tensor] | nn.Module, anchor: dict[str, Tensor]) -> Tensor:
+    """||w - w^t||^2 = sum over the names of ``params`` of ||params[n] - anchor[n]||^2 (FedProx
+    eq. 2): the trainable parameters (each of any shape; a model: its trainable parameters)
+    and the received global values of the same names. The sequential and the batched path
+    (one client's parameters under vmap) both use it."""
+    if isinstance(params, nn.Module):
+        params = {n: p for n, p in params.named_parameters() if p.requires_grad}
+    return sum(((p - anchor[n].detach()) ** 2).sum() for n, p in params.items())
 
 
 class FedProxClient(FedAvgClient):
-    def loss_fn(self, global_arrays: dict[str, Tensor]) -> LossFn:
-        mu = self.params.mu
-        anchor = {k: v.detach() for k, v in global_arrays.items()}
-
-        def loss(model, inputs, labels):
-            base = cross_entropy_loss(model, inputs, labels)
-            return base if mu == 0 else base + mu / 2 * proximal_term(model, anchor)
-
-        return loss
-
-    def batched_task(self, route, msg):
-        task = super().batched_task(route, msg)
-        if task is not None and self.params.mu != 0:
-            names = param_names(self.ctx.model("local"))
-            task.shared = {"anchor": {n: msg.arrays[n].detach() for n in names}}
-        return task
-
-    def batched_penalty(self, params, extras, shared):
-        if self.params.mu == 0:
-            return None
-        anchor = shared["anchor"]  # mu/2 * ||w - w^t||^2, FedProx eq. 2
-        return self.params.mu / 2 * sum(((params[n] - a) ** 2).sum() for n, a in anchor.items())
-
-
-def param_names(model: nn.Module) -> list[str]:
-    return [n for n, p in model.named_parameters() if p.requires_grad]
+    def penalty(self, params, anchor):
+        """mu/2 * ||w - w^t||^2, FedProx eq. 2 (None for mu = 0: plain FedAvg)."""
+        return None if self.params.mu == 0 else self.params.mu / 2 * proximal_term(params, anchor)
 
 
 register("fedprox", FedProxParams, FedAvgServer, FedProxClient,

@@ -16,6 +16,7 @@ import numpy as np
 from mmfl.algorithms.registry import register
 from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.fedavg import weighted_mean_scalar
+from mmfl.core.evaluation import personalized_metrics
 from mmfl.core.message import Message
 from mmfl.core.state import read, write
 from mmfl.core.training import evaluate_model, load_into, local_train, state_of
@@ -30,12 +31,19 @@ class LocalServer(Server):
     def aggregate_train(self, rnd, replies):
         return {"train_loss": weighted_mean_scalar(replies, "train_loss")}
 
-    def evaluate(self, rnd, test, transport):
-        replies = transport.send("evaluate", {cid: Message() for cid in range(transport.num_clients)})
+    # each client's own model on its evaluation set, through messages (its mean and std)
+    evaluations = {"clients": ""}
+
+    def evaluate_clients(self, ctx):
+        replies = ctx.send("evaluate", {cid: Message() for cid in range(ctx.num_clients)})
         acc = np.array([replies[c].scalars["accuracy"] for c in sorted(replies)])
         loss = np.array([replies[c].scalars["test_loss"] for c in sorted(replies)])
         return {"accuracy": float(acc.mean()), "accuracy_std": float(acc.std()),
                 "test_loss": float(loss.mean()), "client_accuracy": [float(a) for a in acc]}
+
+    def evaluate_personalized(self, ctx):
+        """Each client's own model (only the clients hold it) on its own test rows."""
+        return personalized_metrics(ctx, None, lambda cid: None)
 
 
 class LocalClient(Client):

@@ -34,17 +34,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mmfl.algorithms.registry import register
-from mmfl.algorithms.fedavg import FedAvgClient, FedAvgServer
+from mmfl.algorithms.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from mmfl.core.message import Message
 from mmfl.core.state import read, write
-from mmfl.core.training import LossFn, load_into, state_of
+from mmfl.core.training import load_into, state_of
 from mmfl.errors import ConfigError
 
 PREV = "prev/"  # client state: the model after the client's last local training
 
 
 @dataclass
-class MoonParams:
+class MoonParams(FedAvgParams):
     mu: float = field(default=1.0, metadata={"help": "weight of the model-contrastive term"})
     tau: float = field(default=0.5, metadata={"help": "temperature of the model-contrastive term"})
     contrast: Literal["cosine", "l2"] = field(
@@ -54,6 +54,7 @@ class MoonParams:
                 "client's first this-many samples, reported per round as moon/* (0 = off)"})
 
     def __post_init__(self):
+        super().__post_init__()
         if self.mu < 0:
             raise ConfigError(f"algorithm.mu: must be >= 0, got {self.mu}")
         if not self.tau > 0:
@@ -62,22 +63,25 @@ class MoonParams:
             raise ConfigError(f"algorithm.probe_rows: must be >= 0, got {self.probe_rows}")
 
 
-def model_contrastive_loss(z: Tensor, z_glob: Tensor, z_prev: Tensor | None, tau: float) -> Tensor:
-    """MOON's l_con (Algorithm 1, line 18; paper eq. 3), batch mean.
+def model_contrastive_loss(z: Tensor, z_glob: Tensor, z_prev: Tensor | None, tau: float,
+                           reduction: str = "mean") -> Tensor:
+    """MOON's l_con (Algorithm 1, line 18; paper eq. 3): batch mean, or ``[B]`` for ``reduction="none"``.
 
     z, z_glob, z_prev: [B, d]. Positive pair (z, z_glob), negative (z, z_prev).
     Without a previous model (z_prev None) the term is 0.
     """
     if z_prev is None:
-        return z.new_zeros(())
+        return z.new_zeros(()) if reduction == "mean" else z.new_zeros(z.shape[0])
     logits = torch.stack([F.cosine_similarity(z, z_glob, dim=-1),
-                          F.cosine_similarity(z, z_prev, dim=-1)], dim=1) / tau
-    return F.cross_entropy(logits, torch.zeros(z.shape[0], dtype=torch.long))
+                          F.cosine_similarity(z, z_prev, dim=-1)], dim=1) / tau  # line 17
+    return F.cross_entropy(logits, torch.zeros(z.shape[0], dtype=torch.long), reduction=reduction)
 
 
-def l2_representation_loss(z: Tensor, z_glob: Tensor) -> Tensor:
-    """||z - z_glob||_2 per sample, batch mean (MOON Table 5's l2 alternative)."""
-    return (z - z_glob).norm(dim=-1).mean()
+def l2_representation_loss(z: Tensor, z_glob: Tensor, reduction: str = "mean") -> Tensor:
+    """||z - z_glob||_2 per sample ``[B]`` (``reduction="none"``) or its batch mean (MOON Table 5's
+    l2 alternative)."""
+    d = (z - z_glob).norm(dim=-1)
+    return d.mean() if reduction == "mean" else d
 
 
 PROBE = "moon/"  # reply scalars / metrics of the representation probe
@@ -102,32 +106,33 @@ class MoonServer(FedAvgServer):
 
 
 class MoonClient(FedAvgClient):
-    def loss_fn(self, global_arrays: dict[str, Tensor]) -> LossFn:
-        mu, tau, contrast = self.params.mu, self.params.tau, self.params.contrast
-        glob = load_into(self.ctx.model("global"), global_arrays).eval()
-        prev_state = read(self.ctx.state, PREV)
-        prev = load_into(self.ctx.model("prev"), prev_state).eval() if prev_state else None
+    """MOON's objective, once for the sequential and the batched path: the frozen global model
+    and the client's previous model are :meth:`references` (clients with and without a previous
+    model train in separate batched groups; the latter have no l_con)."""
 
-        def loss(model, inputs, labels):
-            out = model(inputs)
-            l_sup = F.cross_entropy(out["logits"], labels)  # line 13
-            if mu == 0:
-                return l_sup
-            z = out["rep"]  # line 14
-            with torch.no_grad():
-                z_glob = glob(inputs)["rep"]  # line 15
-                z_prev = prev(inputs)["rep"] if prev is not None and contrast == "cosine" else None  # line 16
-            if contrast == "l2":
-                l_con = l2_representation_loss(z, z_glob)
-            else:
-                l_con = model_contrastive_loss(z, z_glob, z_prev, tau)  # lines 17-18
-            return l_sup + mu * l_con  # line 19
+    def references(self, msg: Message) -> dict[str, dict[str, Tensor]]:
+        refs = {"global": msg.arrays}
+        prev = read(self.ctx.state, PREV)
+        if prev and self.params.contrast == "cosine":
+            refs["prev"] = prev
+        return refs
 
-        return loss
+    def objective(self, out, labels, ref, reduction="mean"):
+        mu, tau = self.params.mu, self.params.tau
+        l_sup = F.cross_entropy(out["logits"], labels, reduction=reduction)  # line 13
+        if mu == 0:
+            return l_sup
+        z = out["rep"]  # line 14
+        z_glob = ref("global")["rep"]  # line 15
+        if self.params.contrast == "l2":
+            return l_sup + mu * l2_representation_loss(z, z_glob, reduction)
+        prev = ref("prev")  # line 16
+        l_con = model_contrastive_loss(z, z_glob, None if prev is None else prev["rep"], tau, reduction)  # 17-18
+        return l_sup + mu * l_con  # line 19
 
-    def finish_train(self, model, msg: Message, stats: dict) -> Message:
+    def finish(self, model, msg: Message, stats: dict) -> Message:
         probe = self.probe(model, msg.arrays) if self.params.probe_rows else {}  # before prev/ is replaced
-        reply = super().finish_train(model, msg, stats)
+        reply = super().finish(model, msg, stats)
         reply.scalars.update(probe)
         return reply
 
@@ -149,37 +154,6 @@ class MoonClient(FedAvgClient):
 
     def after_train(self, model, msg: Message, stats: dict) -> None:
         write(self.ctx.state, PREV, state_of(model))
-
-    # --- batched training: the previous model is a per-client extra; clients with and
-    # without one train in separate groups (the latter have no l_con, as above)
-    def batched_task(self, route, msg):
-        task = super().batched_task(route, msg)
-        if task is None:
-            return None
-        prev = read(self.ctx.state, PREV)
-        use_prev = bool(prev) and self.params.contrast == "cosine"
-        task.shared = {"global": {k: v.detach() for k, v in msg.arrays.items()}}
-        task.extras = {"prev": prev} if use_prev else {}
-        task.group = use_prev
-        return task
-
-    def batched_loss(self, forward, params, inputs, labels, extras, shared):
-        mu, tau = self.params.mu, self.params.tau
-        out = forward(params, inputs)
-        l_sup = F.cross_entropy(out["logits"], labels, reduction="none")  # line 13
-        if mu == 0:
-            return l_sup
-        z = out["rep"]  # line 14
-        z_glob = forward(shared["global"], inputs)["rep"].detach()  # line 15
-        if self.params.contrast == "l2":
-            return l_sup + mu * (z - z_glob).norm(dim=-1)
-        if "prev" not in extras:  # no previous model: l_con = 0
-            return l_sup
-        z_prev = forward(extras["prev"], inputs)["rep"].detach()  # line 16
-        logits = torch.stack([F.cosine_similarity(z, z_glob, dim=-1),
-                              F.cosine_similarity(z, z_prev, dim=-1)], dim=1) / tau  # line 17
-        l_con = F.cross_entropy(logits, torch.zeros(z.shape[0], dtype=torch.long), reduction="none")  # line 18
-        return l_sup + mu * l_con  # line 19
 
 
 register("moon", MoonParams, MoonServer, MoonClient,

@@ -5,7 +5,8 @@ modality, a fusion module and a joint classifier). A client holding only some
 modalities has only their branches; it receives and uploads only the modules it
 holds, and the server averages each module over the clients that sent it,
 weighted by the number of their samples that have that modality (the engine's
-module-wise aggregation, :func:`mmfl.algorithms.fedavg.weighted_average`).
+module-wise aggregation rule ``weighted_mean``, :mod:`mmfl.core.aggregation`;
+``algorithm.aggregation`` names another).
 
 Registered here:
 
@@ -33,12 +34,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmfl.algorithms.registry import register
-from mmfl.algorithms.base import Client
-from mmfl.algorithms.fedavg import MODULE_WEIGHT, FedAvgServer, reply_weights
+from mmfl.algorithms.base import TrainingClient
+from mmfl.algorithms.fedavg import MODULE_WEIGHT, FedAvgParams, FedAvgServer
 from mmfl.data.base import PRESENT
 from mmfl.core.message import Message
 from mmfl.core.state import read, write
-from mmfl.core.training import load_into, local_train, model_tensors, state_of
+from mmfl.core.training import load_into, model_tensors, state_of
 from mmfl.errors import ConfigError
 from mmfl.models.multimodal import BRANCH_MODULES, branch_of
 
@@ -102,6 +103,12 @@ class MultimodalServer(FedAvgServer):
         """Whether the model must have infiltration projectors (FedCMI)."""
         return False
 
+    def aggregation_context(self, rnd, replies):
+        """For the ``iot`` rule: which replies come from clients holding several modalities,
+        and their weight factor (``multimodal_weight``; FedIoT's 100 when the params have none)."""
+        return {"multimodal": [replies[c].scalars.get("num_modalities", 1) > 1 for c in sorted(replies)],
+                "multimodal_weight": float(getattr(self.params, "multimodal_weight", FEDIOT_MULTIMODAL_WEIGHT))}
+
     def round_scalars(self, rnd: int) -> dict[str, float]:
         return {}
 
@@ -126,22 +133,14 @@ class MultimodalServer(FedAvgServer):
 # ----------------------------------------------------------------------------- client
 
 
-class MultimodalClient(Client):
-    """Local training of a multimodal model. Subclasses change :meth:`loss` (and may use the
-    ``before_step`` / ``on_epoch`` hooks); ``private`` names key prefixes kept on the client
-    (in ``ctx.state``) and never uploaded (FedCMI's infiltration projectors)."""
+class MultimodalClient(TrainingClient):
+    """Local training of a multimodal model (the hooks of
+    :class:`~mmfl.algorithms.base.TrainingClient`). Subclasses change :meth:`loss` (and may
+    use ``begin`` / ``before_step`` / ``on_epoch``); ``private`` names key prefixes kept on
+    the client (in ``ctx.state``) and never uploaded (FedCMI's infiltration projectors)."""
 
     private: tuple[str, ...] = ()
     probe = True
-
-    # --- what a round is made of ---------------------------------------------
-    def train(self, msg: Message) -> Message:
-        model = self.load_model(msg)
-        self.begin(model, msg)
-        stats = local_train(model, self.ctx.data, self.ctx.train, self.ctx.generator(),
-                            loss_fn=lambda m, x, y: self.loss(m, x, y, msg),
-                            before_step=self.before_step, on_epoch=self.on_epoch)
-        return self.finish(model, msg, stats)
 
     def load_model(self, msg: Message) -> nn.Module:
         model = self.ctx.model("local")
@@ -159,15 +158,6 @@ class MultimodalClient(Client):
 
     def is_private(self, key: str) -> bool:
         return any(key.startswith(p) for p in self.private)
-
-    def begin(self, model: nn.Module, msg: Message) -> None:
-        """Called before local training (class-wise temperatures, teacher copies, ...)."""
-
-    def before_step(self) -> None:
-        """Between backward and the optimizer step."""
-
-    def on_epoch(self, epoch: int) -> None:
-        """At the start of each local epoch."""
 
     # --- the local objective ---------------------------------------------------
     def loss(self, model: nn.Module, inputs: dict[str, Tensor], labels: Tensor, msg: Message) -> Tensor:
@@ -192,6 +182,7 @@ class MultimodalClient(Client):
         state = state_of(model)
         if self.private:
             write(self.ctx.state, "private", {k: state.pop(k) for k in [k for k in state if self.is_private(k)]})
+        self.after_train(model, msg, stats)
         return Message(arrays=state, scalars={**self.reply_scalars(model, stats),
                                               "train_loss": stats["train_loss"], "steps": stats["steps"]})
 
@@ -209,7 +200,7 @@ class MultimodalClient(Client):
 
 
 @dataclass
-class MFedAvgParams:
+class MFedAvgParams(FedAvgParams):
     probe: bool = field(default=True, metadata={
         "help": "train the per-modality heads as linear probes on detached features (for per-modality accuracy)"})
 
@@ -229,6 +220,7 @@ class MFedProxParams(MFedAvgParams):
     mu: float = field(default=0.01, metadata={"help": "proximal weight mu (FedProx eq. 2)"})
 
     def __post_init__(self):
+        super().__post_init__()
         if self.mu < 0:
             raise ConfigError(f"algorithm.mu: must be >= 0, got {self.mu}")
 
@@ -263,19 +255,18 @@ class FedIoTParams(MFedAvgParams):
     multimodal_weight: float = field(default=FEDIOT_MULTIMODAL_WEIGHT, metadata={
         "help": "aggregation weight factor of a client holding several modalities (FedIoT's larger weight; "
                 "100 as CreamFL's paper gives it, following Zhao et al. 2022)"})
+    aggregation: str = field(default="iot", kw_only=True, metadata={
+        "help": "the server's aggregation rule, by name (`mmfl list aggregation`); iot = weighted_mean with "
+                "multimodal clients' weights times multimodal_weight"})
 
     def __post_init__(self):
+        super().__post_init__()
         if not self.multimodal_weight > 0:
             raise ConfigError(f"algorithm.multimodal_weight: must be > 0, got {self.multimodal_weight}")
 
 
 class FedIoTServer(MultimodalServer):
-    def weight(self, cid, reply):
-        w = reply_weights(reply)
-        if reply.scalars.get("num_modalities", 1) <= 1:
-            return w
-        f = self.params.multimodal_weight
-        return {k: v * f for k, v in w.items()} if isinstance(w, dict) else w * f
+    default_aggregation = "iot"
 
 
 register("mfedavg", MFedAvgParams, MFedAvgServer, MFedAvgClient,

@@ -222,8 +222,8 @@ class PartialFLServer(Server):
     def test_view(self, test):
         return test.with_features([self.p]) if self.params.global_model == "private" else test
 
-    def evaluate(self, rnd, test, transport):
-        return evaluate_model(self.model, self.test_view(test), num_classes=self.ctx.meta.num_classes)
+    def evaluate_global(self, ctx):
+        return evaluate_model(self.model, self.test_view(ctx.test), num_classes=self.ctx.meta.num_classes)
 
 
 # ----------------------------------------------------------------------------- client

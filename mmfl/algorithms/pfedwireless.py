@@ -36,7 +36,7 @@ cross-entropy of the joint output over the modalities it holds), keeps the whole
 uploads only the scheduled groups (line 10). A group it does not upload keeps its own
 trained parameters (sec. II-B2: w^0_{k,t+1} = w^{N}_{k,t}).
 
-Evaluation (:func:`mmfl.core.personal.evaluate_personalized`): each device's model on a
+Evaluation (the ``personalized`` kind of :mod:`mmfl.core.evaluation`): each device's model on a
 test subset that follows its own label distribution. ``eval_model = "device"`` (default)
 scores the model the device will start the next round from: W_k for the groups just
 aggregated for it, its own trained parameters for the others (fetched on an ``evaluate``
@@ -60,7 +60,7 @@ from mmfl.algorithms.base import Server
 from mmfl.algorithms.fedavg import weighted_mean_scalar
 from mmfl.algorithms.multimodal import MultimodalClient, require_multimodal_model
 from mmfl.core.message import Message, tensor_bytes
-from mmfl.core.personal import evaluate_personalized
+from mmfl.core.evaluation import personalized_metrics
 from mmfl.core.state import dict_of, per_client, read, scalar, tensors, write
 from mmfl.core.training import load_into, model_tensors, state_of
 from mmfl.errors import ConfigError, MMFLError
@@ -268,19 +268,22 @@ class PFedWirelessServer(Server):
         return out
 
     # --- evaluation -------------------------------------------------------
-    def evaluate(self, rnd, test, transport):
-        fed = getattr(transport, "federation", None)
-        if fed is None:
-            raise MMFLError("pfedwireless: personalized evaluation needs the clients' label distributions "
-                            "(transport.federation); this transport has none")
+    evaluations = {"personalized": ""}  # each device's model on its own test rows (mmfl.core.evaluation)
+
+    def evaluate_personalized(self, ctx):
+        device = self.params.eval_model == "device"
+        # the groups whose freshest values are the device's own (not aggregated for it since it trained)
+        fresh = {c: {g for g in self.groups_of(c) if not bool(self.pending[g][c])} if device else set()
+                 for c in range(self.K)}
+        if ctx.personal_rows is None:  # the devices score themselves: W_k sent, over their own model
+            return personalized_metrics(
+                ctx, None, lambda c: {k: v for k, v in self.w[c].items() if self.key_group[k] not in fresh[c]},
+                over_own=device)
         own: dict[int, Message] = {}
-        if self.params.eval_model == "device":
-            msgs = {}
-            for c in range(self.K):
-                want = {SEND + g: True for g in self.groups_of(c) if not bool(self.pending[g][c])}
-                if want:
-                    msgs[c] = Message(scalars=want)
-            own = transport.send("evaluate", msgs) if msgs else {}
+        if device:
+            msgs = {c: Message(scalars={SEND + g: True for g in self.groups_of(c) if g in fresh[c]})
+                    for c in range(self.K) if fresh[c]}
+            own = ctx.send("evaluate", msgs) if msgs else {}
 
         def model_of(cid: int) -> nn.Module:
             arrays = dict(self.w[cid])
@@ -288,7 +291,7 @@ class PFedWirelessServer(Server):
                 arrays.update({k: v for k, v in own[cid].arrays.items() if k in arrays})
             return load_into(self._eval_model(cid), arrays)
 
-        return evaluate_personalized(model_of, fed, test, self.ctx.seed, self.ctx.meta.num_classes)
+        return personalized_metrics(ctx, model_of, None)
 
     def _eval_model(self, cid: int) -> nn.Module:
         holds = tuple(self.ctx.modalities_of(cid))

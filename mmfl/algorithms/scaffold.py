@@ -50,10 +50,10 @@ import torch
 from torch import Tensor
 
 from mmfl.algorithms.registry import register
-from mmfl.algorithms.fedavg import FedAvgClient, FedAvgServer
+from mmfl.algorithms.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from mmfl.core.message import Message
 from mmfl.core.state import read, tensors, write
-from mmfl.core.training import load_into, local_train
+from mmfl.core.training import load_into
 from mmfl.errors import ConfigError
 
 C = "c/"  # message/state prefix of control variates
@@ -62,7 +62,7 @@ CORRECTIONS = ("gradient", "after_step")
 
 
 @dataclass
-class ScaffoldParams:
+class ScaffoldParams(FedAvgParams):
     correction: Literal["gradient", "after_step"] = field(default="gradient", metadata={
         "help": "where Alg. 1 line 10's c - c_i enters: 'gradient' = the optimizer steps on g - c_i + c "
                 "(exact line 10 with plain SGD); 'after_step' = step on g, then y -= lr (c - c_i) "
@@ -79,6 +79,7 @@ class ScaffoldParams:
                 "here), 'uniform' = as printed (the paper's lines 16 and 17 are both uniform)"})
 
     def __post_init__(self):
+        super().__post_init__()
         if self.correction not in CORRECTIONS:
             raise ConfigError(f"algorithm.correction: must be one of {list(CORRECTIONS)}, got {self.correction!r}")
         if self.option2 not in ("printed", "momentum"):
@@ -155,30 +156,33 @@ class ScaffoldClient(FedAvgClient):
         c, c_i = self._variates(msg, names)
         return {k: c[k] - c_i[k] for k in names}
 
-    def train(self, msg: Message) -> Message:
-        part = _model_part(msg)
-        model = load_into(self.ctx.model("local"), part.arrays)
-        shift = self._shift(msg)
-        params = dict(model.named_parameters())
-        lr = self.ctx.train.lr
+    # --- the hooks of TrainingClient (sequential path)
+    def load_model(self, msg: Message):
+        return super().load_model(_model_part(msg))
 
-        @torch.no_grad()
-        def add_to_gradient():  # optimizer steps on g - c_i + c (Alg. 1, line 10)
-            for k, s in shift.items():
-                p = params[k]
-                p.grad = s.clone() if p.grad is None else p.grad.add_(s)
+    def loss_fn(self, msg):
+        return super().loss_fn(_model_part(msg) if isinstance(msg, Message) else msg)
 
-        @torch.no_grad()
-        def after_step():  # y <- y - lr (c - c_i) after the optimizer's step on g
-            for k, s in shift.items():
-                params[k].sub_(s, alpha=lr)
+    def begin(self, model, msg: Message) -> None:
+        self._shift_now = self._shift(msg)
+        self._params = dict(model.named_parameters())
 
-        gradient = self.params.correction == "gradient"
-        stats = local_train(model, self.ctx.data, self.ctx.train, self.ctx.generator(),
-                            loss_fn=self.loss_fn(part.arrays),
-                            before_step=add_to_gradient if gradient else None,
-                            after_step=None if gradient else after_step)
-        return self._update_variates(msg, self.finish_train(model, part, stats))
+    @torch.no_grad()
+    def before_step(self) -> None:
+        if self.params.correction == "gradient":  # optimizer steps on g - c_i + c (Alg. 1, line 10)
+            grads = {k: self._params[k].grad for k in self._shift_now}
+            for k, g in corrected_gradients(grads, self._shift_now).items():
+                self._params[k].grad = g
+
+    @torch.no_grad()
+    def after_step(self) -> None:
+        if self.params.correction == "after_step":  # y <- y - lr (c - c_i) after the optimizer's step on g
+            lr = self.ctx.train.lr
+            for k, s in self._shift_now.items():
+                self._params[k].sub_(s, alpha=lr)
+
+    def finish(self, model, msg: Message, stats: dict) -> Message:
+        return self._update_variates(msg, super().finish(model, _model_part(msg), stats))
 
     def _update_variates(self, msg: Message, reply: Message) -> Message:
         """c_i+ into the client's state and dc_i = c_i+ - c_i into the reply (Alg. 1, lines 12-13)."""
@@ -203,7 +207,7 @@ class ScaffoldClient(FedAvgClient):
         data (mini-batches of ``train.batch_size`` in order, weighted by their size)."""
         model = load_into(self.ctx.model("anchor"), arrays).train()
         params = dict(model.named_parameters())
-        loss_fn = self.loss_fn(arrays)
+        loss_fn = self.loss_fn(Message(arrays))
         model.zero_grad(set_to_none=True)
         n = len(self.ctx.data)  # a batch of one is skipped where local_train skips it (BatchNorm)
         batches = [b for b in self.ctx.data.batches(self.ctx.train.batch_size, shuffle=False)
@@ -227,18 +231,19 @@ class ScaffoldClient(FedAvgClient):
     def batched_grad_hook(self, grads, extras):
         if self.params.correction != "gradient":
             return grads
-        out = dict(grads)
-        for k, s in extras["shift"].items():  # g - c_i + c, before the step (Alg. 1, line 10)
-            out[k] = s.clone() if k not in grads else grads[k] + s
-        return out
+        return {**grads, **corrected_gradients(grads, extras["shift"])}  # g - c_i + c (Alg. 1, line 10)
 
     def batched_step_hook(self, params, extras):
         if self.params.correction == "after_step":
             for k, s in extras["shift"].items():  # y <- y - lr (c - c_i), after the step
                 params[k].sub_(s)
 
-    def batched_finish(self, route, msg, state, stats):
-        return self._update_variates(msg, super().batched_finish(route, _model_part(msg), state, stats))
+
+def corrected_gradients(grads: dict[str, Tensor | None], shift: dict[str, Tensor]) -> dict[str, Tensor]:
+    """g - c_i + c (SCAFFOLD Alg. 1, line 10) for every name of ``shift`` (= c - c_i): a missing
+    gradient (None or absent) counts as 0. Shapes: one client's parameter shapes, or the same
+    stacked ``[K, ...]`` (the batched path). Used by both paths."""
+    return {k: s.clone() if grads.get(k) is None else grads[k] + s for k, s in shift.items()}
 
 
 def _model_part(msg: Message) -> Message:

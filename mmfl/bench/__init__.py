@@ -5,10 +5,10 @@ mmfl. Guide: docs/benchmarks.md; command: ``mmfl bench GRID.toml``."""
 
 from mmfl.bench.grid import Entry, Grid, Group, Run, dotted_get, load_grid, merge
 from mmfl.bench.render import (PAIR_HEAD, md_table, ms, pair_row, paired, plot_series, seed_cell, verdict_cell,
-                               write_report)
+                               verdict_count, write_report)
 from mmfl.bench.results import Results, finite
 from mmfl.bench.runner import Bench, bench_main, execute, load_spec, render
 
 __all__ = ["Bench", "Entry", "Grid", "Group", "PAIR_HEAD", "Results", "Run", "bench_main", "dotted_get", "execute",
            "finite", "load_grid", "load_spec", "md_table", "merge", "ms", "pair_row", "paired", "plot_series",
-           "render", "seed_cell", "verdict_cell", "write_report"]
+           "render", "seed_cell", "verdict_cell", "verdict_count", "write_report"]

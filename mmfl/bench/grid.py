@@ -10,6 +10,7 @@ by key; dotted keys may be quoted, ``"algorithm.mu" = 1.0``, or nested)."""
 from __future__ import annotations
 
 import copy
+import fnmatch
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,8 @@ from mmfl.errors import ConfigError
 
 GRID_KEYS = {"name", "root", "raw_dir", "report", "tables", "seeds", "workers", "failed_is_done",
              "reuse_finished", "keep_below", "config", "settings", "set", "replace", "unset", "params", "groups", "extends",
-             "eval_key"}
+             "eval_key", "when"}
+WHEN_KEYS = {"groups", "settings", "methods", "seeds", "names", "set", "replace", "unset"}
 GROUP_KEYS = {"template", "seeds", "settings", "methods", "extra", "config", "set", "replace", "unset", "label", "like",
               "post"}
 ENTRY_KEYS = {"label", "name", "template", "seeds", "config", "set", "replace", "unset", "info", "settings"}
@@ -40,6 +42,23 @@ class Overrides:
         for key, value in [*self.replace.items(), *self.set.items()]:
             node, last = _parent(raw, key, where, create=True)
             node[last] = copy.deepcopy(value)
+
+
+@dataclass
+class When:
+    """A ``[[when]]`` rule: overrides applied, after the method's, to every run that matches
+    all of its given keys (group, setting and method keys, seeds, run-name globs)."""
+    over: Overrides
+    groups: list[str] | None = None
+    settings: list[str] | None = None
+    methods: list[str] | None = None
+    seeds: list[int] | None = None
+    names: list[str] | None = None
+
+    def matches(self, group: str, setting: str, method: str, seed: int, name: str) -> bool:
+        return ((self.groups is None or group in self.groups) and (self.settings is None or setting in self.settings)
+                and (self.methods is None or method in self.methods) and (self.seeds is None or seed in self.seeds)
+                and (self.names is None or any(fnmatch.fnmatchcase(name, pat) for pat in self.names)))
 
 
 @dataclass
@@ -99,6 +118,7 @@ class Grid:
     params: dict
     groups: dict[str, Group]
     eval_key: str | None = None  # the key of an evaluated row (the final row); None: the key read
+    when: list[When] = field(default_factory=list)
 
     def methods(self, group: str) -> dict[str, Entry]:
         """The group's methods (rows), in file order: tables iterate over these."""
@@ -154,6 +174,10 @@ class Grid:
         for over, w in ((self.over, "set"), (s.over, f"{where}.settings.{s.key}"), (g.over, where),
                         (m.over, f"{where}.methods.{m.key}")):
             over.apply(raw, w)
+        name = self.name_of(g.key, m.key, seed, s.key)
+        for i, rule in enumerate(self.when):
+            if rule.matches(g.key, s.key, m.key, seed, name):
+                rule.over.apply(raw, f"when[{i}]")
         raw["seed"] = seed
         return raw
 
@@ -368,6 +392,28 @@ def _read(path: Path, seen: tuple = ()) -> dict:
     return t
 
 
+def _when(rules, path: Path, groups: dict) -> list[When]:
+    if not isinstance(rules, list):
+        raise ConfigError(f"{path}: when: must be an array of tables ([[when]])")
+    out = []
+    for i, t in enumerate(rules):
+        where = f"{path}: when[{i}]"
+        _check_keys(t, WHEN_KEYS, where)
+        lists = {}
+        for k in ("groups", "settings", "methods", "names"):
+            if k in t:
+                if not isinstance(t[k], list) or not all(isinstance(x, str) for x in t[k]):
+                    raise ConfigError(f"{where}.{k}: must be a list of strings")
+                lists[k] = list(t[k])
+        for g in lists.get("groups", []):
+            if g not in groups:
+                raise ConfigError(f"{where}.groups: no group {g!r}")
+        if "seeds" in t:
+            lists["seeds"] = _seed_list(t["seeds"], f"{where}.seeds")
+        out.append(When(over=_overrides(t, where), **lists))
+    return out
+
+
 def load_grid(path: str | Path, sets: list[str] | tuple = ()) -> Grid:
     """Read and check a grid file (any error: :class:`ConfigError` naming the file and field).
     ``sets``: ``"groups.fig4.seeds=[0, 1, 2]"`` values laid over the file (``--grid-set``)."""
@@ -442,7 +488,7 @@ def load_grid(path: str | Path, sets: list[str] | tuple = ()) -> Grid:
         seeds=seeds, workers=workers, failed_is_done=bool(t.get("failed_is_done", False)),
         reuse_finished=bool(t.get("reuse_finished", False)), keep_below=t.get("keep_below"),
         config=_paths(t.get("config", []), root, f"{path}: config"), over=_overrides(t, str(path)),
-        params=dict(t.get("params", {})), groups=groups, eval_key=eval_key)
+        params=dict(t.get("params", {})), groups=groups, eval_key=eval_key, when=_when(t.get("when", []), path, groups))
 
 
 def _post(t, where: str) -> dict | None:

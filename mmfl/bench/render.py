@@ -78,6 +78,18 @@ def verdict_cell(v: dict, digits: int = 1) -> str:
     return f"{v['delta']:+.{digits}f} [{v['lo']:+.{digits}f}, {v['hi']:+.{digits}f}], p {v['p']:.3f}: {word}"
 
 
+def verdict_count(verdicts: list[str], what: str) -> str:
+    """One sentence counting :func:`mmfl.sweep.verdict` texts ("holds, beyond the spread", ...):
+    how many of the ``what`` claims hold in the mean, beyond the seed spread, reversed beyond it."""
+    held = sum(v.startswith("holds") for v in verdicts)
+    if any(v.endswith("(1 seed)") for v in verdicts):
+        return f"{held} of {len(verdicts)} {what} claims hold (one seed: no spread to judge them by)."
+    beyond = sum(v.startswith("holds, beyond") for v in verdicts)
+    rev = sum(v.startswith("**reversed**, beyond") for v in verdicts)
+    return (f"{held} of {len(verdicts)} {what} claims hold in the mean; {beyond} beyond the seed spread, "
+            f"{rev} reversed beyond it, the rest within it.")
+
+
 def md_table(header: list[str], rows: list[list]) -> list[str]:
     """A markdown table (lines)."""
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),

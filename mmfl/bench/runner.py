@@ -151,12 +151,19 @@ def render(grid: Grid, ran: int = 0) -> Path | None:
     return write_report(grid.report, lines, grid.keep_below)
 
 
+def redirect(grid: Grid, raw_dir: str | Path) -> Grid:
+    """The grid with its runs (and its report, under the report's file name) in ``raw_dir``: a
+    test location, so that a smoke run or a check never writes into the repository."""
+    import dataclasses
+
+    raw = Path(raw_dir).resolve()
+    return dataclasses.replace(grid, raw_dir=raw, report=raw / grid.report.name if grid.report else None)
+
+
 def cmd_bench(args) -> int:
     grid = load_grid(args.grid, args.grid_set)
-    if args.raw_dir is not None:  # another folder of runs (a test location): the report stays with its runs
-        grid.raw_dir = Path(args.raw_dir)
-        if grid.report is not None:
-            grid.report = grid.raw_dir / grid.report.name
+    if getattr(args, "raw_dir", None):  # another folder of runs (a test location): the report stays with its runs
+        grid = redirect(grid, args.raw_dir)
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers: must be >= 1, got {args.workers}")
     ran = 0 if args.tables_only else execute(grid, args.workers, args.seeds, args.group or None)

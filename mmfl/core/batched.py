@@ -220,9 +220,12 @@ def train_stacked(model: nn.Module, client: BatchedClient, tasks: list[BatchedTa
     return out
 
 
-# methods whose override changes what local training does; a subclass that overrides one of
-# them without also providing batched_* methods would be batched with its parent's objective
-_TRAINING_METHODS = ("handle", "train", "loss_fn", "step_hook", "after_train", "finish_train")
+# hooks only the sequential path calls (mmfl.algorithms.base.TrainingClient); a subclass that
+# overrides one of them without also providing batched_* methods would be batched with its
+# parent's objective. (The FedAvg family's objective/penalty/references/finish/after_train
+# serve both paths.)
+_TRAINING_METHODS = ("handle", "train", "load_model", "begin", "loss_fn", "loss", "on_epoch",
+                     "before_step", "after_step")
 
 
 def capability_blocker(cls: type) -> str | None:

@@ -109,9 +109,21 @@ def personal_test_indices(federation, test: ArrayDataset, seed: int, num_classes
 
 def device_test_set(federation, test: ArrayDataset, cid: int, indices: np.ndarray) -> ArrayDataset:
     """Device ``cid``'s test rows with only the modalities it holds (and their ``present/`` masks)."""
-    holds = federation.modalities_of(cid)
+    return held_test_set(test, federation.modalities_of(cid), indices)
+
+
+def held_test_set(test: ArrayDataset, holds, indices: np.ndarray) -> ArrayDataset:
+    """Rows ``indices`` of ``test`` with only the modalities ``holds`` (and their ``present/`` masks)."""
     keys = [m for m in holds if m in test.features] + [PRESENT + m for m in holds if PRESENT + m in test.features]
     return test.subset(indices).with_features(keys)
+
+
+def own_test_indices(test: ArrayDataset, data: ArrayDataset, cid: int, seed: int, num_classes: int,
+                     size: int | None = None) -> np.ndarray:
+    """Device ``cid``'s rows of :func:`device_test_indices`, computed from its own training data
+    alone (what a client does on its own machine; the draw is seeded per device, so the rows are
+    the ones the server would draw)."""
+    return one_device_indices(test.label_array(), data.label_array(), num_classes, _rng(seed, cid), size)
 
 
 @torch.no_grad()
@@ -127,6 +139,42 @@ def _uar(model: nn.Module, data: ArrayDataset, num_classes: int, batch_size: int
     return float(np.mean(vals)) if vals else 0.0
 
 
+def device_metrics(model: nn.Module, data: ArrayDataset, num_classes: int, batch_size: int = 1000) -> dict:
+    """One device's ``accuracy``, ``uar``, ``test_loss`` and ``rows`` on its test subset ``data``."""
+    row = evaluate_model(model, data, batch_size=batch_size, num_classes=num_classes)
+    uar = row["uar"] if "uar" in row else _uar(model, data, num_classes, batch_size)
+    return {"accuracy": float(row["accuracy"]), "uar": float(uar), "test_loss": float(row["test_loss"]),
+            "rows": len(data)}
+
+
+def combine_devices(per_device: list[dict | None]) -> dict:
+    """The personalized metrics from each device's :func:`device_metrics` (None: a device with
+    an empty test subset, or one that did not answer; left out of the means)."""
+    done = [d for d in per_device if d is not None]
+    per_client = [None if d is None else d["accuracy"] for d in per_device]
+    if not done:
+        return {"client_accuracy": per_client}
+    accs = [d["accuracy"] for d in done]
+    return {"accuracy": float(np.mean(accs)), "accuracy_std": float(np.std(accs)),
+            "uar": float(np.mean([d["uar"] for d in done])),
+            "test_loss": float(np.mean([d["test_loss"] for d in done])), "client_accuracy": per_client,
+            "personal_test_rows": float(np.mean([d["rows"] for d in done]))}
+
+
+def evaluate_devices(model_of: Callable[[int], nn.Module], indices: list[np.ndarray], modalities_of,
+                     test: ArrayDataset, num_classes: int, batch_size: int = 1000) -> dict:
+    """Score ``model_of(cid)`` on ``test`` rows ``indices[cid]`` with only the modalities
+    ``modalities_of(cid)``, for every device; :func:`combine_devices` of the results."""
+    per = []
+    for cid, idx in enumerate(indices):
+        if len(idx) == 0:
+            per.append(None)
+            continue
+        data = held_test_set(test, modalities_of(cid), idx)
+        per.append(device_metrics(model_of(cid), data, num_classes, batch_size))
+    return combine_devices(per)
+
+
 def evaluate_personalized(model_of: Callable[[int], nn.Module], federation, test: ArrayDataset, seed: int,
                           num_classes: int, batch_size: int = 1000) -> dict:
     """Score ``model_of(cid)`` for every device ``cid`` of ``federation`` on its own test
@@ -140,22 +188,4 @@ def evaluate_personalized(model_of: Callable[[int], nn.Module], federation, test
     device order, and may return the same (reloaded) module each time.
     """
     indices = personal_test_indices(federation, test, seed, num_classes)
-    accs, uars, losses, per_client = [], [], [], []
-    for cid in range(federation.num_clients):
-        idx = indices[cid]
-        if len(idx) == 0:
-            per_client.append(None)
-            continue
-        data = device_test_set(federation, test, cid, idx)
-        model = model_of(cid)
-        row = evaluate_model(model, data, batch_size=batch_size, num_classes=num_classes)
-        uar = row["uar"] if "uar" in row else _uar(model, data, num_classes, batch_size)
-        accs.append(float(row["accuracy"]))
-        uars.append(float(uar))
-        losses.append(float(row["test_loss"]))
-        per_client.append(float(row["accuracy"]))
-    if not accs:
-        return {"client_accuracy": per_client}
-    return {"accuracy": float(np.mean(accs)), "accuracy_std": float(np.std(accs)), "uar": float(np.mean(uars)),
-            "test_loss": float(np.mean(losses)), "client_accuracy": per_client,
-            "personal_test_rows": float(np.mean([len(i) for i in indices if len(i)]))}
+    return evaluate_devices(model_of, indices, federation.modalities_of, test, num_classes, batch_size)

@@ -14,6 +14,8 @@ Run folder ``<output_dir>/<name>/``:
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import os
 import shutil
@@ -23,10 +25,13 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import tomli_w
 import torch
 
 from mmfl.algorithms import ALGORITHMS
 from mmfl.algorithms.base import ServerContext, Transport
+from mmfl.core.evaluation import PERSONAL_PREFIX, EvalContext, run_evaluations
+from mmfl.core.personal import personal_test_indices
 from mmfl.core.system import WirelessSystem
 from mmfl.core.training import train_for_run
 from mmfl.data.federation import build_federation
@@ -36,7 +41,7 @@ from mmfl.engine.state import make_store
 from mmfl.errors import ConfigError, MMFLError
 from mmfl.models.factory import model_factory
 from mmfl.report import load_metrics, plot_accuracy, summarize
-from mmfl.schema import ExperimentConfig
+from mmfl.schema import COMPONENTS, ExperimentConfig
 from mmfl.seeds import derive_seed
 
 
@@ -102,8 +107,10 @@ class Experiment:
         if resume:
             if not (d / "config.toml").is_file():
                 raise MMFLError(f"{d}: nothing to resume (no config.toml); run without --resume")
-            # both sides as written by ExperimentConfig.to_toml (every default filled in)
-            mine, theirs = tomllib.loads(self.cfg.to_toml()), _load_toml(d / "config.toml")
+            # both sides as written by ExperimentConfig.to_toml (every default filled in); a
+            # setting added to mmfl since the run started counts at its default
+            mine = tomllib.loads(self.cfg.to_toml())
+            theirs = with_new_defaults(_load_toml(d / "config.toml"), self.cfg)
             mine.pop("rounds"), theirs.pop("rounds")
             if mine != theirs:
                 diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
@@ -146,13 +153,13 @@ class Experiment:
             self.transport.begin_round(rnd)
             row: dict = {"round": rnd + 1, "clients": len(cohort)}
             row.update(self.server.round(rnd, cohort, self.transport))
-            row.update(getattr(self.transport, "batch_info", None) or {})  # batched clients, or why not
+            row.update(self.transport.batch_info)  # batched clients, or why not
             train_comm = self.transport.log.summary()
             dropped = list(self.transport.log.dropped)  # before the evaluation resets the log
             row["train_time_s"] = time.perf_counter() - t0
             if (rnd + 1) % cfg.run.eval_every == 0 or rnd + 1 == cfg.run.rounds:
                 self.transport.log.reset()
-                row.update(self.server.evaluate(rnd, self.federation.test, self.transport))
+                row.update(run_evaluations(self.server, self.evaluations(), self.eval_context(rnd)))
                 ev = self.transport.log.summary()
                 if ev["bytes_down"] or ev["bytes_up"]:
                     row["eval_bytes_down"], row["eval_bytes_up"] = ev["bytes_down"], ev["bytes_up"]
@@ -177,6 +184,25 @@ class Experiment:
                 bar.set_postfix(r1_sum=f"{row['r1_sum']:.2f}")
         summary = self._finish()
         return summary
+
+    # --- evaluation (mmfl.core.evaluation) -------------------------------
+    def evaluations(self) -> dict[str, str]:
+        """The server's declared evaluations, plus the personalized one with ``run.personal_eval``."""
+        kinds = dict(self.server.evaluations)
+        if self.cfg.run.personal_eval and "personalized" not in kinds:
+            kinds["personalized"] = PERSONAL_PREFIX
+        return kinds
+
+    def eval_context(self, rnd: int) -> EvalContext:
+        """What the evaluations get. The per-client personalized test rows are drawn here only
+        when the clients' data is in this process; otherwise the clients draw their own."""
+        fed, seed = self.federation, self.cfg.run.seed
+        rows = None
+        if self.transport.clients_in_process:
+            rows = lambda: personal_test_indices(fed, fed.test, seed, fed.meta.num_classes)  # noqa: E731
+        return EvalContext(rnd=rnd, test=fed.test, seed=seed, num_classes=fed.meta.num_classes,
+                           num_clients=fed.num_clients, modalities_of=fed.modalities_of,
+                           send=self.transport.send, personal_rows=rows)
 
     def _sim_time_so_far(self) -> float:
         """Simulated seconds of the rounds already in ``metrics.jsonl`` (a resumed run)."""
@@ -221,9 +247,31 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def _load_toml(path: Path) -> dict:
-    import tomllib
-
     return tomllib.loads(path.read_text())
+
+
+def with_new_defaults(saved: dict, cfg: ExperimentConfig) -> dict:
+    """``saved`` (a run folder's config.toml) with every setting it lacks that ``cfg``'s
+    dataclasses declare set to that field's default: a run written by an older mmfl ran with
+    the behaviour a newly added setting defaults to. Component tables naming another entry
+    than ``cfg`` are left alone (they differ anyway)."""
+    out = copy.deepcopy(saved)
+    tables = {None: cfg.run, "train": cfg.train, "privacy": cfg.privacy, "system": cfg.system,
+              **{kind: getattr(cfg, kind).params for kind in COMPONENTS}}
+    for key, obj in tables.items():
+        table = out if key is None else out.get(key)
+        if obj is None or not dataclasses.is_dataclass(obj) or not isinstance(table, dict):
+            continue
+        if key in COMPONENTS and table.get("name") != getattr(cfg, key).name:
+            continue
+        for f in dataclasses.fields(obj):
+            if f.name in table or not f.init:
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+            if default is not None:
+                table[f.name] = tomllib.loads(tomli_w.dumps({"v": default}))["v"]
+    return out
 
 
 def _truncate_metrics(path: Path, start: int) -> None:

@@ -70,7 +70,9 @@ class CommLog:
 
 
 class SimulationTransport:
-    """Runs client code in this process."""
+    """Runs client code in this process (a :class:`~mmfl.algorithms.base.Transport`)."""
+
+    clients_in_process = True  # the clients' data is here: evaluations may use it directly
 
     def __init__(self, spec: AlgorithmSpec, params, federation: Federation, train: TrainConfig,
                  seed: int, make_model: Callable[[], nn.Module], store: ClientStateStore,

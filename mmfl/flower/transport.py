@@ -56,6 +56,8 @@ def fingerprint(data) -> list[int]:
 class FlowerTransport:
     """A :class:`~mmfl.algorithms.base.Transport` over a Flower ``Grid``."""
 
+    clients_in_process = False  # the clients' data is on the SuperNodes: they evaluate there
+
     def __init__(self, grid, federation, run_cfg, wait_for_nodes_s: float | None = None):
         self.grid = grid
         self.federation = federation
@@ -65,6 +67,7 @@ class FlowerTransport:
         self.on_nonfinite = run_cfg.on_nonfinite
         self.wait_for_nodes_s = self.timeout if wait_for_nodes_s is None else wait_for_nodes_s
         self.log = CommLog()
+        self.batch_info: dict = {}  # clients are never trained batched across SuperNodes
         self.rnd = 0
         self.node_of: dict[int, int] = {}  # mmfl client id -> Flower node id
         self.dead: set[int] = set()  # node ids that missed a reply: not used while Flower lists them online
