@@ -82,7 +82,8 @@ from mmfl.algorithms.pcme import SAMPLES, VIB_WEIGHT
 from mmfl.algorithms.public_terms import DEFAULT_CHUNK
 from mmfl.core.aggregation import AGGREGATION_RULES, aggregate, check_rule
 from mmfl.core.message import Message
-from mmfl.core.training import cosine_lr, load_optimizer_state, optimizer_state, set_lr, shuffled_batches
+from mmfl.core.state import optimizer, tensors
+from mmfl.core.training import cosine_lr, set_lr, shuffled_batches
 from mmfl.errors import ConfigError
 from mmfl.seeds import derive_seed
 
@@ -90,8 +91,6 @@ from mmfl.seeds import derive_seed
 # other registered rule may be named directly)
 AGGREGATIONS = {"gca": "gca", "mean": "rep_mean", "avg": "rep_avg", "iot": "rep_iot",
                 "variance": "fedet_variance", "entropy": "fedgems_entropy"}
-OPT = "opt/"  # server checkpoint: the public epoch's persistent Adam state (both phases' if shared)
-OPT_KD = "opt_kd/"  # server checkpoint: the distillation's persistent Adam state (per_phase)
 
 
 @dataclass
@@ -191,6 +190,8 @@ class CreamFLParams:
 
 
 class CreamFLServer(Server):
+    # the public epoch's and the distillation's persistent Adam (saved once when shared), FedMD's consensus
+    state_fields = {"opt": optimizer(), "opt_kd": optimizer(), "consensus": tensors()}
     """Server of the representation-exchange family (CreamFL, reamFL, FedMD, FedET, FedGEMS)."""
 
     def __init__(self, params: CreamFLParams, ctx):
@@ -350,21 +351,6 @@ class CreamFLServer(Server):
     def evaluate_retrieval(self, ctx):
         return retrieval_metrics(self.model, ctx.test, self.ctx.meta, self.pair)
 
-    def state_dict(self):
-        out = super().state_dict()
-        names = {id(p): n for n, p in self.model.named_parameters()}
-        out.update(optimizer_state(self.opt, names, OPT))
-        if self.opt_kd is not self.opt:
-            out.update(optimizer_state(self.opt_kd, names, OPT_KD))
-        out.update({CONSENSUS + m: t for m, t in self.consensus.items()})
-        return out
-
-    def load_state_dict(self, sd):
-        super().load_state_dict(sd)
-        load_optimizer_state(self.opt, dict(self.model.named_parameters()), sd, OPT)
-        if self.opt_kd is not self.opt:
-            load_optimizer_state(self.opt_kd, dict(self.model.named_parameters()), sd, OPT_KD)
-        self.consensus = {k[len(CONSENSUS):]: v for k, v in sd.items() if k.startswith(CONSENSUS)}
 
 
 # ----------------------------------------------------------------------------- registry

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from mmfl.algorithms.base import TrainingClient
 from mmfl.core.message import Message
+from mmfl.core.state import read, write
 from mmfl.core.training import (load_into, make_optimizer, shuffled_batches, state_of)
 from mmfl.errors import ConfigError
 
@@ -37,7 +38,7 @@ class CreamFLClient(TrainingClient):
     def load_model(self, msg: Message) -> nn.Module:
         """The client's own model (from ``ctx.state``, else the run's initial weights)."""
         model = self.ctx.model("local")
-        own = {k[len(MODEL):]: v for k, v in self.ctx.state.items() if k.startswith(MODEL)}
+        own = read(self.ctx.state, MODEL)
         return load_into(model, own if own else self.ctx.init_model().state_dict())
 
     def loss(self, model: nn.Module, inputs: dict[str, Tensor], labels: Tensor, msg: Message) -> Tensor:
@@ -93,7 +94,7 @@ class CreamFLClient(TrainingClient):
 
     def after_train(self, model: nn.Module, msg: Message, stats: dict) -> None:
         """The client keeps its own model between rounds."""
-        self.ctx.state.update({MODEL + k: v for k, v in state_of(model).items()})
+        write(self.ctx.state, MODEL, state_of(model))
 
     def finish(self, model: nn.Module, msg: Message, stats: dict) -> Message:
         """Step 4's reply: :meth:`reply_arrays` and the mean losses."""
