@@ -25,6 +25,7 @@ from mmfl.schema import TrainConfig
 from mmfl.data.base import ArrayDataset, DatasetMeta
 from mmfl.core.evaluation import EvalContext, client_personal_metrics, global_metrics, personalized_metrics
 from mmfl.core.message import Message
+from mmfl.core.state import Stateful, module
 from mmfl.core.training import LossFn, load_into, local_train, model_tensors, state_of, train_at_round
 
 
@@ -102,8 +103,14 @@ class ClientContext:
         return torch.Generator().manual_seed(self.seed)
 
 
-class Server:
-    """Base server: holds the global model; FedAvg-shaped hooks."""
+class Server(Stateful):
+    """Base server: holds the global model; FedAvg-shaped hooks.
+
+    What persists between rounds is declared in ``state_fields`` (see
+    :mod:`mmfl.core.state`); ``state_dict``/``load_state_dict`` derive from it.
+    """
+
+    state_fields = {"model": module()}
 
     # the evaluations the engine runs after an evaluated round: kind -> prefix of its metrics
     # (mmfl.core.evaluation.KINDS; one ``evaluate_<kind>(ctx)`` method each)
@@ -154,14 +161,6 @@ class Server:
         """The tensors of :meth:`personal_model` sent to client ``cid`` when it evaluates on its
         own machine (None: the client's own model, kept in its state)."""
         return state_of(self.personal_model(cid))
-
-    # --- checkpointing --------------------------------------------------
-    def state_dict(self) -> dict[str, Tensor]:
-        """Everything needed to continue the run (tensors only)."""
-        return {f"model/{k}": v for k, v in self.model.state_dict().items()}
-
-    def load_state_dict(self, sd: dict[str, Tensor]) -> None:
-        self.model.load_state_dict({k[len("model/"):]: v for k, v in sd.items() if k.startswith("model/")})
 
 
 class Client:

@@ -74,28 +74,31 @@ from torch import Tensor
 from mmfl.algorithms.registry import preset, register
 from mmfl.algorithms.base import Server
 from mmfl.algorithms.creamfl_client import CreamFLClient
-from mmfl.algorithms.creamfl_terms import (CONSENSUS, GLOBAL, REP, entropy_selection_weights, pair_loss, pair_modalities,
-                                           public_reps, reps_of, retrieval_metrics, select_public, target_quality,
-                                           variance_weights)
+from mmfl.algorithms.creamfl_terms import (CONSENSUS, GLOBAL, REP, pair_loss, pair_modalities, public_reps, reps_of,
+                                           retrieval_metrics, select_public, target_quality)
 from mmfl.algorithms.fedavg import weighted_mean_scalar
 from mmfl.algorithms.multimodal import FEDIOT_MULTIMODAL_WEIGHT
 from mmfl.algorithms.pcme import SAMPLES, VIB_WEIGHT
-from mmfl.algorithms.public_terms import DEFAULT_CHUNK, aggregate_representations, global_local_contrastive_scores
+from mmfl.algorithms.public_terms import DEFAULT_CHUNK
+from mmfl.core.aggregation import AGGREGATION_RULES, aggregate, check_rule
 from mmfl.core.message import Message
-from mmfl.core.training import cosine_lr, load_optimizer_state, optimizer_state, set_lr, shuffled_batches
+from mmfl.core.state import optimizer, tensors
+from mmfl.core.training import cosine_lr, set_lr, shuffled_batches
 from mmfl.errors import ConfigError
 from mmfl.seeds import derive_seed
 
-AGGREGATIONS = ("gca", "mean", "avg", "iot", "variance", "entropy")
-OPT = "opt/"  # server checkpoint: the public epoch's persistent Adam state (both phases' if shared)
-OPT_KD = "opt_kd/"  # server checkpoint: the distillation's persistent Adam state (per_phase)
+# algorithm.aggregation: CreamFL's names for its rules in mmfl.core.aggregation.AGGREGATION_RULES (any
+# other registered rule may be named directly)
+AGGREGATIONS = {"gca": "gca", "mean": "rep_mean", "avg": "rep_avg", "iot": "rep_iot",
+                "variance": "fedet_variance", "entropy": "fedgems_entropy"}
 
 
 @dataclass
 class CreamFLParams:
-    aggregation: Literal["gca", "mean", "avg", "iot", "variance", "entropy"] = field(default="gca", metadata={
-        "help": "representation aggregation: gca (eq. 4-6), mean, avg (by sample count), iot (image-text "
-                "clients x iot_weight), variance (FedET), entropy (FedGEMS)"})
+    aggregation: str = field(default="gca", metadata={
+        "help": "representation aggregation: gca (eq. 4-6), mean (rule rep_mean), avg (rep_avg: by sample "
+                "count), iot (rep_iot: image-text clients x iot_weight), variance (fedet_variance: FedET), "
+                "entropy (fedgems_entropy: FedGEMS), or another rule of `mmfl list aggregation`"})
     inter: bool = field(default=True, metadata={"help": "inter-modal contrastive regularization (eq. 1)"})
     intra: bool = field(default=True, metadata={"help": "intra-modal contrastive regularization (eq. 2)"})
     gamma: float = field(default=0.5, metadata={"help": "LCR coefficient (eq. 3; the authors' 0.5)"})
@@ -144,8 +147,10 @@ class CreamFLParams:
         "help": "eq. 4 as printed (denominator over j != k) instead of the authors' log-softmax"})
 
     def __post_init__(self):
-        if self.aggregation not in AGGREGATIONS:
-            raise ConfigError(f"algorithm.aggregation: must be one of {list(AGGREGATIONS)}, got {self.aggregation!r}")
+        if self.aggregation not in AGGREGATIONS and self.aggregation not in AGGREGATION_RULES:
+            raise ConfigError(f"algorithm.aggregation: unknown aggregation rule {self.aggregation!r} (CreamFL's: "
+                              f"{', '.join(AGGREGATIONS)}; any of `mmfl list aggregation`)")
+        check_rule(AGGREGATIONS.get(self.aggregation, self.aggregation), representations=True)
         if self.server_optimizer not in ("per_phase", "restart", "shared"):
             raise ConfigError(f"algorithm.server_optimizer: must be 'per_phase', 'restart' or 'shared', "
                               f"got {self.server_optimizer!r}")
@@ -185,6 +190,8 @@ class CreamFLParams:
 
 
 class CreamFLServer(Server):
+    # the public epoch's and the distillation's persistent Adam (saved once when shared), FedMD's consensus
+    state_fields = {"opt": optimizer(), "opt_kd": optimizer(), "consensus": tensors()}
     """Server of the representation-exchange family (CreamFL, reamFL, FedMD, FedET, FedGEMS)."""
 
     def __init__(self, params: CreamFLParams, ctx):
@@ -265,41 +272,33 @@ class CreamFLServer(Server):
         metrics["clients_replied"] = len(replies)
         return metrics
 
+    def aggregation_rule(self) -> str:
+        """The rule in :data:`~mmfl.core.aggregation.AGGREGATION_RULES` that ``algorithm.aggregation`` names."""
+        return AGGREGATIONS.get(self.params.aggregation, self.params.aggregation)
+
     def aggregate_reps(self, replies: dict[int, Message], glob: dict[str, Tensor]) -> tuple[dict, dict]:
         """Eq. 4-6 (or the chosen rule) per modality, over the replies carrying it."""
         p = self.params
+        rule = self.aggregation_rule()
+        cids = sorted(replies)
+        updates = [{m: replies[c].arrays[REP + m].float() for m in self.pair if REP + m in replies[c].arrays}
+                   for c in cids]
+        context = dict(global_reps=glob, pair=self.pair, chunk=p.chunk, exclude_positive=p.exclude_positive,
+                       entropy_temperature=p.entropy_temperature, multimodal_weight=float(p.iot_weight))
+        if rule in ("rep_iot", "iot"):  # FedIoT: clients holding the whole pair weigh iot_weight times more
+            context["multimodal"] = [set(self.pair) <= set(self.ctx.modalities_of(c)) for c in cids]
+        weights = [float(replies[c].scalars["num_examples"]) for c in cids]
+        rule_info: dict = {}
+        out = aggregate(rule, updates, weights, info=rule_info, **context)  # eq. 6 with the rule's weights
         agg, info = {}, {}
         for m in self.pair:
-            cids = [c for c in sorted(replies) if REP + m in replies[c].arrays]
-            if not cids:
+            if m not in out:
                 continue
-            local = torch.stack([replies[c].arrays[REP + m].float() for c in cids])  # [C, P, d]
-            other = self.pair[1] if m == self.pair[0] else self.pair[0]
-            if p.aggregation == "gca":
-                w = torch.softmax(global_local_contrastive_scores(  # eq. 4, then eq. 5
-                    local, glob[other], p.chunk, p.exclude_positive), dim=0)
-            elif p.aggregation == "mean":
-                w = torch.full((len(cids), local.shape[1]), 1.0 / len(cids))
-            elif p.aggregation in ("avg", "iot"):
-                raw = torch.tensor([self.client_weight(replies[c], c) for c in cids], dtype=torch.float32)
-                w = (raw / raw.sum()).unsqueeze(1).expand(-1, local.shape[1])
-            elif p.aggregation == "variance":
-                w = variance_weights(local)
-            else:
-                w = entropy_selection_weights(local, p.entropy_temperature)
-            agg[m] = aggregate_representations(local, w)  # eq. 6
-            info[f"clients/{m}"] = len(cids)
-            info[f"weight_max/{m}"] = float(w.max(0).values.mean())  # 1/C = uniform, 1 = one client per sample
+            agg[m] = out[m]
+            info[f"clients/{m}"] = sum(m in u for u in updates)
+            if f"weight_max/{m}" in rule_info:  # 1/C = uniform, 1 = one client per sample
+                info[f"weight_max/{m}"] = rule_info[f"weight_max/{m}"]
         return agg, info
-
-    def client_weight(self, reply: Message, cid: int) -> float:
-        """avg: the client's sample count; iot: the same, times ``iot_weight`` for image-text
-        clients (reamFL+IoT is "similar to [reamFL+Avg] except that higher weights (set to
-        100 ...) are assigned to multimodal clients")."""
-        n = float(reply.scalars["num_examples"])
-        if self.params.aggregation == "iot" and set(self.pair) <= set(self.ctx.modalities_of(cid)):
-            return n * float(self.params.iot_weight)
-        return n
 
     def begin_phase(self, opt: torch.optim.Optimizer) -> None:
         """``restart``: zero Adam's first moment as a server phase begins, so no phase steps along
@@ -352,21 +351,6 @@ class CreamFLServer(Server):
     def evaluate_retrieval(self, ctx):
         return retrieval_metrics(self.model, ctx.test, self.ctx.meta, self.pair)
 
-    def state_dict(self):
-        out = super().state_dict()
-        names = {id(p): n for n, p in self.model.named_parameters()}
-        out.update(optimizer_state(self.opt, names, OPT))
-        if self.opt_kd is not self.opt:
-            out.update(optimizer_state(self.opt_kd, names, OPT_KD))
-        out.update({CONSENSUS + m: t for m, t in self.consensus.items()})
-        return out
-
-    def load_state_dict(self, sd):
-        super().load_state_dict(sd)
-        load_optimizer_state(self.opt, dict(self.model.named_parameters()), sd, OPT)
-        if self.opt_kd is not self.opt:
-            load_optimizer_state(self.opt_kd, dict(self.model.named_parameters()), sd, OPT_KD)
-        self.consensus = {k[len(CONSENSUS):]: v for k, v in sd.items() if k.startswith(CONSENSUS)}
 
 
 # ----------------------------------------------------------------------------- registry

@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmfl.algorithms.base import Client
+from mmfl.algorithms.base import TrainingClient
 from mmfl.core.message import Message
+from mmfl.core.state import read, write
 from mmfl.core.training import (load_into, make_optimizer, shuffled_batches, state_of)
 from mmfl.errors import ConfigError
 
@@ -18,23 +19,31 @@ from mmfl.algorithms.creamfl_terms import (CONSENSUS, GLOBAL, MODEL, REP, inter_
                                            reps_of, select_public)
 
 
-class CreamFLClient(Client):
+class CreamFLClient(TrainingClient):
     """A client of the representation-exchange family: keeps its own model (any size),
-    trains its private task with LCR, uploads representations of the public set."""
+    trains its private task with LCR, uploads representations of the public set.
+
+    On the :class:`~mmfl.algorithms.base.TrainingClient` hooks: ``load_model`` (its own model;
+    the weight-sharing baselines load the server's weights into it), ``begin``, ``loss`` (the
+    private task), ``on_epoch`` / ``before_step`` / ``after_step`` (in the private-task loop),
+    ``after_train`` (keeps its model in ``ctx.state``) and ``finish`` (the reply). ``train`` is
+    its own loop: one optimizer over the private task and the public-set passes (the local
+    distillation before it; ``extra_epoch`` and the LCR pass after every epoch)."""
 
     def pair(self) -> list[str]:
         if self.ctx.public is None:
             raise ConfigError(f"client {self.ctx.cid}: no public set (CreamFL-style algorithms need one)")
         return sorted(self.ctx.public.modalities)
 
-    def own_model(self) -> nn.Module:
+    def load_model(self, msg: Message) -> nn.Module:
+        """The client's own model (from ``ctx.state``, else the run's initial weights)."""
         model = self.ctx.model("local")
-        own = {k[len(MODEL):]: v for k, v in self.ctx.state.items() if k.startswith(MODEL)}
+        own = read(self.ctx.state, MODEL)
         return load_into(model, own if own else self.ctx.init_model().state_dict())
 
-    def task_loss(self, model: nn.Module, inputs: dict[str, Tensor], labels: Tensor, pair: list[str]) -> Tensor:
+    def loss(self, model: nn.Module, inputs: dict[str, Tensor], labels: Tensor, msg: Message) -> Tensor:
         """Image-text clients: symmetric InfoNCE (or PCME) on their pairs; uni-modal: cross-entropy of ``heads[m]``."""
-        held = [m for m in pair if m in inputs and m in model.holds]
+        held = [m for m in self.pair() if m in inputs and m in model.holds]
         if len(held) == 2:
             z = reps_of(model, inputs, held) if self.params.multimodal_loss == "infonce" else None
             return pair_loss(model, inputs, z, held, self.params)
@@ -46,8 +55,8 @@ class CreamFLClient(Client):
         public = select_public(ctx.public, p.public_size)
         pair = self.pair()
         held = [m for m in pair if m in ctx.modalities]
-        model = self.own_model()
-        self.before_training(model, msg)
+        model = self.load_model(msg)
+        self.begin(model, msg)
         glob = {k[len(GLOBAL):]: v for k, v in msg.arrays.items() if k.startswith(GLOBAL)}
         prev = public_reps(model, public, held) if p.intra and glob else {}
         gen = ctx.generator()
@@ -62,24 +71,38 @@ class CreamFLClient(Client):
         if target and p.local_distill_weight:  # FedMD's digest / FedET-FedGEMS's local distillation
             self.public_pass(model, opt, public, gen, stats["kd"], lambda z, rows: p.local_distill_weight * sum(
                 F.mse_loss(z[m], target[m][rows]) for m in z if m in target))
-        for _ in range(ctx.train.local_epochs):
+        loss_fn = self.loss_fn(msg)
+        for epoch in range(ctx.train.local_epochs):
+            self.on_epoch(epoch)
             for inputs, labels in ctx.data.batches(ctx.train.batch_size, shuffle=True, generator=gen):
                 if labels.shape[0] < 2:
                     continue
-                loss = self.task_loss(model, inputs, labels, pair)
+                loss = loss_fn(model, inputs, labels)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
+                self.before_step()
                 opt.step()
+                self.after_step()
                 stats["task"][0] += float(loss.detach())
                 stats["task"][1] += 1
             self.extra_epoch(model, opt, public, gen, stats["task"], pair)
             if glob and (p.inter or p.intra):  # LCR: one pass over the public set after every epoch (eq. 3)
                 self.public_pass(model, opt, public, gen, stats["lcr"],
                                  lambda z, rows: p.gamma * self.lcr(z, rows, glob, prev, pair))
-        ctx.state.update({MODEL + k: v for k, v in state_of(model).items()})
+        self.after_train(model, msg, stats)
+        return self.finish(model, msg, stats)
+
+    def after_train(self, model: nn.Module, msg: Message, stats: dict) -> None:
+        """The client keeps its own model between rounds."""
+        write(self.ctx.state, MODEL, state_of(model))
+
+    def finish(self, model: nn.Module, msg: Message, stats: dict) -> Message:
+        """Step 4's reply: :meth:`reply_arrays` and the mean losses."""
+        public = select_public(self.ctx.public, self.params.public_size)
+        held = [m for m in self.pair() if m in self.ctx.modalities]
         out = self.reply_arrays(model, public, held)
         mean = {k: v[0] / max(v[1], 1) for k, v in stats.items()}
-        scalars = {"num_examples": len(ctx.data), "train_loss": mean["task"] + mean["lcr"] + mean["kd"],
+        scalars = {"num_examples": len(self.ctx.data), "train_loss": mean["task"] + mean["lcr"] + mean["kd"],
                    "task_loss": mean["task"]}
         if stats["lcr"][1]:
             scalars["lcr_loss"] = mean["lcr"]
@@ -112,9 +135,6 @@ class CreamFLClient(Client):
             stat[1] += 1
 
     # hooks of the weight-sharing baselines
-    def before_training(self, model: nn.Module, msg: Message) -> None:
-        pass
-
     def extra_epoch(self, model, opt, public, gen, stat, pair) -> None:
         pass
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmfl.algorithms.pcme import pcme_pair_loss
+from mmfl.core.aggregation import AGGREGATION_RULES, per_sample_rule
 from mmfl.core.evaluation import retrieval_scores
 from mmfl.core.retrieval import evaluate_retrieval
 from mmfl.errors import ConfigError
@@ -91,6 +92,24 @@ def entropy_selection_weights(local: Tensor, temperature: float = 1.0) -> Tensor
     keep = (h <= mean + 1e-6 * mean.abs().clamp_min(1.0)) | (h == h.min(0, keepdim=True).values)
     keep = keep.to(local.dtype)
     return keep / keep.sum(0, keepdim=True)
+
+
+def fedet_rule_weights(local: Tensor, **context) -> Tensor:
+    """The ``fedet_variance`` rule's weights: :func:`variance_weights`. ``[C, P, d] -> [C, P]``."""
+    return variance_weights(local)
+
+
+def fedgems_rule_weights(local: Tensor, entropy_temperature: float = 1.0, **context) -> Tensor:
+    """The ``fedgems_entropy`` rule's weights: :func:`entropy_selection_weights` at
+    ``entropy_temperature``. ``[C, P, d] -> [C, P]``."""
+    return entropy_selection_weights(local, entropy_temperature)
+
+
+AGGREGATION_RULES.register("fedet_variance", help="representations [P, d]: FedET's variance-weighted ensemble, "
+                                                  "per sample")(per_sample_rule(fedet_rule_weights))
+AGGREGATION_RULES.register("fedgems_entropy", help="representations [P, d]: FedGEMS's entropy selection, per sample "
+                                                   "(clients at or below the mean entropy, uniformly)")(
+    per_sample_rule(fedgems_rule_weights))
 
 
 def target_quality(glob: dict[str, Tensor], agg: dict[str, Tensor], pair: tuple[str, str]) -> dict[str, float]:

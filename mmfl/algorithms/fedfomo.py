@@ -51,14 +51,13 @@ from mmfl.algorithms.fedavg import weighted_mean_scalar
 from mmfl.algorithms.multimodal import masked_ce, only_held
 from mmfl.data.base import ArrayDataset
 from mmfl.core.message import Message
+from mmfl.core.state import per_client, read, record, tensor, write
 from mmfl.core.training import load_into, local_train, state_of
 from mmfl.errors import ConfigError, MMFLError
 from mmfl.seeds import derive_seed
 
-CLIENTS = "clients/"  # server state: clients/<cid>/<state key>, each client's latest model
 OWN = "model/"  # client state: the client's own model
 PEER = "peer/"  # message arrays: peer/<cid>/<state key>, the modules of a peer the recipient holds
-AFFINITY = "fomo/P"  # server state: FedFomo's affinity matrix P [N, N]
 PEERS = "fomo/peers"  # reply: the peers scored, in order
 DELTA = "fomo/affinity"  # reply: their signed normalised improvements (the row update of P)
 WEIGHTS = "fomo/weights"  # reply: the weights w_{i,j} used in the update (eq. 4)
@@ -83,18 +82,20 @@ def own_model(ctx) -> nn.Module:
     """The client's own model from its state (``model/*``); the run's initial weights before
     its first round. Loaded into the pooled ``local`` instance."""
     model = ctx.model("local")
-    own = {k[len(OWN):]: v for k, v in ctx.state.items() if k.startswith(OWN)}
+    own = read(ctx.state, OWN)
     return load_into(model, own if own else state_of(ctx.init_model()))
 
 
 def keep_own(ctx, model: nn.Module) -> None:
-    ctx.state.update({OWN + k: v for k, v in state_of(model).items()})
+    write(ctx.state, OWN, state_of(model))
 
 
 class PersonalizedServer(Server):
     """A server holding one model per client (the latest each uploaded) and evaluating them
     with the personalized evaluation. ``self.model`` stays the run's initial model; a client
     that never uploaded is represented by the initial weights of its modules."""
+
+    state_fields = {"client_models": per_client()}  # each client's latest model
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
@@ -156,22 +157,6 @@ class PersonalizedServer(Server):
 
     def personal_state(self, cid: int) -> dict[str, Tensor]:
         return self.state_of_client(cid)
-
-    # --- checkpointing -------------------------------------------------------
-    def state_dict(self) -> dict[str, Tensor]:
-        sd = super().state_dict()
-        for cid, state in self.client_models.items():
-            sd.update({f"{CLIENTS}{cid}/{k}": v for k, v in state.items()})
-        return sd
-
-    def load_state_dict(self, sd: dict[str, Tensor]) -> None:
-        super().load_state_dict(sd)
-        models: dict[int, dict[str, Tensor]] = {}
-        for key, v in sd.items():
-            if key.startswith(CLIENTS):
-                cid, name = key[len(CLIENTS):].split("/", 1)
-                models.setdefault(int(cid), {})[name] = v.clone()
-        self.client_models = dict(sorted(models.items()))
 
 
 def shared_distance(a: dict[str, Tensor], b: dict[str, Tensor], names) -> float:
@@ -291,6 +276,16 @@ class FedFomoParams:
 
 
 class FedFomoServer(PersonalizedServer):
+    state_fields = {"fomo": record(P=tensor())}  # "fomo/P": the affinity matrix P [N, N]
+
+    @property
+    def fomo(self) -> dict[str, Tensor]:
+        return {"P": self.affinity}
+
+    @fomo.setter
+    def fomo(self, value: dict[str, Tensor]) -> None:
+        self.affinity = value["P"]
+
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
         n = ctx.num_clients
@@ -339,14 +334,6 @@ class FedFomoServer(PersonalizedServer):
         if loss is not None:
             out["train_loss"] = loss
         return out
-
-    def state_dict(self):
-        return {**super().state_dict(), AFFINITY: self.affinity.clone()}
-
-    def load_state_dict(self, sd):
-        super().load_state_dict(sd)
-        if AFFINITY in sd:
-            self.affinity = sd[AFFINITY].clone().double()
 
 
 class FedFomoClient(Client):

@@ -61,6 +61,7 @@ from mmfl.algorithms.registry import preset, register
 from mmfl.algorithms.multimodal import MFedAvgClient, MFedAvgParams, MultimodalServer, only_held
 from mmfl.core.evaluation import personalized_metrics
 from mmfl.core.message import Message
+from mmfl.core.state import per_client, tensors
 from mmfl.core.training import load_into, model_tensors
 from mmfl.errors import ConfigError
 from mmfl.models.multimodal import module_of
@@ -68,8 +69,8 @@ from mmfl.models.multimodal import module_of
 __all__ = ["FedMSplitParams", "FedMSplitServer", "GRAPH_PREFIX", "GRAPHS", "STATE_PREFIX", "attention_matrix",
            "edge_gradient", "graph_aggregate", "normalized_step"]
 
-STATE_PREFIX = "msplit/"  # server state: "msplit/<cid>/<state-dict key>" = client cid's last upload
-GRAPH_PREFIX = "msplit_graph/"  # server state: "msplit_graph/<module>" = learned edge logits b^u [N, N]
+STATE_PREFIX = "uploads/"  # server state: "uploads/<cid>/<state-dict key>" = client cid's last upload
+GRAPH_PREFIX = "edge_bias/"  # server state: "edge_bias/<module>" = learned edge logits b^u [N, N]
 GLOBAL = "global/"  # metric prefix of the global (module-wise average) model's evaluation
 GRAPHS = ("learned", "cosine")
 
@@ -158,6 +159,8 @@ def _flat(arrays: dict[str, Tensor], keys: list[str]) -> Tensor:
 class FedMSplitServer(MultimodalServer):
     """MFedAvg's server plus the clients' last modules, the per-module client graph (cosine
     edge features plus learned edge logits), and personalized evaluation."""
+
+    state_fields = {"uploads": per_client(), "edge_bias": tensors()}  # keys: STATE_PREFIX, GRAPH_PREFIX
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
@@ -313,26 +316,6 @@ class FedMSplitServer(MultimodalServer):
             if k in ref:
                 out[f"{GLOBAL}personal_{k}"] = ref[k]
         return out
-
-    # --- checkpointing ----------------------------------------------------------
-    def state_dict(self):
-        sd = super().state_dict()
-        for cid in sorted(self.uploads):
-            for k, v in self.uploads[cid].items():
-                sd[f"{STATE_PREFIX}{cid}/{k}"] = v
-        for u, b in self.edge_bias.items():
-            sd[GRAPH_PREFIX + u] = b.clone()
-        return sd
-
-    def load_state_dict(self, sd):
-        super().load_state_dict(sd)
-        self.uploads = {}
-        for name, v in sd.items():
-            if name.startswith(STATE_PREFIX):
-                cid, key = name[len(STATE_PREFIX):].split("/", 1)
-                self.uploads.setdefault(int(cid), {})[key] = v.clone()
-            elif name.startswith(GRAPH_PREFIX) and name[len(GRAPH_PREFIX):] in self.edge_bias:
-                self.edge_bias[name[len(GRAPH_PREFIX):]] = v.to(torch.float64).clone()
 
 
 register("fedmsplit", FedMSplitParams, FedMSplitServer, MFedAvgClient,

@@ -18,6 +18,7 @@ from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.fedavg import weighted_mean_scalar
 from mmfl.core.evaluation import personalized_metrics
 from mmfl.core.message import Message
+from mmfl.core.state import read, write
 from mmfl.core.training import evaluate_model, load_into, local_train, state_of
 
 MODEL = "model/"
@@ -48,13 +49,13 @@ class LocalServer(Server):
 class LocalClient(Client):
     def _model(self):
         model = self.ctx.model("local")
-        own = {k[len(MODEL):]: v for k, v in self.ctx.state.items() if k.startswith(MODEL)}
+        own = read(self.ctx.state, MODEL)
         return load_into(model, own if own else self.ctx.init_model().state_dict())
 
     def train(self, msg: Message) -> Message:
         model = self._model()
         stats = local_train(model, self.ctx.data, self.ctx.train, self.ctx.generator())
-        self.ctx.state.update({MODEL + k: v for k, v in state_of(model).items()})
+        write(self.ctx.state, MODEL, state_of(model))
         return Message(scalars={"num_examples": len(self.ctx.data), "train_loss": stats["train_loss"]})
 
     def evaluate(self, msg: Message) -> Message:

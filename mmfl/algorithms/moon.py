@@ -36,6 +36,7 @@ from torch import Tensor
 from mmfl.algorithms.registry import register
 from mmfl.algorithms.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from mmfl.core.message import Message
+from mmfl.core.state import read, write
 from mmfl.core.training import load_into, state_of
 from mmfl.errors import ConfigError
 
@@ -111,7 +112,7 @@ class MoonClient(FedAvgClient):
 
     def references(self, msg: Message) -> dict[str, dict[str, Tensor]]:
         refs = {"global": msg.arrays}
-        prev = {k[len(PREV):]: v for k, v in self.ctx.state.items() if k.startswith(PREV)}
+        prev = read(self.ctx.state, PREV)
         if prev and self.params.contrast == "cosine":
             refs["prev"] = prev
         return refs
@@ -145,14 +146,14 @@ class MoonClient(FedAvgClient):
         out = model.eval()(inputs)
         model.train(mode)
         z_glob = load_into(self.ctx.model("global"), global_arrays).eval()(inputs)["rep"]
-        prev_state = {k[len(PREV):]: v for k, v in self.ctx.state.items() if k.startswith(PREV)}
+        prev_state = read(self.ctx.state, PREV)
         z_prev = load_into(self.ctx.model("prev"), prev_state).eval()(inputs)["rep"] if prev_state else None
         row = {"ce": float(F.cross_entropy(out["logits"], labels)),
                **representation_probe(out["rep"], z_glob, z_prev, self.params.tau)}
         return {PROBE + k: v for k, v in row.items()}
 
     def after_train(self, model, msg: Message, stats: dict) -> None:
-        self.ctx.state.update({PREV + k: v for k, v in state_of(model).items()})
+        write(self.ctx.state, PREV, state_of(model))
 
 
 register("moon", MoonParams, MoonServer, MoonClient,

@@ -38,6 +38,7 @@ from mmfl.algorithms.base import TrainingClient
 from mmfl.algorithms.fedavg import MODULE_WEIGHT, FedAvgParams, FedAvgServer
 from mmfl.data.base import PRESENT
 from mmfl.core.message import Message
+from mmfl.core.state import read, write
 from mmfl.core.training import load_into, model_tensors, state_of
 from mmfl.errors import ConfigError
 from mmfl.models.multimodal import BRANCH_MODULES, branch_of
@@ -144,7 +145,7 @@ class MultimodalClient(TrainingClient):
     def load_model(self, msg: Message) -> nn.Module:
         model = self.ctx.model("local")
         own = model_tensors(model)
-        saved = {k[len("private/"):]: v for k, v in self.ctx.state.items() if k.startswith("private/")}
+        saved = read(self.ctx.state, "private")
         if self.private and not saved:  # first round: the run's initial weights
             init = state_of(self.ctx.init_model())
             saved = {k: v for k, v in init.items() if self.is_private(k)}
@@ -179,8 +180,8 @@ class MultimodalClient(TrainingClient):
     # --- the reply ---------------------------------------------------------------
     def finish(self, model: nn.Module, msg: Message, stats: dict) -> Message:
         state = state_of(model)
-        for k in [k for k in state if self.is_private(k)]:
-            self.ctx.state["private/" + k] = state.pop(k)
+        if self.private:
+            write(self.ctx.state, "private", {k: state.pop(k) for k in [k for k in state if self.is_private(k)]})
         self.after_train(model, msg, stats)
         return Message(arrays=state, scalars={**self.reply_scalars(model, stats),
                                               "train_loss": stats["train_loss"], "steps": stats["steps"]})

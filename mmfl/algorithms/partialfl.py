@@ -49,8 +49,8 @@ from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.fedavg import weighted_average, weighted_mean_scalar
 from mmfl.algorithms.multimodal import only_held
 from mmfl.core.message import Message
-from mmfl.core.training import (evaluate_model, load_into, load_optimizer_state, make_optimizer,
-                                  optimizer_state, shuffled_batches, state_of)
+from mmfl.core.state import module, optimizer, per_client, read, scalar, tensor, write
+from mmfl.core.training import evaluate_model, load_into, make_optimizer, shuffled_batches, state_of
 from mmfl.errors import ConfigError
 from mmfl.seeds import derive_seed
 
@@ -142,6 +142,9 @@ def require_model(model: nn.Module, variant: str) -> None:
 
 
 class PartialFLServer(Server):
+    # F_s and its Adam state (align only; None otherwise), the uploaded shareable data
+    state_fields = {"fs": module(), "fs_opt": optimizer(), "xs": per_client(tensor()), "uploaded": scalar()}
+
     def __init__(self, params: PartialFLParams, ctx):
         super().__init__(params, ctx)
         self.s, self.p = shareable_of(ctx.meta, params.shareable)
@@ -222,22 +225,6 @@ class PartialFLServer(Server):
     def evaluate_global(self, ctx):
         return evaluate_model(self.model, self.test_view(ctx.test), num_classes=self.ctx.meta.num_classes)
 
-    def state_dict(self):
-        out = super().state_dict()
-        if self.fs is not None:
-            out.update({f"fs/{k}": v for k, v in self.fs.state_dict().items()})
-            out.update(optimizer_state(self.fs_opt, {id(p): n for n, p in self.fs.named_parameters()}, "opt/"))
-        out.update({f"{X}{c}": v for c, v in self.xs.items()})
-        return out
-
-    def load_state_dict(self, sd):
-        super().load_state_dict(sd)
-        if self.fs is not None:
-            self.fs.load_state_dict({k[3:]: v for k, v in sd.items() if k.startswith("fs/")})
-            load_optimizer_state(self.fs_opt, dict(self.fs.named_parameters()), sd, "opt/")
-        self.xs = {int(k[len(X):]): v for k, v in sd.items() if k.startswith(X)}
-        self.uploaded = bool(self.xs)
-
 
 # ----------------------------------------------------------------------------- client
 
@@ -267,7 +254,7 @@ class PartialFLClient(Client):
         lmodel = lopt = None
         if has_s:
             lmodel = ctx.model("local")
-            own = {k[len(LOCAL):]: v for k, v in ctx.state.items() if k.startswith(LOCAL)}
+            own = read(ctx.state, LOCAL)
             sd = dict(state_of(lmodel))  # only the S branch is F_k; the rest of the instance is unused
             sd.update(own if own else ctx.init_model().state_dict())
             load_into(lmodel, sd)
@@ -319,8 +306,8 @@ class PartialFLClient(Client):
         mean = {k: v[0] / max(v[1], 1) for k, v in stats.items()}
         scalars = {"num_examples": n, "train_loss": mean["global"], "global_loss": mean["global"]}
         if lmodel is not None:
-            ctx.state.update({LOCAL + k: v for k, v in state_of(lmodel).items()
-                              if k.split(".")[:2] in (["encoders", s], ["proj", s], ["heads", s])})
+            write(ctx.state, LOCAL, {k: v for k, v in state_of(lmodel).items()
+                                     if k.split(".")[:2] in (["encoders", s], ["proj", s], ["heads", s])})
             lmodel.eval()
             with torch.no_grad():  # line 17: z'_T of all the client's S data
                 feats, _ = ctx.data.get()

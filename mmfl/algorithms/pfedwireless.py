@@ -61,6 +61,7 @@ from mmfl.algorithms.fedavg import weighted_mean_scalar
 from mmfl.algorithms.multimodal import MultimodalClient, require_multimodal_model
 from mmfl.core.message import Message, tensor_bytes
 from mmfl.core.evaluation import personalized_metrics
+from mmfl.core.state import dict_of, per_client, read, scalar, tensors, write
 from mmfl.core.training import load_into, model_tensors, state_of
 from mmfl.errors import ConfigError, MMFLError
 from mmfl.models.multimodal import branch_of
@@ -115,6 +116,12 @@ class PFedWirelessParams:
 
 class PFedWirelessServer(Server):
     """One personalized model per device, a coefficient matrix per group, Alg. 1's schedule."""
+
+    # each device's model, per group: xi (eq. 3), ages, pending, and the previous round's schedule
+    # (the global model is never changed: not saved)
+    state_fields = {"model": None, "w": per_client(), "xi": tensors(), "age": tensors(), "pending": tensors(),
+                    "prev_round": scalar(), "prev_u": tensors(), "prev_coeff": tensors(),
+                    "prev_w": dict_of(per_client())}
 
     def __init__(self, params: PFedWirelessParams, ctx):
         super().__init__(params, ctx)
@@ -295,43 +302,6 @@ class PFedWirelessServer(Server):
             self._eval_models[holds] = m
         return self._eval_models[holds]
 
-    # --- checkpointing ----------------------------------------------------
-    def state_dict(self) -> dict[str, Tensor]:
-        sd: dict[str, Tensor] = {}
-        for c, w in self.w.items():
-            sd.update({f"w/{c}/{k}": v.clone() for k, v in w.items()})
-        for g in self.groups:
-            sd[f"xi/{g}"] = self.xi[g].clone()
-            sd[f"age/{g}"] = self.age[g].clone()
-            sd[f"pending/{g}"] = self.pending[g].clone()
-            sd[f"prev/u/{g}"] = self.prev_u[g].clone()
-            sd[f"prev/coeff/{g}"] = self.prev_coeff[g].clone()
-            for c, w in self.prev_w[g].items():
-                sd.update({f"prev/w/{g}/{c}/{k}": v.clone() for k, v in w.items()})
-        sd["prev/round"] = torch.tensor(self.prev_round, dtype=torch.int64)
-        return sd
-
-    def load_state_dict(self, sd: dict[str, Tensor]) -> None:
-        self.prev_w = {g: {} for g in self.groups}
-        for name, v in sd.items():
-            parts = name.split("/")
-            if parts[0] == "w":
-                self.w[int(parts[1])]["/".join(parts[2:])] = v
-            elif parts[0] == "xi":
-                self.xi[parts[1]] = v.to(torch.float64).clone()
-            elif parts[0] == "age":
-                self.age[parts[1]] = v.to(torch.int64).clone()
-            elif parts[0] == "pending":
-                self.pending[parts[1]] = v.to(torch.bool).clone()
-            elif name == "prev/round":
-                self.prev_round = int(v)
-            elif parts[:2] == ["prev", "u"]:
-                self.prev_u[parts[2]] = v.to(torch.bool)
-            elif parts[:2] == ["prev", "coeff"]:
-                self.prev_coeff[parts[2]] = v.to(torch.float64)
-            elif parts[:2] == ["prev", "w"]:
-                self.prev_w[parts[2]].setdefault(int(parts[3]), {})["/".join(parts[4:])] = v
-
 
 # ----------------------------------------------------------------------------- client
 
@@ -349,7 +319,7 @@ class PFedWirelessClient(MultimodalClient):
         groups the server sent replaced (w^0_{k,t+1} = W_{k,t}^m where I^m_{k,t} = 1)."""
         model = self.ctx.model("local")
         own = model_tensors(model)
-        saved = {k[len(MODEL):]: v for k, v in self.ctx.state.items() if k.startswith(MODEL)}
+        saved = read(self.ctx.state, MODEL)
         base = saved if saved else state_of(self.ctx.init_model())
         arrays = {k: base[k] for k in own}
         arrays.update({k: v for k, v in msg.arrays.items() if k in own})
@@ -357,7 +327,7 @@ class PFedWirelessClient(MultimodalClient):
 
     def finish(self, model: nn.Module, msg: Message, stats: dict) -> Message:
         state = state_of(model)
-        self.ctx.state.update({MODEL + k: v for k, v in state.items()})
+        write(self.ctx.state, MODEL, state)
         up = {k[len(UPLOAD):] for k, v in msg.scalars.items() if k.startswith(UPLOAD) and v}
         arrays = {k: v for k, v in state.items() if exchange_group(k, self.probe) in up}
         return Message(arrays=arrays, scalars={"num_examples": len(self.ctx.data), "train_loss": stats["train_loss"],
@@ -366,7 +336,7 @@ class PFedWirelessClient(MultimodalClient):
     def evaluate(self, msg: Message) -> Message:
         """The groups of the device's current model the server asks for (``send/<group>``)."""
         want = {k[len(SEND):] for k, v in msg.scalars.items() if k.startswith(SEND) and v}
-        saved = {k[len(MODEL):]: v for k, v in self.ctx.state.items() if k.startswith(MODEL)}
+        saved = read(self.ctx.state, MODEL)
         state = saved if saved else state_of(self.ctx.init_model())
         return Message(arrays={k: v for k, v in state.items() if exchange_group(k, self.probe) in want})
 

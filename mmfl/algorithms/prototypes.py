@@ -39,12 +39,13 @@ from torch import Tensor, nn
 
 from mmfl.algorithms.registry import register
 from mmfl.algorithms.multimodal import MFedAvgClient, MFedAvgParams, MultimodalServer
+from mmfl.core.state import record, tensors
 from mmfl.core.message import Message
 from mmfl.errors import ConfigError
 
 PROTO = "proto/"  # message array "proto/<m>": prototypes of modality m, [C, d]
 PROTO_COUNT = "proto_count/"  # message array "proto_count/<m>": samples behind each row, [C]
-STATE = "mfedproto/"  # server state-dict prefix of the global prototypes
+STATE = "mfedproto/"  # server state: "mfedproto/proto/<m>", "mfedproto/proto_count/<m>"
 PROTO_BATCH = 500  # batch size of the no-grad prototype passes (eval mode: any size gives the same means)
 
 
@@ -148,6 +149,16 @@ class MFedProtoServer(MultimodalServer):
     """MFedAvg's module-wise model averaging plus FedProto's global prototypes (eq. 8),
     kept per modality in the server state and sent to the clients holding the modality."""
 
+    state_fields = {"mfedproto": record(proto=tensors(), proto_count=tensors())}  # prototypes and their counts
+
+    @property
+    def mfedproto(self) -> dict[str, dict[str, Tensor]]:
+        return {"proto": self.protos, "proto_count": self.counts}
+
+    @mfedproto.setter
+    def mfedproto(self, value: dict[str, dict[str, Tensor]]) -> None:
+        self.protos, self.counts = value["proto"], value["proto_count"]
+
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
         c, d = self.ctx.meta.num_classes, self.model.feat_dim
@@ -184,20 +195,6 @@ class MFedProtoServer(MultimodalServer):
                 self.protos[m], self.counts[m] = aggregate_prototypes(
                     [p for p, _ in got], [n for _, n in got], previous=(self.protos[m], self.counts[m]))
         return metrics
-
-    def state_dict(self):
-        sd = super().state_dict()
-        for m in self.protos:
-            sd[STATE + PROTO + m] = self.protos[m].clone()
-            sd[STATE + PROTO_COUNT + m] = self.counts[m].clone()
-        return sd
-
-    def load_state_dict(self, sd):
-        super().load_state_dict(sd)
-        for m in self.protos:
-            if STATE + PROTO + m in sd:
-                self.protos[m] = sd[STATE + PROTO + m].clone()
-                self.counts[m] = sd[STATE + PROTO_COUNT + m].clone()
 
 
 class MFedProtoClient(MFedAvgClient):

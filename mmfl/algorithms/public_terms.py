@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from mmfl.core.aggregation import AGGREGATION_RULES, per_sample_mean, per_sample_rule
+
 DEFAULT_CHUNK = 1024  # rows per chunk: 2 x 1024 x 50,000 floats = 410 MB of temporaries
 
 
@@ -61,13 +63,28 @@ def global_local_contrastive_weights(scores: Tensor) -> Tensor:
 
 
 def aggregate_representations(local: Tensor, weights: Tensor, chunk: int = 8192) -> Tensor:
-    """Eq. 6: ``sum_c weights[c, k] * local[c, k]``; local ``[C, P, d]``, weights ``[C, P]`` -> ``[P, d]``."""
-    C, P, d = local.shape
-    out = torch.empty(P, d, dtype=local.dtype)
-    for s in range(0, P, chunk):
-        e = min(P, s + chunk)
-        out[s:e] = torch.einsum("cp,cpd->pd", weights[:, s:e].to(local.dtype), local[:, s:e])
-    return out
+    """Eq. 6: ``sum_c weights[c, k] * local[c, k]``; local ``[C, P, d]``, weights ``[C, P]`` -> ``[P, d]``
+    (:func:`mmfl.core.aggregation.per_sample_mean`)."""
+    return per_sample_mean(local, weights, chunk)
+
+
+def gca_weights(local: Tensor, key: str, global_reps: dict[str, Tensor] | None = None,
+                pair: tuple[str, str] | None = None, chunk: int = DEFAULT_CHUNK, exclude_positive: bool = False,
+                **context) -> Tensor:
+    """alpha of eq. 4-5 for the representations of modality ``key`` (local ``[C, P, d]``), scored
+    against the server's global representations of the other modality of ``pair``
+    (``global_reps[other]``, ``[P, d]``). Returns ``[C, P]``."""
+    if global_reps is None or pair is None or key not in pair:
+        raise ValueError("the 'gca' rule needs global_reps={modality: [P, d]} and pair=(m1, m2) "
+                         "(CreamFL's server gives them)")
+    other = pair[1] if key == pair[0] else pair[0]
+    return global_local_contrastive_weights(  # eq. 4, then eq. 5
+        global_local_contrastive_scores(local, global_reps[other], chunk, exclude_positive))
+
+
+AGGREGATION_RULES.register("gca", help="representations [P, d]: CreamFL's global-local contrastive aggregation, "
+                                       "eq. 4-6 (needs the server's global representations)")(
+    per_sample_rule(gca_weights))
 
 
 def global_local_contrastive_aggregation(local_img: Tensor, global_txt: Tensor, local_txt: Tensor | None = None,

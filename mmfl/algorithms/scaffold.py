@@ -52,6 +52,7 @@ from torch import Tensor
 from mmfl.algorithms.registry import register
 from mmfl.algorithms.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from mmfl.core.message import Message
+from mmfl.core.state import read, tensors, write
 from mmfl.core.training import load_into
 from mmfl.errors import ConfigError
 
@@ -119,6 +120,8 @@ def server_variate_update(c: dict[str, Tensor], dcs: list[dict[str, Tensor]], nu
 
 
 class ScaffoldServer(FedAvgServer):
+    state_fields = {"c": tensors()}  # the server control variate c (per trainable parameter)
+
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
         self.c = {n: torch.zeros_like(p) for n, p in self.model.named_parameters() if p.requires_grad}
@@ -139,20 +142,12 @@ class ScaffoldServer(FedAvgServer):
         self.c = server_variate_update(self.c, dcs, self.ctx.num_clients, weights)  # line 17
         return new
 
-    def state_dict(self):
-        sd = super().state_dict()
-        sd.update({C + k: v for k, v in self.c.items()})
-        return sd
-
-    def load_state_dict(self, sd):
-        super().load_state_dict(sd)
-        self.c = {k[len(C):]: v.clone() for k, v in sd.items() if k.startswith(C)}
-
 
 class ScaffoldClient(FedAvgClient):
     def _variates(self, msg: Message, names: list[str]):
         c = {k: msg.arrays[C + k] for k in names}
-        c_i = {k: self.ctx.state.get(C + k, torch.zeros_like(c[k])) for k in names}
+        own = read(self.ctx.state, C)
+        c_i = {k: own[k] if k in own else torch.zeros_like(c[k]) for k in names}
         return c, c_i
 
     def _shift(self, msg: Message) -> dict[str, Tensor]:
@@ -203,7 +198,7 @@ class ScaffoldClient(FedAvgClient):
             k = steps if self.params.option2 == "printed" or train.optimizer != "sgd" else \
                 effective_steps(steps, train.momentum)
             new_c_i = control_variate_update(c_i, c, msg.arrays, reply.arrays, k, train.lr)
-        self.ctx.state.update({C + k: v for k, v in new_c_i.items()})
+        write(self.ctx.state, C, new_c_i)
         reply.arrays.update({DC + k: new_c_i[k] - c_i[k] for k in names})
         return reply
 

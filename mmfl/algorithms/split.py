@@ -73,7 +73,8 @@ from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.multimodal import require_multimodal_model
 from mmfl.data.base import PRESENT
 from mmfl.core.message import Message
-from mmfl.core.training import (load_optimizer_state, make_optimizer, model_tensors, optimizer_state, seed_torch,
+from mmfl.core.state import optimizer, read, write
+from mmfl.core.training import (make_optimizer, model_tensors, seed_torch,
                                  set_lr)
 from mmfl.errors import ConfigError
 from mmfl.seeds import derive_seed
@@ -86,7 +87,6 @@ STATE = "sl/"  # client state during a session: weights, optimizer, batch order,
 W, OPT = STATE + "w/", STATE + "opt/"
 ORDER, BATCH, SEED = STATE + "order", STATE + "batch", STATE + "seed"
 TAIL_GRAD = STATE + "g/"  # U-shaped: the tail's gradients, from sl_tail until the step in sl_backward
-SERVER_OPT = "opt/"  # server checkpoint: the persistent server optimizer's state
 
 
 @dataclass
@@ -126,6 +126,7 @@ class RoundMeter:
 
 
 class SplitServer(Server):
+    state_fields = {"opt": optimizer()}  # the persistent server optimizer (None: a fresh one per session)
     def __init__(self, params: SplitParams, ctx):
         super().__init__(params, ctx)
         require_multimodal_model(self.model, "split_learning")
@@ -137,7 +138,6 @@ class SplitServer(Server):
         if not self.server_params:
             raise ConfigError("split_learning_u: the server side (projectors + fusion) has no parameters; "
                               "set model.projector to 'linear' or 'mlp', or use a fusion with parameters")
-        self.names = {id(p): n for n, p in self.server_params.items()}
         self.opt = self.new_optimizer() if params.persistent_server_optimizer else None
 
     def new_optimizer(self) -> torch.optim.Optimizer:
@@ -239,17 +239,6 @@ class SplitServer(Server):
         return int(begin.scalars["num_examples"])
 
     # --- checkpointing -------------------------------------------------------------
-    def state_dict(self):
-        out = super().state_dict()
-        if self.opt is not None:
-            out.update(optimizer_state(self.opt, self.names, SERVER_OPT))
-        return out
-
-    def load_state_dict(self, sd):
-        super().load_state_dict(sd)
-        if self.opt is not None:
-            self.opt = self.new_optimizer()
-            load_optimizer_state(self.opt, self.server_params, sd, SERVER_OPT)
 
 
 # ----------------------------------------------------------------------------- client
@@ -282,8 +271,7 @@ class SplitClient(Client):
         return self.ctx.data.get(order[e, s:stop])
 
     def _clear(self) -> None:
-        for k in [k for k in self.ctx.state if k.startswith(STATE)]:
-            del self.ctx.state[k]
+        write(self.ctx.state, STATE, None)
 
     def sl_begin(self, msg: Message) -> Message:
         model, keys = self._model()
@@ -356,12 +344,11 @@ class SplitClient(Client):
             if TAIL_GRAD + n in self.ctx.state:
                 p.grad = self.ctx.state.pop(TAIL_GRAD + n).clone()
         opt = make_optimizer(list(params.values()), self.ctx.train)
-        load_optimizer_state(opt, params, self.ctx.state, OPT)
+        read(self.ctx.state, OPT, optimizer(), opt)
         opt.step()
-        names = {id(p): n for n, p in params.items()}
         own = model_tensors(model)
         self.ctx.state.update({W + k: own[k].detach().clone() for k in keys})
-        self.ctx.state.update(optimizer_state(opt, names, OPT))
+        write(self.ctx.state, OPT, opt, optimizer())
         return Message()  # the .grad of the pooled model's client-side parameters stay (tests read them)
 
     def sl_end(self, msg: Message) -> Message:

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mmfl.algorithms.registry import preset, register
-from mmfl.algorithms.fedavg import reply_weights, weighted_average, weighted_mean_scalar
+from mmfl.algorithms.fedavg import reply_weights, weighted_mean_scalar
 from mmfl.algorithms.multimodal import FEDIOT_MULTIMODAL_WEIGHT, only_held
+from mmfl.core.aggregation import aggregate
 from mmfl.core.message import Message
 from mmfl.core.training import state_of
 from mmfl.errors import ConfigError
@@ -35,7 +36,7 @@ class WeightSharingParams:
     inter = intra = False
     local_distill = "none"
     local_distill_weight = 0.0
-    multimodal_loss = "infonce"  # CreamFLClient.task_loss: the image-text task is InfoNCE here
+    multimodal_loss = "infonce"  # CreamFLClient.loss: the image-text task is InfoNCE here
     server_lr = 0.0  # the server does not train: its model is the average
     server_optimizer = "shared"
     server_lr_schedule = "constant"
@@ -73,13 +74,7 @@ class WeightSharingServer(CreamFLServer):
         if not replies:
             return {"clients_replied": 0}
         cids = sorted(replies)
-        weights = []
-        for c in cids:
-            w = reply_weights(replies[c])
-            if self.params.iot and set(self.pair) <= set(self.ctx.modalities_of(c)):
-                w = {k: v * self.params.iot_weight for k, v in w.items()} if isinstance(w, dict) \
-                    else w * self.params.iot_weight
-            weights.append(w)
+        weights = [reply_weights(replies[c]) for c in cids]
         states = [replies[c].arrays for c in cids]
         shapes = {}
         for c, st in zip(cids, states):
@@ -88,7 +83,10 @@ class WeightSharingServer(CreamFLServer):
                     raise ConfigError(f"'{self.params_name()}' averages weights: client {c} sent {k} of shape "
                                       f"{tuple(t.shape)}, another {shapes[k]}; give every client the server's "
                                       "architecture (no [[client_models]])")
-        new = weighted_average(states, weights, previous=self.model.state_dict())
+        # the rules weighted_mean (FedAvg) / iot (FedIoT: image-text clients' weights x iot_weight)
+        multimodal = [set(self.pair) <= set(self.ctx.modalities_of(c)) for c in cids]
+        new = aggregate("iot" if self.params.iot else "weighted_mean", states, weights, self.model.state_dict(),
+                        multimodal=multimodal, multimodal_weight=self.params.iot_weight)
         self.model.load_state_dict(new)
         out = {"clients_replied": len(replies)}
         for key in ("train_loss", "task_loss"):
@@ -102,7 +100,9 @@ class WeightSharingServer(CreamFLServer):
 
 
 class WeightSharingClient(CreamFLClient):
-    def before_training(self, model, msg):
+    def load_model(self, msg):
+        """The client's own model with the server's averaged encoders and projectors loaded into it."""
+        model = super().load_model(msg)
         sd = model.state_dict()
         for k, v in msg.arrays.items():
             if k not in sd or sd[k].shape != v.shape:
@@ -110,6 +110,7 @@ class WeightSharingClient(CreamFLClient):
                                   "weight sharing needs every client to have the server's architecture")
             sd[k] = v
         model.load_state_dict(sd)
+        return model
 
     def extra_epoch(self, model, opt, public, gen, stat, pair):
         """The paper's setting: the public pairs are extra training pairs of image-text clients."""

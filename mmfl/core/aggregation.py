@@ -44,11 +44,23 @@ def aggregate(rule: str, updates: list[dict[str, Tensor]], weights: list[float |
     return AGGREGATION_RULES.get(rule).factory(updates, weights, previous, **context)
 
 
-def check_rule(name: str, where: str = "algorithm.aggregation") -> str:
-    """``name`` if it is a registered rule, else a ConfigError naming the field."""
+def per_sample(name: str) -> bool:
+    """Whether rule ``name`` combines per-sample representations ``[P, d]`` (CreamFL's family)
+    rather than model states."""
+    return bool(getattr(AGGREGATION_RULES.get(name).factory, "per_sample", False))
+
+
+def check_rule(name: str, where: str = "algorithm.aggregation", representations: bool = False) -> str:
+    """``name`` if it is a registered rule this algorithm can use, else a ConfigError naming the
+    field: a rule over per-sample representations only where ``representations`` (CreamFL's
+    family; the per-key rules serve both)."""
     if name not in AGGREGATION_RULES:
         raise ConfigError(f"{where}: unknown aggregation rule {name!r} "
                           f"(known: {', '.join(AGGREGATION_RULES.names())})")
+    if per_sample(name) and not representations:
+        usable = [n for n in AGGREGATION_RULES.names() if not per_sample(n)]
+        raise ConfigError(f"{where}: rule {name!r} combines per-sample representations (CreamFL-family "
+                          f"servers); this algorithm averages model states: one of {', '.join(usable)}")
     return name
 
 
@@ -137,26 +149,72 @@ def iot_weighted_mean(updates: list[dict[str, Tensor]], weights: list[float | di
     return weighted_mean(updates, scaled, previous)
 
 
-def per_sample_mean(local: Tensor, w: Tensor) -> Tensor:
-    """``sum_c w[c, p] * local[c, p]`` (CreamFL eq. 6): local ``[C, P, d]``, w ``[C, P]`` -> ``[P, d]``."""
-    return torch.einsum("cp,cpd->pd", w.to(local.dtype), local)
+def per_sample_mean(local: Tensor, w: Tensor, chunk: int = 8192) -> Tensor:
+    """``sum_c w[c, p] * local[c, p]`` (CreamFL eq. 6): local ``[C, P, d]``, w ``[C, P]`` -> ``[P, d]``,
+    in ``local``'s dtype, ``chunk`` rows at a time."""
+    C, P, d = local.shape
+    out = torch.empty(P, d, dtype=local.dtype)
+    for s in range(0, P, chunk):
+        e = min(P, s + chunk)
+        out[s:e] = torch.einsum("cp,cpd->pd", w[:, s:e].to(local.dtype), local[:, s:e])
+    return out
 
 
 def per_sample_rule(weights_of: Callable[..., Tensor]) -> Rule:
-    """A rule from a per-sample weighting ``weights_of(local [C, P, d], **context) -> [C, P]``
-    (columns summing to 1): each key's updates (``[P, d]`` each) are stacked and combined by
-    eq. 6; ``info["weight_max/<key>"]`` gets the mean over samples of the largest weight
-    (1/C = uniform, 1 = one client per sample)."""
+    """A rule over representations from a per-sample weighting
+    ``weights_of(local [C, P, d], key=, data_weights=[C floats], **context) -> [C, P]`` (columns
+    summing to 1): each key's updates (``[P, d]`` each, e.g. CreamFL's representations of the
+    public set) are stacked in their dtype and combined by eq. 6 (:func:`per_sample_mean`);
+    ``info["weight_max/<key>"]`` gets the mean over samples of the largest weight (1/C =
+    uniform, 1 = one client per sample)."""
 
-    def rule(updates, weights=None, previous=None, info: dict | None = None, combine=per_sample_mean, **context):
+    def rule(updates, weights=None, previous=None, info: dict | None = None, **context):
         out = dict(previous) if previous is not None else {}
-        for key, pairs in by_key(updates).items():
-            local = torch.stack([t for t, _ in pairs])
-            w = weights_of(local, key=key, **context)
-            out[key] = combine(local, w)
+        for key, pairs in by_key(updates, weights).items():
+            local = torch.stack([t for t, _ in pairs])  # [C, P, d]
+            w = weights_of(local, key=key, data_weights=[dw for _, dw in pairs], **context)
+            out[key] = per_sample_mean(local, w)
             if info is not None:
                 info[f"weight_max/{key}"] = float(w.max(0).values.mean())
         return out
 
     rule.__doc__ = weights_of.__doc__
+    rule.per_sample = True  # combines representations [P, d], not model states (check_rule)
     return rule
+
+
+# Representation rules (CreamFL's reamFL baselines, FedMD): per-sample weights in the
+# representations' dtype (float32), unlike weighted_mean / mean / iot above (float64 / per key).
+
+def uniform_weights(local: Tensor, **context: Any) -> Tensor:
+    """``1/C`` for every client and sample (reamFL+Mean, FedMD's consensus). ``[C, P, d] -> [C, P]``."""
+    return torch.full((local.shape[0], local.shape[1]), 1.0 / local.shape[0])
+
+
+def data_weights_per_sample(local: Tensor, data_weights: list[float], **context: Any) -> Tensor:
+    """Each client's data weight over their sum, the same for every sample (float32; reamFL+Avg:
+    ``n_c / sum_c n_c``). ``[C, P, d] -> [C, P]``."""
+    raw = torch.tensor(data_weights, dtype=torch.float32)
+    return (raw / raw.sum()).unsqueeze(1).expand(-1, local.shape[1])
+
+
+AGGREGATION_RULES.register("rep_mean", help="representations [P, d]: uniform per-sample mean in float32 "
+                                            "(CreamFL's reamFL+Mean, FedMD's consensus)")(per_sample_rule(uniform_weights))
+rep_avg = AGGREGATION_RULES.register("rep_avg", help="representations [P, d]: data-weighted mean in float32 "
+                                                     "(CreamFL's reamFL+Avg)")(per_sample_rule(data_weights_per_sample))
+
+
+@AGGREGATION_RULES.register("rep_iot", help="representations [P, d]: rep_avg with multimodal clients' weights times "
+                                            "multimodal_weight (CreamFL's reamFL+IoT)")
+def rep_iot(updates: list[dict[str, Tensor]], weights: list[float | dict[str, float]],
+            previous: dict[str, Tensor] | None = None, multimodal: list[bool] | None = None,
+            multimodal_weight: float = 100.0, **context: Any) -> dict[str, Tensor]:
+    """``rep_avg`` after multiplying the weight of each update from a client holding several
+    modalities (``multimodal[k]``) by ``multimodal_weight`` (reamFL+IoT: 100)."""
+    if multimodal is None:
+        raise ValueError("the 'rep_iot' rule needs multimodal=[bool per update] (CreamFL's server gives it)")
+    scaled = [scale_weight(w, multimodal_weight) if mm else w for w, mm in zip(weights, multimodal)]
+    return rep_avg(updates, scaled, previous, **context)
+
+
+rep_iot.per_sample = True

@@ -223,27 +223,3 @@ def load_into(model: nn.Module, arrays: dict[str, Tensor], prefix: str = "") -> 
         for k, t in own.items():
             t.copy_(sd[k])
     return model
-
-
-# --------------------------------------------------------------------------- optimizer state as tensors
-# (checkpoints and client state hold tensors only)
-
-
-def optimizer_state(opt: torch.optim.Optimizer, names: dict[int, str], prefix: str) -> dict[str, Tensor]:
-    """The per-parameter state of ``opt`` as ``{prefix}{param name}/{field}`` tensors."""
-    out = {}
-    for p, st in opt.state.items():
-        for k, v in st.items():
-            if v is None:
-                continue
-            out[f"{prefix}{names[id(p)]}/{k}"] = (v if isinstance(v, Tensor) else torch.tensor(v)).detach().clone()
-    return out
-
-
-def load_optimizer_state(opt: torch.optim.Optimizer, params: dict[str, Tensor], sd: dict[str, Tensor],
-                         prefix: str) -> None:
-    """Inverse of :func:`optimizer_state` (copies, so the saved tensors are never changed in place)."""
-    for key, v in sd.items():
-        if key.startswith(prefix):
-            name, k = key[len(prefix):].rsplit("/", 1)
-            opt.state[params[name]][k] = v.clone()

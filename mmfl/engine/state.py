@@ -40,6 +40,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mmfl.core.state import load_field, per_client, split_client_key
+
 AUTO_DISK_CLIENTS = 1000  # state_store = "auto": disk from this many clients on
 DELETED = ".deleted"  # checkpoint key "{cid}/.deleted": the client's state was cleared
 
@@ -50,8 +52,11 @@ _ST = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.b
 _DT = {str(k).removeprefix("torch."): k for k in _ST}
 
 
+CLIENTS = per_client()  # the store's declared state: cid -> {name: tensor}
+
+
 class ClientStateStore:
-    """In-memory store: ``cid -> {name: tensor}``; flattens for checkpoints."""
+    """In-memory store: ``cid -> {name: tensor}``; flattens for checkpoints (a :func:`per_client` field)."""
 
     def __init__(self):
         self._states: dict[int, dict[str, Tensor]] = {}
@@ -73,13 +78,10 @@ class ClientStateStore:
 
     def state_dict(self) -> dict[str, Tensor]:
         """Flat ``"{cid}/{name}" -> tensor`` (for safetensors)."""
-        return {f"{cid}/{k}": t.contiguous() for cid, s in self._states.items() for k, t in s.items()}
+        return {k: t.contiguous() for k, t in CLIENTS.flatten(self._states).items()}
 
     def load_state_dict(self, flat: Mapping[str, Tensor]) -> None:
-        self._states = {}
-        for key, t in flat.items():
-            cid, name = key.split("/", 1)
-            self._states.setdefault(int(cid), {})[name] = t
+        self._states = load_field(CLIENTS, flat, owner="client state")
 
     # --- the round loop's checkpoint protocol
     def write_checkpoint(self, path: str | Path) -> None:
@@ -242,8 +244,8 @@ class DiskClientStateStore:
         self._index.clear()
         by_cid: dict[int, list[str]] = {}
         for key in flat.keys():
-            cid, name = key.split("/", 1)
-            by_cid.setdefault(int(cid), []).append(name)
+            cid, name = split_client_key(key)
+            by_cid.setdefault(cid, []).append(name)
         for cid, names in by_cid.items():
             keep = set()
             for name in names:
