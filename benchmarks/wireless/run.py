@@ -1,6 +1,6 @@
 """Wireless personalized-FMML paper benchmark (paper 004, Yin, Chen, Tao: Tables I-V and Fig. 3)
 on two small multimodal settings: the grid ``grid.toml`` (settings, groups, methods, seeds) and
-its tables ``tables.py`` (with the post-run personalized evaluation), run by the benchmark
+its tables ``tables.py`` (with the post-run Xi history of the Fig. 3 runs), run by the benchmark
 toolkit (``mmfl bench``, docs/benchmarks.md).
 
     nice -n 19 .venv/bin/python benchmarks/wireless/run.py               # everything -> benchmarks/results/wireless.md

@@ -2,10 +2,10 @@
 check, communication, diagnostics, the paper's orderings, findings. Rows iterate over the
 grid's methods; the claims and the paper's numbers are the paper's named choices.
 
-Post-run (``post``): the personalized evaluation of the methods whose own evaluation is not
-personalized (:func:`personal_eval`, from the final checkpoint -> ``eval_personal.json``; one
-function, to be replaced by an engine evaluation protocol), and Xi of every kept round of the
-Fig. 3 runs (``xi_history.json``)."""
+Every method's accuracy is the engine's personalized evaluation: the personalized methods
+declare it, the others (mfedavg, mfedprox, local) run with ``personal_eval = true`` (grid.toml)
+and report it under ``personal/`` in their metrics rows (:func:`_final` reads it from there).
+Post-run (``post``): Xi of every kept round of the Fig. 3 runs (``xi_history.json``)."""
 
 from __future__ import annotations
 
@@ -23,13 +23,12 @@ from mmfl.bench import finite, ms, verdict_count
 from mmfl.sweep import machine, spread_text, verdict
 
 HERE = Path(__file__).resolve().parent
-FILES = ("eval_personal.json",)  # overlaid on the final row (Results.final)
 SETTING_TITLE = {"digits": "audio-visual digits (FSDD audio + MNIST image, class-paired, noisy), 9 devices",
                  "mfeat": "mfeat, three views (pix image, fou, zer), 18 devices"}
 PAPER_DATA = {"digits": "CREMA-D", "mfeat": "MOSEI"}
 PARTS = ["niid1", "niid2", "niid3"]
 PART_LABEL = {"niid1": "non-IID-1", "niid2": "non-IID-2", "niid3": "non-IID-3"}
-CHECKPOINT_EVAL = ("mfedavg", "mfedprox", "local")  # personalized evaluation post-run, from the checkpoint
+PERSONAL = "personal/"  # the engine's personalized evaluation of the runs with personal_eval = true
 KHATS = {"K/3": 1 / 3, "2K/3": 2 / 3, "K": 1.0}
 PAPER_ETA = 0.01
 
@@ -57,54 +56,11 @@ PAPER_T5 = {"mfedavg": (6.50e3, 7.47e3, 7.87e3), "fedfomo": (7.95e3, 1.13e4, 1.4
 
 def _needs(raw: dict) -> list[str]:
     """The files a finished run of this config must have besides summary.json."""
-    out = []
-    if raw["algorithm"]["name"] in CHECKPOINT_EVAL:
-        out.append("eval_personal.json")
-    if raw.get("keep_checkpoints", 1) > 1:
-        out.append("xi_history.json")
-    return out
+    return ["xi_history.json"] if raw.get("keep_checkpoints", 1) > 1 else []
 
 
 def done(d: Path, raw: dict) -> bool:
     return (d / "summary.json").exists() and all((d / f).exists() for f in _needs(raw))
-
-
-def personal_eval(cfg, run_dir: Path) -> dict:
-    """evaluate_personalized on the final checkpoint: the global model (mfedavg / mfedprox,
-    restricted to each device's modalities) or each device's own model (local)."""
-    from mmfl.engine import checkpoint
-    from mmfl.core.personal import evaluate_personalized
-    from mmfl.data.federation import build_federation
-    from mmfl.models.factory import model_factory
-    from mmfl.core.training import load_into, model_tensors
-
-    method = cfg.algorithm.name
-    fed = build_federation(cfg)
-    make = model_factory(cfg, fed.meta)
-    server, clients, meta = checkpoint.load(checkpoint.latest(run_dir / "checkpoints"))
-    everything = tuple(fed.meta.modalities)
-    pool: dict[tuple, object] = {}
-
-    def model_of(cid: int):
-        h = tuple(fed.modalities_of(cid))
-        if h not in pool:
-            pool[h] = make(None if h == everything else h)
-        model = pool[h]
-        keys = model_tensors(model)
-        if method == "local":
-            pre = f"{cid}/model/"
-            own = {k[len(pre):]: v for k, v in clients.items() if k.startswith(pre)}
-            if not own:  # never trained: the run's initial weights
-                own = {k: v.detach().clone() for k, v in make(None if h == everything else h).state_dict().items()}
-        else:
-            own = {k[len("model/"):]: v for k, v in server.items() if k.startswith("model/")}
-        return load_into(model, {k: own[k] for k in keys})
-
-    row = evaluate_personalized(model_of, fed, fed.test, cfg.run.seed, fed.meta.num_classes)
-    row["source"] = ("each device's own model (client state, model/*)" if method == "local" else
-                     "the final global model, restricted to each device's modalities")
-    row["checkpoint_round"] = int(meta["round"])
-    return row
 
 
 def xi_history(cfg, run_dir: Path) -> dict:
@@ -134,8 +90,6 @@ def xi_history(cfg, run_dir: Path) -> dict:
 def post(raw: dict, cfg, d: Path, exp=None) -> None:
     """The files a run's reading needs beyond its own (:func:`_needs`), from its checkpoints."""
     need = _needs(raw)
-    if "eval_personal.json" in need and not (d / "eval_personal.json").exists():
-        (d / "eval_personal.json").write_text(json.dumps(personal_eval(cfg, d), indent=1))
     if "xi_history.json" in need and not (d / "xi_history.json").exists():
         hist = xi_history(cfg, d)
         if len(hist["rounds"]) < cfg.run.rounds:
@@ -211,17 +165,22 @@ def num_devices(setting: str, s: dict) -> int:
 
 
 def _final(b, name: str) -> dict | None:
-    """The final row with the checkpoint's personalized evaluation in place of the engine's
-    (eval_personal.json: mfedavg, mfedprox, local; the engine's kept as ``_engine_accuracy``),
-    the simulated time, the last round's diagnostics and the proposed method's uploads."""
+    """The final row with the personalized evaluation (``personal/*``: the runs with
+    personal_eval = true, mfedavg, mfedprox, local) in place of the run's own (kept as
+    ``_engine_accuracy``), the simulated time, the last round's diagnostics and the proposed
+    method's uploads."""
     r = b.results.final(name)
     rows = b.results.rows(name)
     if r is None or "accuracy" not in r:
         return None
+    if PERSONAL + "accuracy" not in r and any(x.name == name and x.raw.get("personal_eval") for x in b.runs):
+        return None  # a run folder from before its config asked for personal_eval: not its global accuracy
     out = dict(r)
-    if "eval_personal.json" in r["_files"]:
-        evals = [x for x in rows if "accuracy" in x]
-        out["_engine_accuracy"] = evals[-1]["accuracy"] if evals else None
+    if PERSONAL + "accuracy" in r:
+        out["_engine_accuracy"] = r["accuracy"]
+        out.update({k[len(PERSONAL):]: v for k, v in r.items() if k.startswith(PERSONAL)})
+        out["_nonfinite"] = [k for k in ("accuracy", "test_loss") if k in out and not finite(out[k])] \
+            + [k for k in r["_nonfinite"] if k == "train_loss"]  # of the personalized values
     out["_sim"] = float(sum(x.get("sim_time_s", 0.0) for x in rows))
     for k, v in rows[-1].items():
         if k.startswith(("xi_self/", "fomo_", "amp_")) and finite(v):
@@ -331,12 +290,12 @@ def eval_section(s) -> list[str]:
         "| FedFomo, FedAMP | the server's copy of each device's latest model (= the device's own model) | the "
         "run's own evaluation (final round) |",
         "| FedAvg (`mfedavg`), FedProx (`mfedprox`) | the final global model, restricted to each device's "
-        "modalities (`keep_only`) | this script, from the final checkpoint (`eval_personal.json`) |",
-        "| Local training (`local`) | each device's own model (its client state) | this script, from the "
-        "final checkpoint (`eval_personal.json`) |",
+        "modalities (`keep_only`) | the engine, `personal_eval = true` (final round, `personal/*`) |",
+        "| Local training (`local`) | each device's own model (its client state) | the engine, "
+        "`personal_eval = true` (final round, `personal/*`) |",
         "",
-        "Every row uses `mmfl.core.personal.evaluate_personalized` with the run seed: device k is scored on "
-        "a seeded subset of the shared test set whose label distribution follows k's training labels "
+        "Every row is the engine's personalized evaluation (`mmfl.core.evaluation`) with the run seed: device "
+        "k is scored on a seeded subset of the shared test set whose label distribution follows k's training labels "
         "(min(|test|, max(50, n_k)) rows), with only k's modalities; the accuracy is the mean over devices. "
         "The same seed gives every method the same test subsets. All devices train in every round of the "
         "proposed method and of local training; the other methods train K^ devices per round (a device that "
