@@ -3,7 +3,8 @@ into named runs, run where missing in parallel workers with resume, and a report
 by a short table spec (``benchmarks/<paper>/tables.py``). Top layer: may import anything in
 mmfl. Guide: docs/benchmarks.md; command: ``mmfl bench GRID.toml``."""
 
-from mmfl.bench.grid import Entry, Grid, Group, Run, dotted_get, load_grid, merge
+from mmfl.bench.grid import Entry, Grid, Group, Run, dotted_get, merge
+from mmfl.bench.gridfile import load_grid
 from mmfl.bench.render import (PAIR_HEAD, SPREAD_RULE, claim_row, claim_table, md_table, ms, pair_row, paired,
                                plot_series, seed_cell, verdict_cell, verdict_count, write_report)
 from mmfl.bench.results import Results, finite

@@ -11,7 +11,8 @@ from functools import partial
 from pathlib import Path
 from types import ModuleType
 
-from mmfl.bench.grid import Grid, Run, load_grid
+from mmfl.bench.grid import Grid, Run
+from mmfl.bench.gridfile import load_grid
 from mmfl.bench.render import md_table, ms, write_report
 from mmfl.bench.results import Results
 from mmfl.errors import ConfigError
