@@ -7,33 +7,29 @@ client's reply :class:`~mmfl.core.message.Message` next to that client's own dat
 (its :class:`~mmfl.data.base.ArrayDataset` view) and raises :class:`PrivacyError`, one
 line naming the client, the route, the array and the rule, when the reply carries
 
-- **raw data of a private modality**: an array, read as rows of that modality's sample
-  size (its trailing dims equal the sample shape, or its last dim or its size is a
-  multiple of the flattened size; a 2-D array also transposed), with one row equal to
-  one of the client's samples of that modality. Found by content, whatever the array's
-  name, the rows' order, or what other rows share the array: the client's rows are
-  hashed once (a vectorized hash of their bit patterns, cached per client)
-  and a hash hit is verified element by element (in float64). Constant rows (one value repeated:
-  an all-zero image) and samples the client lacks (``present/<m>`` False) are not
-  indexed: they say nothing about the client, and zeros are everywhere in weights.
-- **the labels**: an integer, boolean or integral-valued float array that equals the
-  client's labels in order, or whose values form a sub-multiset of them covering at
-  least ``label_share`` of the client's rows (a permutation, a subset), or a one-hot
-  ``[k, C]`` array decoding to either; an array named like a label (``labels``,
-  ``act/y``) holding class ids that the client's labels hold at least as often (one
-  batch's labels, as split learning sends them); or a scalar named like a label
-  (``label``, ``labels/3``, ``y``, ``target``). Not counted as labels: arrays with fewer than
-  ``MIN_LABEL_ROWS`` values or a single distinct value (counters, ``num_batches_tracked``,
-  zero tensors), and per-class vectors or matrices (last dim = number of classes, e.g. a
-  class histogram or prototype counts), which are not per-sample.
+- **raw data of a private modality**: a stretch of values that is an affine copy
+  (|Pearson correlation| >= ``MIN_CORR``) of one of the client's samples, after a dtype
+  cast, a sign change, ``a*x + b``, a byte reinterpretation, any axis permutation or
+  flattening of a stack, a shift by any number of values, or as a contiguous slice of
+  at least ``2 * WINDOW - 1`` values; also written in scalars
+  (:mod:`mmfl.engine.privacy_content` says how).
+- **the labels**: in order in any encoding (ids, floats, a one-to-one relabelling,
+  one-hot or soft labels in either layout, bytes read as another dtype), out of order as
+  class ids (or shifted ids, or one-hot rows) fitting the client's class histogram and
+  covering ``LABEL_SHARE`` of its rows, a label-named array of the client's classes, a
+  label-named scalar, the numbers of a string scalar, the numeric scalars read in order.
+  Not counted as labels: arrays with fewer than ``MIN_LABEL_ROWS`` values or a single
+  distinct value (counters, ``num_batches_tracked``, zero tensors), and per-class vectors
+  or matrices (last dim = number of classes), which are not per-sample.
 
-Limits: the check sees content, not meaning. Data transformed on the client (an
-embedding, a cropped or rescaled sample, a cast to a lower precision, a sample split
-across rows) is not raw data to it; that is the trade-off the rules state: a
-``shareable`` modality may leave as anything, a ``private`` one only as what a model
-makes of it. A client holding a single class, or at most ``MIN_LABEL_ROWS`` samples, cannot
-be label-checked (its labels equal its class histogram, or are too few to tell from a
-counter).
+Limits (docs/architecture.md "Privacy rules" lists them): the check sees content, not
+meaning. A learned or arbitrary map of a sample (an embedding, a linear mix of its
+values), a reordering of a sample's values other than an axis permutation, pieces shorter
+than ``2 * WINDOW - 1`` values, labels out of order with renamed classes are not detected;
+a ``shareable`` modality may leave as anything, a ``private`` one only as what a model
+makes of it. A client holding a single class, or at most ``MIN_LABEL_ROWS`` samples,
+cannot be label-checked (its labels equal its class histogram, or are too few to tell
+from a counter).
 """
 
 from __future__ import annotations
@@ -51,10 +47,10 @@ from mmfl.schema import PrivacyConfig
 from mmfl.data.base import PRESENT, ArrayDataset
 from mmfl.core.message import Message
 from mmfl.errors import MMFLError
+from mmfl.engine.privacy_content import WindowIndex, find_rows, numbers_in
 
 MIN_LABEL_ROWS = 4  # fewer values than this are never read as labels (counters, scalars)
 LABEL_SHARE = 0.5  # a permutation/subset of labels must cover this share of the client's rows
-_CHUNK = 1 << 20  # elements hashed at a time (bounds the float64 copies)
 _LABEL_NAME = re.compile(r"^(labels?|targets?|y|y_true|gt)(_?\d+)?$")
 
 
@@ -67,73 +63,19 @@ def label_named(name: str) -> bool:
     return any(_LABEL_NAME.match(part.lower()) for part in re.split(r"[/.]", name))
 
 
-# ----------------------------------------------------------------------------- row hashing
+# ----------------------------------------------------------------------------- private rows
 
-_COEFFS: dict[int, np.ndarray] = {}
-
-
-def _coeffs(d: int) -> np.ndarray:
-    if d not in _COEFFS:
-        rng = np.random.default_rng(0x6D6D666C)
-        _COEFFS[d] = rng.integers(1, 2**32, size=d, dtype=np.uint64).astype(np.uint32) | np.uint32(1)
-    return _COEFFS[d]
-
-
-def _canonical(rows: Tensor) -> np.ndarray:
-    """float64 copy (exact for every float and small-int dtype) with -0.0 made 0.0: what
-    "equal rows" means."""
-    return rows.detach().to("cpu", torch.float64).numpy() + 0.0
-
-
-def _hash_rows(rows: Tensor, informative: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
-    """A hash of each row of ``rows`` ``[n, d]``: equal rows (as float64) have equal hashes,
-    unequal rows rarely do (a hit is verified). With ``informative``, also a mask of the
-    rows holding more than one distinct value. Hashes the rows' float32 bit patterns
-    (equal float64 rows round to equal float32 rows), ``sum_j mix(bits_j) * c_j`` with
-    per-column odd constants, vectorized."""
-    n, d = rows.shape
-    out = np.empty(n, dtype=np.uint64)
-    keep = np.empty(n, dtype=bool) if informative else None
-    c = _coeffs(d)
-    step = max(1, _CHUNK // max(d, 1))
-    for s in range(0, n, step):
-        x = rows[s:s + step].detach().to("cpu", torch.float32).contiguous().numpy() + np.float32(0.0)
-        b = x.view(np.uint32)
-        b = b ^ (b >> np.uint32(15))
-        out[s:s + step] = (b * c).sum(axis=1, dtype=np.uint64)  # products wrap mod 2^32
-        if informative:
-            keep[s:s + step] = x.max(axis=1) != x.min(axis=1) if d > 1 else False
-    return out, keep
-
-
-class _RowIndex:
-    """The hashed rows of one client's samples of one modality (sorted, with their positions)."""
-
-    def __init__(self, data: ArrayDataset, modality: str):
-        self.modality = modality
-        self.shape = tuple(data.features[modality].shape[1:])
-        self.size = math.prod(self.shape)
-        rows = _rows_of(data, modality, None)
-        hashes, keep = _hash_rows(rows.reshape(rows.shape[0], -1), informative=True)
-        mask = data.features.get(PRESENT + modality)
-        if mask is not None:  # samples the client lacks are not its data
-            keep &= (mask if data.indices is None else mask[data.indices]).numpy().astype(bool)
-        pos = np.nonzero(keep)[0]
-        order = np.argsort(hashes[pos], kind="stable")
-        self.hashes = hashes[pos][order]
-        self.pos = pos[order]
-
-    def find(self, rows: Tensor, data: ArrayDataset) -> int | None:
-        """Position of the first row of ``rows`` ``[k, size]`` equal to one of the client's rows."""
-        if not len(self.hashes) or rows.shape[0] == 0:
-            return None
-        h, _ = _hash_rows(rows)
-        for r in np.nonzero(np.isin(h, self.hashes))[0]:  # a hash hit, verified
-            lo, hi = np.searchsorted(self.hashes, h[r], "left"), np.searchsorted(self.hashes, h[r], "right")
-            mine = _canonical(_rows_of(data, self.modality, self.pos[lo:hi]).reshape(hi - lo, -1))
-            if (mine == _canonical(rows[r:r + 1])).all(axis=1).any():
-                return int(r)
-        return None
+def _index_rows(data: ArrayDataset, modality: str) -> WindowIndex:
+    """The client's informative rows of ``modality`` (more than one distinct value, present)."""
+    t = data.features[modality]
+    rows = _rows_of(data, modality, None)
+    flat = rows.reshape(rows.shape[0], -1)
+    keep = (flat.amax(1) != flat.amin(1)).numpy() if flat.shape[1] > 1 else np.zeros(len(flat), bool)
+    mask = data.features.get(PRESENT + modality)
+    if mask is not None:  # samples the client lacks are not its data
+        keep &= (mask if data.indices is None else mask[data.indices]).numpy().astype(bool)
+    pos = np.nonzero(keep)[0]
+    return WindowIndex(flat[torch.as_tensor(pos, dtype=torch.long)], pos, tuple(t.shape[1:]))
 
 
 def _rows_of(data: ArrayDataset, modality: str, pos) -> Tensor:
@@ -143,17 +85,6 @@ def _rows_of(data: ArrayDataset, modality: str, pos) -> Tensor:
         pos = torch.as_tensor(np.asarray(pos), dtype=torch.long)
         base = pos if base is None else base[pos]
     return t if base is None else t[base]
-
-
-def _as_rows(t: Tensor, size: int) -> list[Tensor]:
-    """``t`` read as rows of ``size`` values (whole samples: any array whose size is a
-    multiple of ``size``; a 2-D ``[size, k]`` array also transposed), possibly none."""
-    if size < 2 or t.numel() < size or t.numel() % size or t.is_complex():
-        return []
-    out = [t.reshape(-1, size)]
-    if t.dim() == 2 and t.shape[0] == size and t.shape[1] != size:
-        out.append(t.t())
-    return out
 
 
 # ----------------------------------------------------------------------------- labels
@@ -189,7 +120,8 @@ def _one_hot(v: Tensor, num_classes: int) -> Tensor | None:
 
 def _label_kind(flat: Tensor, y: Tensor, hist: Tensor, num_classes: int, per_class: bool) -> str | None:
     """How the 1-D int64 ``flat`` carries the labels ``y``: "in order", "permuted or a
-    subset", or None. ``per_class``: the array is shaped per class (last dim C)."""
+    subset" (also with ids shifted by a constant), or None. ``per_class``: the array is
+    shaped per class (last dim C)."""
     k, n = flat.numel(), y.numel()
     if k < MIN_LABEL_ROWS or n < MIN_LABEL_ROWS:
         return None
@@ -198,9 +130,29 @@ def _label_kind(flat: Tensor, y: Tensor, hist: Tensor, num_classes: int, per_cla
         return None
     if k == n and torch.equal(flat, y):
         return "in order"
+    if k == n and _same_partition(flat.numpy(), y.numpy()):
+        return "in order, ids mapped one-to-one (shifted, scaled or classes renamed)"
     if per_class or k < max(MIN_LABEL_ROWS, math.ceil(LABEL_SHARE * n)):
         return None
-    return "permuted or a subset" if _sub_multiset(flat, hist) else None
+    if _sub_multiset(flat, hist):
+        return "permuted or a subset"
+    nz = torch.nonzero(hist).reshape(-1)
+    for shift in {lo - int(nz[0]), hi - int(nz[-1])} - {0}:
+        if _sub_multiset(flat - shift, hist):
+            return f"permuted or a subset, ids shifted by {shift}"
+    return None
+
+
+def _same_partition(v: np.ndarray, y: np.ndarray) -> bool:
+    """True if ``v`` ``[n]`` is a one-to-one relabelling of ``y`` ``[n]`` (equal where ``y``
+    is equal, different where it differs), with at least two classes."""
+    if v.shape != y.shape or len(v) < MIN_LABEL_ROWS:
+        return False
+    _, vi = np.unique(v, return_inverse=True)
+    ny = len(np.unique(y))
+    if ny < 2 or int(vi.max()) + 1 != ny:
+        return False
+    return len(np.unique(vi.astype(np.int64) * (int(y.max()) + 1) + (y - y.min()))) == ny
 
 
 def _sub_multiset(flat: Tensor, hist: Tensor) -> bool:
@@ -212,6 +164,62 @@ def _sub_multiset(flat: Tensor, hist: Tensor) -> bool:
     return bool((torch.bincount(flat, minlength=c) <= hist).all())
 
 
+_LABEL_VIEWS = (torch.int64, torch.int32, torch.int16, torch.uint8, torch.float64, torch.float32, torch.float16)
+
+
+def _label_readings(t: Tensor, num_classes: int, n: int) -> Iterable[tuple[str, Tensor, bool]]:
+    """``(how, 1-D values, per_class)`` readings of an array that could carry labels: a
+    one-hot or soft-label array in either layout (its argmax over the class axis), its
+    values, its bytes read as other dtypes (when that gives ``n`` values, or the array is
+    not floating point: ``y.view(torch.uint8)``)."""
+    t = t.detach().cpu()
+    if t.is_complex():
+        return
+    if num_classes >= 2 and t.dim() >= 2:
+        axes = [t.dim() - 1] + ([0] if t.dim() == 2 and t.shape[0] == num_classes else [])
+        for ax in axes:
+            if t.shape[ax] != num_classes:
+                continue
+            m = t.movedim(ax, -1).reshape(-1, num_classes)
+            lay = "" if ax == t.dim() - 1 else "classes first, "
+            v = _integral(m)
+            hot = _one_hot(v, num_classes) if v is not None else None
+            if hot is not None:
+                yield f"one-hot, {lay}", hot, False
+            elif m.shape[0] == n and m.is_floating_point() or (v is not None and m.shape[0] == n):
+                mf = m.to(torch.float64)
+                if bool((mf.amax(1) > mf.amin(1)).all()):
+                    yield f"argmax over classes (soft labels), {lay}", mf.argmax(1), True
+    yield "", t.reshape(-1), t.dim() >= 1 and t.shape[-1] == num_classes
+    if t.dtype == torch.bool:
+        return
+    raw = t.contiguous().reshape(-1).view(torch.uint8)
+    for dt in _LABEL_VIEWS:
+        size = torch.empty((), dtype=dt).element_size()
+        if dt == t.dtype or raw.numel() % size:
+            continue
+        if raw.numel() // size == n or not t.is_floating_point():
+            yield f"its bytes read as {str(dt).removeprefix('torch.')}, ", raw.view(dt), False
+
+
+def _label_match(t: Tensor, y: Tensor, hist: Tensor, num_classes: int) -> str | None:
+    """How the array ``t`` carries the labels ``y`` (one phrase), or None."""
+    for how, vals, per_class in _label_readings(t, num_classes, y.numel()):
+        if vals.numel() < MIN_LABEL_ROWS:
+            continue
+        v = _integral(vals)
+        if v is not None:
+            kind = _label_kind(v.reshape(-1), y, hist, num_classes, per_class)
+        elif vals.is_floating_point() and vals.numel() == y.numel() and bool(torch.isfinite(vals).all()) \
+                and _same_partition(vals.to(torch.float64).numpy(), y.numpy()):
+            kind = "in order, ids mapped one-to-one (shifted, scaled or classes renamed)"
+        else:
+            kind = None
+        if kind is not None:
+            return how + kind
+    return None
+
+
 # ----------------------------------------------------------------------------- the checker
 
 class PrivacyChecker:
@@ -219,14 +227,14 @@ class PrivacyChecker:
 
     def __init__(self, rules: PrivacyConfig):
         self.rules = rules
-        self._rows: dict[tuple[int, str], tuple[weakref.ref, _RowIndex]] = {}
+        self._rows: dict[tuple[int, str], tuple[weakref.ref, WindowIndex]] = {}
         self._labels: dict[int, tuple[weakref.ref, Tensor, Tensor]] = {}
 
-    def _index(self, data: ArrayDataset, m: str) -> _RowIndex:
+    def _index(self, data: ArrayDataset, m: str) -> WindowIndex:
         key = (id(data), m)
         hit = self._rows.get(key)
         if hit is None or hit[0]() is not data:
-            hit = (weakref.ref(data), _RowIndex(data, m))
+            hit = (weakref.ref(data), _index_rows(data, m))
             self._rows[key] = hit
         return hit[1]
 
@@ -247,11 +255,13 @@ class PrivacyChecker:
             rule, key = self.rules.rule_of(m)
             if rule == "private":
                 private.append((m, key))
-        for name, t in reply.arrays.items():
+        carriers = _carriers(reply)
+        for what, _, t in carriers:
             for m, key in private:
-                idx = self._index(data, m)
-                if any(idx.find(rows, data) is not None for rows in _as_rows(t, idx.size)):
-                    return f"array '{name}' carries private modality '{m}' raw data ({key} = \"private\")"
+                how = find_rows(t, self._index(data, m))
+                if how is not None:
+                    how = f"{how}; " if how else ""
+                    return f"{what} carries private modality '{m}' raw data ({how}{key} = \"private\")"
         if self.rules.labels != "private":
             return None
         for name in reply.scalars:
@@ -259,21 +269,17 @@ class PrivacyChecker:
                 return f"scalar '{name}' is named like a label (privacy.labels = \"private\")"
         c = num_classes if num_classes is not None else int(data.label_array().max(initial=-1)) + 1
         y, hist = self._label_stats(data, c)
-        for name, t in reply.arrays.items():
-            v = _integral(t)
-            if v is None or (v.numel() < MIN_LABEL_ROWS and not label_named(name)):
+        for what, name, t in carriers:
+            if t.numel() < MIN_LABEL_ROWS and not label_named(name):
                 continue
-            hot = _one_hot(v, c)
-            kind = None
-            if hot is not None:
-                kind = _label_kind(hot, y, hist, c, per_class=False)
-                kind = kind and f"one-hot, {kind}"
-            if kind is None:
-                kind = _label_kind(v.reshape(-1), y, hist, c, per_class=v.dim() >= 1 and v.shape[-1] == c)
-            if kind is None and label_named(name) and _sub_multiset(hot if hot is not None else v.reshape(-1), hist):
-                kind = "a label-named array of the client's classes"  # e.g. one batch's labels (split learning)
+            kind = _label_match(t, y, hist, c)
+            if kind is None and name and label_named(name):
+                v = _integral(t)
+                hot = _one_hot(v, c) if v is not None else None
+                if v is not None and _sub_multiset(hot if hot is not None else v.reshape(-1), hist):
+                    kind = "a label-named array of the client's classes"  # e.g. one batch's labels (split learning)
             if kind is not None:
-                return f"array '{name}' carries the client's labels ({kind}; privacy.labels = \"private\")"
+                return f"{what} carries the client's labels ({kind}; privacy.labels = \"private\")"
         return None
 
     def check(self, reply: Message, data: ArrayDataset, *, cid: int, route: str,
@@ -282,6 +288,26 @@ class PrivacyChecker:
         bad = self.violation(reply, data, num_classes)
         if bad is not None:
             raise PrivacyError(f"client {cid}, route {route}: {bad}")
+
+
+def _carriers(reply: Message) -> list[tuple[str, str, Tensor]]:
+    """Everything in ``reply`` that can carry data, as ``(what, array name or "", tensor)``: each
+    array; the numeric scalars in order, as one vector; the digits of each integer scalar;
+    the numbers written in each string scalar."""
+    out = [(f"array '{k}'", k, t) for k, t in reply.arrays.items()]
+    nums = [(k, float(v)) for k, v in reply.scalars.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if len(nums) >= MIN_LABEL_ROWS:
+        names = ", ".join(f"'{k}'" for k, _ in nums[:3]) + (", ..." if len(nums) > 3 else "")
+        out.append((f"the {len(nums)} numeric scalars ({names}), read in order,", "",
+                    torch.tensor([v for _, v in nums], dtype=torch.float64)))
+    for k, v in reply.scalars.items():
+        if isinstance(v, int) and not isinstance(v, bool) and len(str(abs(v))) >= MIN_LABEL_ROWS:
+            out.append((f"scalar '{k}' (its decimal digits)", "", torch.tensor([float(c) for c in str(abs(v))])))
+        elif isinstance(v, str):
+            vals = numbers_in(v)
+            if len(vals):
+                out.append((f"string scalar '{k}' (the numbers it holds)", "", torch.from_numpy(vals)))
+    return out
 
 
 def make_checker(rules: PrivacyConfig | None, modalities: Iterable[str] = ()) -> PrivacyChecker | None:
