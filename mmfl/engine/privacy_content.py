@@ -13,8 +13,9 @@ values, concatenations, slices of a row) and, where its size is a multiple of ``
 every layout of a ``[k, *sample_shape]`` stack with its axes permuted (transposes, swapped
 axes). Blocks of ``W`` values of each reading are coded and looked up; a hit is verified:
 the block's Pearson correlation with the client's window must be at least ``MIN_CORR`` in
-absolute value, and both must hold ``MIN_DISTINCT`` distinct values (a window of zeros and
-one spike matches too many things to mean anything).
+absolute value over the block's whole aligned overlap with the sample, and both windows
+must have ``MIN_VARIED`` values off their median (a window of zeros and one spike matches
+too many things to mean anything).
 
 Cost: the index, once per client and modality, is a sliding projection (``n * d * W * 32``
 multiply-adds); a reply costs about ``32`` multiply-adds per value and per reading.
@@ -33,7 +34,7 @@ from torch import Tensor
 WINDOW = 32  # values per compared window: a contiguous slice of at least ~2 * WINDOW values of a row is found
 BITS = 32  # sign bits per window code
 MIN_CORR = 0.99  # |Pearson correlation| of a block with a client window that counts as a copy
-MIN_DISTINCT = 8  # a window with fewer distinct values is never compared (near-constant, one spike)
+MIN_VARIED = 4  # a window with fewer values off its median is never compared (near-constant, one spike)
 BYTE_VIEWS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)  # dtypes the bytes are read as
 _CHUNK = 1 << 22  # projections computed at a time (bounds memory)
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
@@ -50,10 +51,12 @@ def _pack(signs: np.ndarray) -> np.ndarray:
     return (signs.astype(np.uint64) << np.arange(BITS, dtype=np.uint64)).sum(-1).astype(np.uint32)
 
 
-def _distinct(blocks: np.ndarray) -> np.ndarray:
-    """Number of distinct values in each row of ``blocks`` ``[q, w]``."""
-    s = np.sort(blocks, axis=1)
-    return 1 + (np.diff(s, axis=1) != 0).sum(axis=1)
+def _informative(blocks: np.ndarray) -> np.ndarray:
+    """Mask of the rows of ``blocks`` ``[q, w]`` with at least ``MIN_VARIED`` values off
+    their median (so at least two distinct values): low-bit images (a few gray levels)
+    count, a blank border or a lone spike does not."""
+    med = np.sort(blocks, axis=1)[:, blocks.shape[1] // 2]
+    return (blocks != med[:, None]).sum(axis=1) >= min(MIN_VARIED, blocks.shape[1] // 2)
 
 
 def _corr(a: np.ndarray, b: np.ndarray) -> float:
@@ -98,7 +101,7 @@ class WindowIndex:
         if not len(self.sorted) or not len(blocks):
             return None
         blocks = np.nan_to_num(blocks, nan=0.0, posinf=0.0, neginf=0.0)
-        informative = np.nonzero(_distinct(blocks) >= MIN_DISTINCT)[0]
+        informative = np.nonzero(_informative(blocks))[0]
         if not len(informative):
             return None
         b = blocks[informative]
@@ -106,14 +109,15 @@ class WindowIndex:
         scale[scale == 0] = 1.0
         codes = _pack((b / scale) @ _directions(self.w) > 0)
         for code_set in (codes, ~codes):  # a negative scale flips every sign
-            hit = np.nonzero(np.isin(code_set, self.sorted))[0]
+            at = np.minimum(np.searchsorted(self.sorted, code_set), len(self.sorted) - 1)
+            hit = np.nonzero(self.sorted[at] == code_set)[0]  # the index is sorted once: no np.isin re-sort
             for i in hit:
                 lo = np.searchsorted(self.sorted, code_set[i], "left")
                 hi = np.searchsorted(self.sorted, code_set[i], "right")
                 for flat in self.order[lo:hi][:64]:
                     r, off = divmod(int(flat), self.per)
                     mine = self.rows[r, off:off + self.w]
-                    if len(np.unique(mine)) < MIN_DISTINCT:
+                    if not _informative(mine[None])[0]:
                         continue
                     c = _corr(b[i], mine)
                     if abs(c) >= MIN_CORR:
