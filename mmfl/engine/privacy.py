@@ -34,6 +34,7 @@ from a counter).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import weakref
@@ -231,10 +232,14 @@ class PrivacyChecker:
         self._labels: dict[int, tuple[weakref.ref, Tensor, Tensor]] = {}
 
     def _index(self, data: ArrayDataset, m: str) -> WindowIndex:
-        key = (id(data), m)
+        """The client's index, cached by its rows (the feature tensor and the view's row
+        ids), so a new view object on the same rows (one per round) reuses it."""
+        t = data.features[m]
+        rows = b"" if data.indices is None else data.indices.numpy().tobytes()
+        key = (id(t), m, hashlib.blake2b(rows, digest_size=16).digest())
         hit = self._rows.get(key)
-        if hit is None or hit[0]() is not data:
-            hit = (weakref.ref(data), _index_rows(data, m))
+        if hit is None or hit[0]() is not t:
+            hit = (weakref.ref(t), _index_rows(data, m))
             self._rows[key] = hit
         return hit[1]
 

@@ -86,8 +86,11 @@ class WindowIndex:
                 x = torch.from_numpy(self.rows[s:s + step]).unsqueeze(1)  # [b, 1, d]
                 proj = torch.nn.functional.conv1d(x, filt)  # [b, BITS, per]
                 self.codes[s * per:(s + len(x)) * per] = _pack((proj > 0).permute(0, 2, 1).numpy()).reshape(-1)
-        self.order = np.argsort(self.codes, kind="stable")
+        keep = np.concatenate([_informative(np.lib.stride_tricks.sliding_window_view(row, w)) for row in self.rows]) \
+            if len(row_ids) else np.zeros(0, bool)  # blank stretches (silence, borders) are never compared
+        self.order = np.nonzero(keep)[0][np.argsort(self.codes[keep], kind="stable")]
         self.sorted = self.codes[self.order]
+        del self.codes
         self.per = per
 
     def query_stride(self) -> int:
@@ -95,34 +98,44 @@ class WindowIndex:
         holds a block entirely."""
         return max(1, min(self.w, self.size - self.w + 1))
 
-    def match(self, blocks: np.ndarray) -> tuple[int, int, int, float] | None:
-        """``(block index, indexed row, offset in it, correlation)`` of the first block of ``blocks``
-        ``[q, w]`` (float64) that copies a client window, else None."""
+    def match(self, blocks: np.ndarray) -> list[tuple[int, int, int, float]]:
+        """``(block index, indexed row, offset in it, correlation)`` of the blocks of ``blocks``
+        ``[q, w]`` (float64) that copy a client window (the first 256, by block)."""
         if not len(self.sorted) or not len(blocks):
-            return None
+            return []
         blocks = np.nan_to_num(blocks, nan=0.0, posinf=0.0, neginf=0.0)
         informative = np.nonzero(_informative(blocks))[0]
         if not len(informative):
-            return None
+            return []
         b = blocks[informative]
         scale = np.abs(b).max(axis=1, keepdims=True)
         scale[scale == 0] = 1.0
         codes = _pack((b / scale) @ _directions(self.w) > 0)
+        found = []
         for code_set in (codes, ~codes):  # a negative scale flips every sign
-            at = np.minimum(np.searchsorted(self.sorted, code_set), len(self.sorted) - 1)
-            hit = np.nonzero(self.sorted[at] == code_set)[0]  # the index is sorted once: no np.isin re-sort
-            for i in hit:
-                lo = np.searchsorted(self.sorted, code_set[i], "left")
-                hi = np.searchsorted(self.sorted, code_set[i], "right")
-                for flat in self.order[lo:hi][:64]:
-                    r, off = divmod(int(flat), self.per)
-                    mine = self.rows[r, off:off + self.w]
-                    if not _informative(mine[None])[0]:
-                        continue
-                    c = _corr(b[i], mine)
-                    if abs(c) >= MIN_CORR:
-                        return int(informative[i]), r, off, c
-        return None
+            lo = np.searchsorted(self.sorted, code_set, "left")
+            hi = np.searchsorted(self.sorted, code_set, "right")
+            hit = np.nonzero(hi > lo)[0]
+            if not len(hit):
+                continue
+            counts = np.minimum(hi[hit] - lo[hit], 16)  # at most 16 client windows per code
+            bi = np.repeat(hit, counts)
+            within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+            flat = self.order[np.repeat(lo[hit], counts) + within]
+            r, off = np.divmod(flat, self.per)
+            mine = self.rows[r[:, None], off[:, None] + np.arange(self.w)]  # [pairs, w]
+            c = _corr_rows(b[bi], mine)
+            ok = np.nonzero((np.abs(c) >= MIN_CORR) & _informative(mine))[0]
+            found += [(int(informative[bi[k]]), int(r[k]), int(off[k]), float(c[k])) for k in ok]
+        return sorted(found)[:256]
+
+
+def _corr_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pearson correlation of each row of ``a`` with the same row of ``b`` ``[q, w]``."""
+    a = a - a.mean(axis=1, keepdims=True)
+    b = b - b.mean(axis=1, keepdims=True)
+    den = np.sqrt((a * a).sum(1) * (b * b).sum(1))
+    return np.divide((a * b).sum(1), den, out=np.zeros(len(a)), where=den > 0)
 
 
 def byte_views(t: Tensor) -> list[tuple[str, Tensor]]:
@@ -186,13 +199,8 @@ def find_rows(t: Tensor, index: WindowIndex) -> str | None:
             else:  # rows [k, d]: blocks at offsets 0, stride, ... of each row
                 offs = np.arange(0, d - w + 1, index.query_stride())
                 blocks = np.lib.stride_tricks.sliding_window_view(arr, w, axis=1)[:, offs].reshape(-1, w)
-            start, hit = 0, None
-            while start < len(blocks):
-                hit = _match_chunked(blocks[start:], index)
-                if hit is None:
-                    break
-                i, r, off, c = hit
-                i += start
+            hit = None
+            for i, r, off, c in _match_chunked(blocks, index):
                 if arr.ndim == 1:
                     seg, at = arr, int(starts[i])
                 else:
@@ -201,8 +209,8 @@ def find_rows(t: Tensor, index: WindowIndex) -> str | None:
                 mine = index.rows[r, lo - (at - off):hi - (at - off)]
                 c = _corr(np.nan_to_num(seg[lo:hi]), mine)
                 if abs(c) >= MIN_CORR:
-                    break
-                start, hit = i + 1, None  # only a window looks alike: not this row; look further
+                    hit = True
+                    break  # else only a window looks alike: not this row; look further
             if hit is not None:
                 row = int(index.row_ids[r])
                 exact = view_name == "values" and abs(c) > 1 - 1e-9 and _exact(t, index, row)
@@ -215,10 +223,8 @@ def find_rows(t: Tensor, index: WindowIndex) -> str | None:
 def _match_chunked(blocks: np.ndarray, index: WindowIndex):
     step = max(1, _CHUNK // (index.w * BITS))
     for s in range(0, len(blocks), step):
-        hit = index.match(np.ascontiguousarray(blocks[s:s + step]))
-        if hit is not None:
-            return (hit[0] + s, *hit[1:])
-    return None
+        for i, r, off, c in index.match(np.ascontiguousarray(blocks[s:s + step])):
+            yield i + s, r, off, c
 
 
 def _exact(t: Tensor, index: WindowIndex, row: int) -> bool:
