@@ -34,6 +34,9 @@ A config has top-level run settings and one table per component::
     labels = "private"
     [system]                    # optional: simulated wireless latency (off when absent)
     bandwidth_hz = 1e6
+    [attack]                    # optional: malicious clients (off when absent; mmfl.engine.attack)
+    kind = "sign_flip"
+    fraction = 0.1
 
 Component tables are validated against the registered parameter dataclass of
 the named entry, so a misspelt key is an error naming it.
@@ -55,6 +58,7 @@ from mmfl.models import MODELS
 from mmfl.registry import build_params
 from mmfl.schema import (COMPONENTS, RULES, ClientData, ClientModel, Component, ExperimentConfig,  # noqa: F401
                          PrivacyConfig, RunConfig, SystemConfig, TrainConfig)
+from mmfl.schema import AttackConfig
 
 
 DEFAULTS: dict[str, Any] = {
@@ -145,10 +149,11 @@ def resolve(raw: dict) -> ExperimentConfig:
     sources_raw = raw.pop("client_data", [])
     privacy_raw = raw.pop("privacy", None)
     system_raw = raw.pop("system", None)
+    attack_raw = raw.pop("attack", None)
     run_fields = {f.name for f in fields(RunConfig)}
     for key in raw:
         if key not in run_fields:
-            known = sorted(run_fields | set(tables) | {"case", "client_data", "client_models", "privacy", "system"})
+            known = sorted(run_fields | set(tables) | {"attack", "case", "client_data", "client_models", "privacy", "system"})
             raise ConfigError(f"{key}: unknown config key (known: {', '.join(known)})")
     run = build_params("", "settings", RunConfig, raw)
     train = build_params("train", "settings", TrainConfig, tables["train"])
@@ -164,8 +169,18 @@ def resolve(raw: dict) -> ExperimentConfig:
     sources = resolve_client_data(sources_raw, {"data": DATASETS, "partition": PARTITIONERS})
     privacy = resolve_privacy(privacy_raw)
     system = resolve_system(system_raw)
+    attack = resolve_attack(attack_raw)
     return ExperimentConfig(run=run, train=train, **comps, client_models=groups, client_data=sources,
-                            privacy=privacy, system=system)
+                            privacy=privacy, system=system, attack=attack)
+
+
+def resolve_attack(table) -> AttackConfig | None:
+    """Validate ``[attack]`` (None: the table is absent, every client honest)."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError("attack: must be a table, e.g. [attack] with kind = \"sign_flip\", fraction = 0.1")
+    return build_params("attack", "settings", AttackConfig, table)
 
 
 def resolve_system(table) -> SystemConfig | None:

@@ -25,6 +25,7 @@ from mmfl.schema import TrainConfig
 from mmfl.data.base import ArrayDataset, DatasetMeta
 from mmfl.core.evaluation import EvalContext, client_personal_metrics, global_metrics, personalized_metrics
 from mmfl.core.message import Message
+from mmfl.core.replies import ReplySchema, model_schema
 from mmfl.core.state import Stateful, module
 from mmfl.core.training import LossFn, load_into, local_train, model_tensors, state_of, train_at_round
 
@@ -135,6 +136,29 @@ class Server(Stateful):
 
     def configure_train(self, rnd: int, cohort: list[int]) -> dict[int, Message]:
         raise NotImplementedError
+
+    # --- what replies may hold (checked by the engine before the server sees them) --------
+    def reply_schema(self, route: str, cid: int) -> ReplySchema | None:
+        """The :class:`~mmfl.core.replies.ReplySchema` of client ``cid``'s reply on ``route``
+        (None: not checked beyond NaN/inf). Default: on ``train``, the global model's entries
+        that the client's own model has (its modalities' modules), with the server's shapes
+        and dtypes, plus :meth:`extra_reply_arrays`, and a positive integer ``num_examples``.
+        A server whose replies carry other things declares them here."""
+        if route != "train":
+            return None
+        cache = self.__dict__.setdefault("_reply_schemas", {})
+        h = tuple(self.ctx.modalities_of(cid))
+        if h not in cache:
+            keys = None
+            if h != tuple(self.ctx.meta.modalities):
+                keys = self.ctx.make_model(h).state_dict().keys()
+            cache[h] = model_schema(self.model.state_dict(), keys).merge(self.extra_reply_arrays())
+        return cache[h]
+
+    def extra_reply_arrays(self) -> ReplySchema | None:
+        """What a ``train`` reply carries besides model entries (its ``arrays``, ``free`` prefixes
+        and ``required`` keys; the counts are the default's). Default: nothing."""
+        return None
 
     def aggregate_train(self, rnd: int, replies: dict[int, Message]) -> dict[str, float]:
         raise NotImplementedError

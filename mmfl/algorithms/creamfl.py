@@ -82,6 +82,7 @@ from mmfl.algorithms.pcme import SAMPLES, VIB_WEIGHT
 from mmfl.algorithms.public_terms import DEFAULT_CHUNK
 from mmfl.core.aggregation import AGGREGATION_RULES, aggregate, check_rule
 from mmfl.core.message import Message
+from mmfl.core.replies import ReplySchema
 from mmfl.core.state import optimizer, tensors
 from mmfl.core.training import cosine_lr, set_lr, shuffled_batches
 from mmfl.errors import ConfigError
@@ -214,6 +215,17 @@ class CreamFLServer(Server):
         self.opt_kd = torch.optim.Adam(self.model.parameters(), lr=params.server_lr) \
             if params.server_optimizer == "per_phase" else self.opt
         self.consensus: dict[str, Tensor] = {}
+
+    representation_replies = True  # replies carry representations (the [attack] kinds shuffle_reps, random_reps)
+
+    def reply_schema(self, route: str, cid: int) -> ReplySchema | None:
+        """Step 4's reply: ``rep/<m>`` [|P|, d] (the server's dtype) for the paired modalities the
+        client holds, and ``num_examples``."""
+        if route != "train":
+            return None
+        shape = (len(self.public), int(self.model.feat_dim))
+        dtype = next(self.model.parameters()).dtype
+        return ReplySchema({REP + m: (shape, dtype) for m in self.ctx.modalities_of(cid) if m in self.pair})
 
     # what each client receives
     def needs(self, holds: tuple[str, ...]) -> list[str]:

@@ -84,6 +84,9 @@ def send_batched(transport, route: str, messages: dict[int, Message]) -> tuple[d
 
 
 def _blocker(transport, route: str, messages) -> str | None:
+    attack = getattr(transport, "attack", None)
+    if attack is not None and any(attack.is_malicious(c) for c in messages):
+        return "malicious clients ([attack]) are simulated one by one"
     if transport.federation.client_sources is not None:
         return "clients hold different data sets ([[client_data]])"
     if transport.federation.client_groups is not None:

@@ -32,16 +32,18 @@ from mmfl.algorithms import ALGORITHMS
 from mmfl.algorithms.base import ServerContext, Transport
 from mmfl.core.evaluation import PERSONAL_PREFIX, EvalContext, run_evaluations
 from mmfl.core.personal import personal_test_indices
+from mmfl.core.replies import check_reply
 from mmfl.core.system import WirelessSystem
 from mmfl.core.training import train_for_run
 from mmfl.data.federation import build_federation
 from mmfl.engine import checkpoint
+from mmfl.engine.attack import make_attack
 from mmfl.engine.simulation import SimulationTransport
 from mmfl.engine.state import make_store
 from mmfl.errors import ConfigError, MMFLError
 from mmfl.models.factory import model_factory
 from mmfl.report import load_metrics, plot_accuracy, summarize
-from mmfl.schema import COMPONENTS, ExperimentConfig
+from mmfl.schema import COMPONENTS, REPRESENTATION_ATTACKS, ExperimentConfig
 from mmfl.seeds import derive_seed
 
 
@@ -95,7 +97,26 @@ class Experiment:
             self.transport = SimulationTransport(
                 self.spec, cfg.algorithm.params, self.federation, train, cfg.run.seed,
                 self.make_model, self.store, on_nonfinite=cfg.run.on_nonfinite,
-                batch_clients=cfg.run.batch_clients, privacy=cfg.privacy)
+                batch_clients=cfg.run.batch_clients, privacy=cfg.privacy, attack=cfg.attack)
+        # every transport's replies are checked against the server's reply schema (mmfl.core.replies)
+        self.transport.log.check = self.check_reply
+        self.transport.log.on_bad_reply = cfg.run.on_bad_reply
+        self.attack = make_attack(cfg.attack, self.federation.num_clients, cfg.run.seed)  # who is malicious
+        if cfg.attack is not None and cfg.attack.kind in REPRESENTATION_ATTACKS \
+                and not getattr(self.server, "representation_replies", False):
+            raise ConfigError(f"attack.kind: {cfg.attack.kind!r} changes exchanged representations; "
+                              f"{cfg.algorithm.name} exchanges model weights (use sign_flip, scale, gaussian, "
+                              "constant, label_flip or inflate_examples)")
+
+    def check_reply(self, route: str, cid: int, reply) -> str | None:
+        """Why client ``cid``'s ``reply`` on ``route`` does not fit the server's schema (None:
+        it fits, or the server declares none for the route); its counts are bounded by the
+        client's training rows."""
+        schema = self.server.reply_schema(route, cid)
+        if schema is None:
+            return None
+        size = len(self.federation.clients[cid]) if 0 <= cid < len(self.federation.clients) else None
+        return check_reply(schema, reply, size)
 
     # --- run folder -----------------------------------------------------
     @property
@@ -157,6 +178,7 @@ class Experiment:
             row.update(self.transport.batch_info)  # batched clients, or why not
             train_comm = self.transport.log.summary()
             dropped = list(self.transport.log.dropped)  # before the evaluation resets the log
+            rejected = list(getattr(self.transport.log, "rejected", ()))
             row["train_time_s"] = time.perf_counter() - t0
             if (rnd + 1) % cfg.run.eval_every == 0 or rnd + 1 == cfg.run.rounds:
                 self.transport.log.reset()
@@ -172,6 +194,13 @@ class Experiment:
             dropped += [c for c in self.transport.log.dropped if c not in dropped]  # + dropped in evaluation
             if dropped:
                 row["dropped"] = dropped
+            rejected += list(getattr(self.transport.log, "rejected", ()))  # + rejected in evaluation
+            if rejected:
+                row["replies_rejected"] = len(rejected)
+                row["rejected"] = rejected
+            if self.attack is not None:
+                row["attack/kind"] = self.attack.kind
+                row["attack/clients"] = [c for c in cohort if self.attack.is_malicious(c)]
             row["wall_time_s"] = time.perf_counter() - t0
             _check_finite(row, rnd)
             # metrics first, then the checkpoint: a crash in between leaves a row
@@ -257,7 +286,7 @@ def with_new_defaults(saved: dict, cfg: ExperimentConfig) -> dict:
     the behaviour a newly added setting defaults to. Component tables naming another entry
     than ``cfg`` are left alone (they differ anyway)."""
     out = copy.deepcopy(saved)
-    tables = {None: cfg.run, "train": cfg.train, "privacy": cfg.privacy, "system": cfg.system,
+    tables = {None: cfg.run, "train": cfg.train, "privacy": cfg.privacy, "system": cfg.system, "attack": cfg.attack,
               **{kind: getattr(cfg, kind).params for kind in COMPONENTS}}
     for key, obj in tables.items():
         table = out if key is None else out.get(key)
