@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mmfl: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a file system error not caught closer to its cause: still one line
-        print(f"mmfl: error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
+        print(f"mmfl: error: {str(e.filename) + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("mmfl: interrupted (the last completed round is checkpointed; continue with --resume)",
