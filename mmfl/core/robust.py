@@ -7,14 +7,14 @@ rule's params dataclass, registered with it). What each guarantees: docs/robust.
 - ``median``, ``trimmed_mean`` (Yin et al., ICML 2018, Def. 1-2): per key and coordinate, over
   the updates carrying the key. Both commute with a shift, so combining models equals
   combining updates ``w_k - previous`` and adding ``previous``.
-- ``krum``, ``multi_krum`` (Blanchard et al., NeurIPS 2017, sec. 4): distances between the
+- ``krum``, ``multi_krum`` (Blanchard et al., NeurIPS 2017): distances between the
   flattened updates; ``||(w_i - p) - (w_j - p)|| = ||w_i - w_j||``, so models serve. Keys are
   grouped by the set of updates carrying them (one group for a unimodal model; per module
   holders for a multimodal one) and each group is selected on its own.
-- ``bulyan`` (El Mhamdi et al., ICML 2018, sec. 4): Krum repeatedly, then a coordinate-wise
+- ``bulyan`` (El Mhamdi et al., ICML 2018): Krum repeatedly, then a coordinate-wise
   trimmed mean around the median, per holder group.
 - ``norm_clip``, ``norm_clip_adaptive`` (Sun et al. 2019, "Can you really backdoor federated
-  learning?", sec. 4 "norm thresholding"): each update ``w_k - previous`` scaled to norm at most
+  learning?", "norm thresholding"): each update ``w_k - previous`` scaled to norm at most
   ``M`` (fixed, or the round's median update norm), then FedAvg's data-weighted mean.
 - ``rep_median``, ``rep_trimmed_mean``: the same coordinate-wise statistics over clients of
   per-sample representations ``[P, d]`` (CreamFL's family), in the representations' dtype.
@@ -199,7 +199,7 @@ def pairwise_sq_dists(x: Tensor) -> Tensor:
 
 
 def krum_scores(d2: Tensor, f: int) -> Tensor:
-    """Blanchard et al. 2017, sec. 4: ``s(i) = sum of ||V_i - V_j||^2 over the n - f - 2 closest
+    """Blanchard et al. 2017 (Krum): ``s(i) = sum of ||V_i - V_j||^2 over the n - f - 2 closest
     j != i``; ``d2`` ``[n, n]`` squared distances -> ``[n]``. At least one neighbour is counted
     (Bulyan's last selections run Krum on fewer than 2f + 3 updates)."""
     n = d2.shape[0]
@@ -232,7 +232,7 @@ def select_rule(name: str, combine, updates, previous, need, condition, info=Non
 
 
 def multi_krum_combine(x: Tensor, f: int, m: int, info: dict | None = None) -> Tensor:
-    """Multi-Krum (Blanchard et al. 2017, sec. 5 of the arXiv version): the uniform mean of the ``m``
+    """Multi-Krum (Blanchard et al. 2017): the uniform mean of the ``m``
     rows of ``x`` ``[n, D]`` with the lowest Krum scores -> ``[D]`` (m = 1: Krum)."""
     chosen = krum_scores(pairwise_sq_dists(x), f).argsort()[:m]
     if info is not None:
@@ -260,7 +260,7 @@ def multi_krum(updates: list[dict[str, Tensor]], weights: Any = None, previous: 
 
 
 def bulyan_combine(x: Tensor, f: int, info: dict | None = None) -> Tensor:
-    """El Mhamdi et al. 2018, sec. 4, on ``x`` ``[n, D]`` -> ``[D]``: (1) theta = n - 2f times, Krum on
+    """El Mhamdi et al. 2018 (Bulyan), on ``x`` ``[n, D]`` -> ``[D]``: (1) theta = n - 2f times, Krum on
     the remaining rows picks one, which moves to the selection S; (2) per coordinate, the mean of the
     beta = theta - 2f values of S closest to S's median."""
     d2 = pairwise_sq_dists(x)
@@ -290,7 +290,7 @@ def bulyan(updates: list[dict[str, Tensor]], weights: Any = None, previous: dict
 # ----------------------------------------------------------------------------- norm clipping
 
 def clip_scales(norms: Tensor, threshold: float) -> Tensor:
-    """Sun et al. 2019, sec. 4: ``1 / max(1, ||dw_k|| / M)`` per update, ``[n] -> [n]``."""
+    """Sun et al. 2019 (norm thresholding): ``1 / max(1, ||dw_k|| / M)`` per update, ``[n] -> [n]``."""
     return 1.0 / torch.clamp(norms / threshold, min=1.0)
 
 
