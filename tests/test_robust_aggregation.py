@@ -219,6 +219,9 @@ def test_creamfl_takes_the_representation_rules_and_validates_their_parameters()
     from mmfl.algorithms.creamfl import CreamFLParams
 
     assert CreamFLParams(aggregation="rep_median").aggregation == "rep_median"
+    for rule in ROBUST:  # the model rules are refused on representation servers, naming the field
+        with pytest.raises(ConfigError, match=rf"^algorithm.aggregation: rule '{rule}' combines model states"):
+            CreamFLParams(aggregation=rule)
     with pytest.raises(ConfigError, match=r"^algorithm.aggregation_params.trim_fraction"):
         CreamFLParams(aggregation="rep_trimmed_mean", aggregation_params={"trim_fraction": -0.1})
     assert set(ROBUST) | {"rep_median", "rep_trimmed_mean"} <= set(AGGREGATION_RULES.names())

@@ -54,7 +54,8 @@ def per_sample(name: str) -> bool:
 def check_rule(name: str, where: str = "algorithm.aggregation", representations: bool = False) -> str:
     """``name`` if it is a registered rule this algorithm can use, else a ConfigError naming the
     field: a rule over per-sample representations only where ``representations`` (CreamFL's
-    family; the per-key rules serve both)."""
+    family), a rule marked ``model_states`` (the robust model rules) only where not; the other
+    per-key rules serve both."""
     if name not in AGGREGATION_RULES:
         raise ConfigError(f"{where}: unknown aggregation rule {name!r} "
                           f"(known: {', '.join(AGGREGATION_RULES.names())})")
@@ -62,6 +63,10 @@ def check_rule(name: str, where: str = "algorithm.aggregation", representations:
         usable = [n for n in AGGREGATION_RULES.names() if not per_sample(n)]
         raise ConfigError(f"{where}: rule {name!r} combines per-sample representations (CreamFL-family "
                           f"servers); this algorithm averages model states: one of {', '.join(usable)}")
+    if representations and getattr(AGGREGATION_RULES.get(name).factory, "model_states", False):
+        usable = [n for n in AGGREGATION_RULES.names() if per_sample(n)]
+        raise ConfigError(f"{where}: rule {name!r} combines model states (FedAvg-family servers); this algorithm "
+                          f"combines per-sample representations: one of {', '.join(usable)}")
     return name
 
 

@@ -17,7 +17,8 @@ rule's params dataclass, registered with it). What each guarantees: docs/robust.
   learning?", "norm thresholding"): each update ``w_k - previous`` scaled to norm at most
   ``M`` (fixed, or the round's median update norm), then FedAvg's data-weighted mean.
 - ``rep_median``, ``rep_trimmed_mean``: the same coordinate-wise statistics over clients of
-  per-sample representations ``[P, d]`` (CreamFL's family), in the representations' dtype.
+  per-sample representations ``[P, d]`` (CreamFL's family), in the representations' dtype. The
+  rules above are for model states only (``model_states``: refused on CreamFL's servers).
 
 Data weights: only the clipping rules use them (FedAvg's mean of the clipped updates); the
 others ignore them, as in their papers (an attacker controls its ``num_examples``). Integer
@@ -363,5 +364,9 @@ def rep_trimmed_mean(updates: list[dict[str, Tensor]], weights: Any = None, prev
     return per_key(lambda s: coordinate_trimmed_mean(s, trim_fraction), updates, previous, dtype=None)
 
 
-rep_median.per_sample = True  # representation rules: refused on model-averaging servers (check_rule)
+# CreamFL's family takes rep_median / rep_trimmed_mean; the model rules are refused there (check_rule), and
+# the representation rules on model-averaging servers.
+for _rule in (median, trimmed_mean, krum, multi_krum, bulyan, norm_clip, norm_clip_adaptive):
+    _rule.model_states = True
+rep_median.per_sample = True
 rep_trimmed_mean.per_sample = True
