@@ -263,3 +263,64 @@ def test_invocation_record_only_when_this_invocation_ran_runs(tmp_path, monkeypa
     assert (tmp_path / "out.md").read_text() == "ran none\n"
     assert main(["bench", str(g.path), "--workers", "1"]) == 0
     assert (tmp_path / "out.md").read_text() == "ran 7\n"
+
+
+def test_claim_table_rows_only_claims_with_values_on_both_sides():
+    """``claim_table``: one row per claim "a > b" with values on both sides (Δ scaled, spread
+    = std a + std b), the verdicts in order; nothing at all when no claim has values."""
+    from mmfl.bench import claim_row, claim_table
+
+    lines, verdicts = claim_table([("A > B", [0.6, 0.7], [0.5, 0.5], 100.0, 1), ("A > C", [0.6], [], 100.0, 1),
+                                   ("t: B > A", [2.0, 2.0], [1.0, 1.2], 1.0, 2)], unit="points or s")
+    assert lines[0] == "| claim | Δ (points or s) | spread (std a + std b) | here |"
+    assert lines[2] == "| A > B | +15.0 | 5.0 | holds, beyond the spread |"
+    assert lines[3] == "| t: B > A | +0.90 | 0.10 | holds, beyond the spread |" and lines[-1] == ""
+    assert verdicts == ["holds, beyond the spread"] * 2
+    assert claim_table([("A > C", [0.6], [], 100.0, 1)]) == ([], [])
+    line, d, v = claim_row("x", [0.5, 0.52], [0.6, 0.4])
+    assert d == pytest.approx(1.0) and line == f"| x | +1.0 | 11.0 | {v} |" and "within" in v
+
+
+def test_run_status_and_header_lines(tmp_path):
+    """``run_status``: finished / failed (every planned run with a failed.txt) / non-finite runs and
+    the summed wall time; the header lines built from it."""
+    from mmfl.bench import Bench, problem_lines, reading_lines, regenerate_line, run_status, runs_line
+
+    g = _grid(tmp_path)
+    _fake_run(g.raw_dir, "g-a-fedavg-s0", [0.2, 0.4, 0.5])
+    _fake_run(g.raw_dir, "g-a-fedavg-s1", [0.2, 0.4, float("nan")])
+    (g.raw_dir / "g-b-fedavg-s0").mkdir()
+    (g.raw_dir / "g-b-fedavg-s0" / "failed.txt").write_text("ValueError: nan\n")
+    (g.raw_dir / "other-run").mkdir()
+    (g.raw_dir / "other-run" / "failed.txt").write_text("not planned")
+    b = Bench(g)
+    st = run_status(b, b.results.final)
+    assert st["finished"] == ["g-a-fedavg-s0", "g-a-fedavg-s1"] and st["planned"] == 7
+    assert st["failed"] == [("g-b-fedavg-s0", "ValueError: nan")]
+    assert st["nonfinite"] == [("g-a-fedavg-s1", ["accuracy"])] and st["run_s"] == pytest.approx(9.0)
+    assert runs_line(2, 7, 90.0, None) == ("- Runs: 2 of 7 planned finished; summed run time 1.5 min of "
+                                           "single-thread compute (the rounds' wall times).")
+    last = {"runs": 2, "wall_s": 120.0, "workers": 2, "load_average_at_start": [0.5, 1.0, 1.25]}
+    assert runs_line(2, 7, 90.0, last).endswith("; the last invocation ran 2 runs in 2.0 min wall with 2 workers "
+                                                "(load average at its start: 0.5 1.0 1.2).")
+    assert problem_lines(st["failed"], st["nonfinite"], "run.py") == [
+        "**Failed runs** (1; the error, and `run.py` reruns them):", "", "- `g-b-fedavg-s0`: ValueError: nan", "",
+        "**Runs with non-finite metrics** (1):", "", "- `g-a-fedavg-s1`: accuracy", ""]
+    assert problem_lines([]) == [] and reading_lines(tmp_path / "absent.md") == []
+    (tmp_path / "analysis.md").write_text("\nText.\n")
+    assert reading_lines(tmp_path / "analysis.md") == ["## Reading the results", "", "Text.", ""]
+    assert regenerate_line(b, "x").startswith("Regenerate: `x` (finished runs in `raw/` are reused;")
+
+
+def test_load_sibling_loads_a_spec_folders_module_once(tmp_path):
+    """A spec split into files: ``load_sibling(__file__, name)`` gives the folder's module, loaded
+    once (the spec and its sections share one copy of the readings)."""
+    (tmp_path / "readings.py").write_text("CALLS = []\n")
+    (tmp_path / "sections.py").write_text("from mmfl.bench import load_sibling\n"
+                                          "R = load_sibling(__file__, 'readings')\nR.CALLS.append('sections')\n")
+    (tmp_path / "tables.py").write_text("from mmfl.bench import load_sibling\nR = load_sibling(__file__, 'readings')\n"
+                                        "S = load_sibling(__file__, 'sections')\n"
+                                        "def report(b):\n    return [str(R.CALLS), '']\n")
+    g = _grid(tmp_path, 'tables = "tables.py"\n' + GRID)
+    render(g)
+    assert (tmp_path / "out.md").read_text() == "['sections']\n"

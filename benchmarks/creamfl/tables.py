@@ -11,8 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mmfl.bench import md_table, ms, paired
+from mmfl.bench import load_sibling, md_table, ms, paired, problem_lines, reading_lines, regenerate_line, runs_line
 from mmfl.sweep import machine
+
+H = load_sibling(__file__, "header")  # the settings' scale text
 
 KEY = "r1_sum"
 RKEYS = ["i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "r1_sum"]
@@ -88,16 +90,6 @@ def _claim_rows(pairs, verdicts_out: list) -> list[str]:
         rows.append(f"| {label} | {v['delta']:+.1f} | [{v['lo']:+.1f}, {v['hi']:+.1f}] | {v['p']:.3f} "
                     f"| {v['text'].split(' (')[0]} |")
     return rows
-
-
-def public_size(b, setting: str) -> int:
-    """|P| of a setting's public set (loads the data set)."""
-    from mmfl.config import resolve
-    from mmfl.data import DATASETS
-
-    cfg = resolve(b.config("t1", "creamfl", setting))
-    bundle = DATASETS.get(cfg.data.name).factory(cfg.data.params)
-    return len(bundle.public) if bundle.public is not None else 0
 
 
 # ----------------------------------------------------------------------------- tables
@@ -367,42 +359,17 @@ def findings(b) -> list[str]:
 # ----------------------------------------------------------------------------- the report
 
 
-def scale_lines(b) -> list[str]:
-    from mmfl.config import resolve
-
-    out = []
-    for st, se in b.grid.settings("t1").items():
-        cfg = resolve(b.config("t1", "creamfl", st))  # the setting's config as it is (its algorithm is creamfl)
-        mods = ", ".join(f"{g.modalities or g.clients}: " + ", ".join(
-            f"{k}={v}" for k, v in g.model.values.items() if k in ("cnn_channels", "mlp_hidden", "feat_dim"))
-            for g in cfg.client_models)
-        extra = "; ".join(f"{e.data.name} ({e.partition.name}, {e.partition.params.num_clients} clients"
-                          + (f", beta {e.partition.params.beta}" if hasattr(e.partition.params, "beta") else "")
-                          + ")" for e in cfg.client_data)
-        srv = ", ".join(f"{k}={v}" for k, v in cfg.model.values.items()
-                        if k in ("cnn_channels", "mlp_hidden", "feat_dim"))
-        out.append(f"- **{st}** (`{os.path.relpath(se.config[0], b.grid.root)}`): data `{cfg.data.name}` "
-                   f"(|public| = {public_size(b, st)}), {cfg.partition.params.num_clients} paired clients "
-                   f"({cfg.partition.name}); uni-modal clients: {extra}; {cfg.run.rounds} rounds, "
-                   f"{cfg.run.clients_per_round} clients per round, {cfg.train.local_epochs} local epochs, "
-                   f"{cfg.train.optimizer} lr {cfg.train.lr}, batch {cfg.train.batch_size}. Server [model]: {srv}; "
-                   f"[[client_models]]: {mods or 'none'} (FedAvg/FedIoT: none, every client has the server's model).")
-    return out
-
-
 def report(b) -> list[str]:
     p, root = b.params, b.grid.root
     quick = bool(p.get("quick"))
     finished = b.finished()
     run_s = sum((b.results.final(n, KEY) or {}).get("_wall", 0.0) for n in finished)
-    last = b.last_invocation()
     failed = b.failed()
     out = [
         "# CreamFL benchmark (Tables 1, 2 and 3, Figure 4)" + (" — QUICK smoke run, not results" if quick else ""), "",
-        f"Regenerate: `{p['command']}` (finished runs in `{os.path.relpath(b.raw, root)}/` are reused; "
-        "`--tables-only` rebuilds this file; `--workers N` sets the worker processes).", "",
+        regenerate_line(b, p["command"]), "",
         "## Scale", "",
-        *scale_lines(b),
+        *H.scale_lines(b),
         f"- Rounds: {b.config('t1', None, next(iter(b.grid.settings('t1')))).get('rounds') or 'as in the configs'} (the configs have 8; the runs are otherwise "
         "the configs as they are, with `threads = 1` and the seed set).",
         "- Methods: every method with its registered defaults (`mmfl list`); nothing was tuned on these "
@@ -414,15 +381,10 @@ def report(b) -> list[str]:
         "- Metrics: the server model's final-round Recall@K (%) on the setting's test pairs (a few hundred "
         "pairs, so a single R@1 step is a fraction of a point); R@1 sum = i2t R@1 + t2i R@1, rsum = all six.",
         f"- Machine: {machine()}.",
-        f"- Runs: {len(finished)} of {len(b.runs)} planned finished; summed run time {run_s / 60:.1f} min of "
-        "single-thread compute (the rounds' wall times)"
-        + (f"; the last invocation ran {last['runs']} runs in {last['wall_s'] / 60:.1f} min wall with "
-           f"{last['workers']} workers (load average at its start: "
-           f"{' '.join(f'{x:.1f}' for x in last['load_average_at_start'] or [])})" if last else "") + ".",
+        runs_line(len(finished), len(b.runs), run_s, b.last_invocation()),
         "",
     ]
-    if failed:
-        out += [f"**Failed runs** ({len(failed)}):", ""] + [f"- `{n}`: {e}" for n, e in failed] + [""]
+    out += problem_lines(failed)
     order_lines, summary = ordering(b)
     out += ["## Table 1 analog: cross-modal retrieval of the server model", "", *table1(b)]
     out += ["## Table 2 analog: visual question answering", "", *table2(b)]
@@ -441,7 +403,5 @@ def report(b) -> list[str]:
             "p < 0.05, is **reversed** when both say the opposite, and is *unresolved* otherwise "
             "(`mmfl.sweep.paired_verdict`).", "", *summary, "", *order_lines]
     out += ["## Findings (generated from the numbers above)", "", *findings(b)]
-    analysis = root / p["analysis"] if p.get("analysis") else None
-    if analysis is not None and analysis.is_file():
-        out += ["## Reading the results", "", analysis.read_text().strip(), ""]
+    out += reading_lines(root / p["analysis"] if p.get("analysis") else None)
     return out + [""]

@@ -71,6 +71,8 @@ class ServerContext:
     public: ArrayDataset | None = None  # the public set known to server and clients (CreamFL), if any
     system: Any = None  # the [system] model (mmfl.core.system.WirelessSystem) for scheduling; None: none
     rounds: int = 0  # the run's rounds (a server's own schedule, e.g. CreamFL's cosine server lr); 0: unknown
+    client_groups: list[int | None] | None = None  # each client's [[client_models]] entry (None: all [model])
+    client_sources: list[int | None] | None = None  # each client's [[client_data]] entry (None: all the run's data)
 
     def modalities_of(self, cid: int) -> tuple[str, ...]:
         return tuple(self.meta.modalities) if self.client_modalities is None else self.client_modalities[cid]

@@ -137,8 +137,7 @@ class PersonalizedServer(Server):
 
     # --- the round -----------------------------------------------------------
     def round(self, rnd, cohort, transport):
-        fed = getattr(transport, "federation", None)
-        if fed is not None and (fed.client_groups is not None or fed.client_sources is not None):
+        if self.ctx.client_groups is not None or self.ctx.client_sources is not None:
             raise ConfigError(f"algorithm.name: '{self.algorithm_name()}' needs one architecture and one "
                               "data set for all clients (no [[client_models]] / [[client_data]])")
         return super().round(rnd, cohort, transport)

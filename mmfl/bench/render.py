@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mmfl.sweep import paired_verdict
+from mmfl.sweep import paired_verdict, spread_text, verdict
 
 PAIR_HEAD = ["| difference (points) | mean | 95% bootstrap CI | paired t p | claim |", "|---|---|---|---|---|"]
 MIN_SEEDS_FOR_CLAIM = 5  # the project's rule: orderings from 5 paired seeds
@@ -88,6 +88,32 @@ def verdict_count(verdicts: list[str], what: str) -> str:
     rev = sum(v.startswith("**reversed**, beyond") for v in verdicts)
     return (f"{held} of {len(verdicts)} {what} claims hold in the mean; {beyond} beyond the seed spread, "
             f"{rev} reversed beyond it, the rest within it.")
+
+
+SPREAD_RULE = ("Computed from the tables above: a claim 'a > b' *holds beyond the spread* when "
+               "mean(a) − mean(b) > std(a) + std(b), *within the spread* when it is positive but smaller; "
+               "likewise *reversed*.")  # how :func:`claim_row` verdicts read (mmfl.sweep.verdict)
+
+
+def claim_row(text: str, a: list[float], b: list[float], scale: float = 100.0, digits: int = 1) -> tuple[str, float, str]:
+    """A claim "a > b" over seeds (:func:`mmfl.sweep.verdict`) as a row under
+    ``| claim | Δ | spread | here |``: ``(line, delta, verdict text)``."""
+    d, sp, v = verdict(a, b, scale)
+    return f"| {text} | {d:+.{digits}f} | {spread_text(sp, digits)} | {v} |", d, v
+
+
+def claim_table(claims: list[tuple[str, list[float], list[float], float, int]], unit: str = "points",
+                spread: str = "spread (std a + std b)", claim: str = "claim") -> tuple[list[str], list[str]]:
+    """Claims ``(text, a, b, scale, digits)`` meaning a > b (those with values on both sides) as a
+    markdown table ending with an empty line, and their verdicts; ``([], [])`` when none has."""
+    lines = [f"| {claim} | Δ ({unit}) | {spread} | here |", "|---|---|---|---|"]
+    verdicts = []
+    for text, a, b, scale, digits in claims:
+        if a and b:
+            line, _, v = claim_row(text, a, b, scale, digits)
+            lines.append(line)
+            verdicts.append(v)
+    return (lines + [""] if verdicts else []), verdicts
 
 
 def md_table(header: list[str], rows: list[list]) -> list[str]:

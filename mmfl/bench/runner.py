@@ -11,7 +11,8 @@ from functools import partial
 from pathlib import Path
 from types import ModuleType
 
-from mmfl.bench.grid import Grid, Run, load_grid
+from mmfl.bench.grid import Grid, Run
+from mmfl.bench.gridfile import load_grid
 from mmfl.bench.render import md_table, ms, write_report
 from mmfl.bench.results import Results
 from mmfl.errors import ConfigError
@@ -27,11 +28,19 @@ def load_spec(path: Path | None) -> ModuleType | None:
     if key not in _SPECS:
         if not path.is_file():
             raise ConfigError(f"tables: {path}: file not found")
-        spec = importlib.util.spec_from_file_location(f"mmfl_bench_spec_{path.parent.name}", path)
+        stem = "" if path.stem == "tables" else f"_{path.stem}"
+        spec = importlib.util.spec_from_file_location(f"mmfl_bench_spec_{path.parent.name}{stem}", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         _SPECS[key] = mod
     return _SPECS[key]
+
+
+def load_sibling(spec_file: str | Path, name: str) -> ModuleType:
+    """Another module of a table spec's folder (``load_sibling(__file__, "sections")`` in
+    ``tables.py``), loaded from its file like the spec: a long spec split into files by idea.
+    A sibling must not load the module that loads it (load the shared helpers from a third)."""
+    return load_spec(Path(spec_file).resolve().with_name(f"{name}.py"))
 
 
 class Bench:

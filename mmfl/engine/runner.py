@@ -86,7 +86,8 @@ class Experiment:
             meta=self.federation.meta, train=train, seed=cfg.run.seed, rounds=cfg.run.rounds,
             num_clients=self.federation.num_clients, make_model=self.make_model,
             client_modalities=self.federation.client_modalities, public=self.federation.public,
-            system=self.system))
+            system=self.system, client_groups=self.federation.client_groups,
+            client_sources=self.federation.client_sources))
         self.store = make_store(cfg.run.state_store, self.federation.num_clients, cfg.run_dir / "client_state")
         if transport is not None:
             self.transport = transport(self)
