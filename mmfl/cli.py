@@ -167,7 +167,8 @@ def cmd_list(args) -> int:
         if args.kind and kind != args.kind:
             continue
         heading, table = _HEADINGS[kind]
-        print(f"{heading} ([{table}] {'aggregation' if kind == 'aggregation' else 'name'} = ...):")
+        params = "; its parameters: aggregation_params = {...}" if kind == "aggregation" else ""
+        print(f"{heading} ([{table}] {'aggregation' if kind == 'aggregation' else 'name'} = ...{params}):")
         for e in reg.entries():
             print(f"  {e.name:<16} {e.help}")
             for name, typ, default, help_ in param_doc(e.params):

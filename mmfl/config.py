@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from mmfl.algorithms import ALGORITHMS
+from mmfl.core.aggregation import AGGREGATION_RULES, check_cohort
 from mmfl.data import DATASETS, PARTITIONERS
 from mmfl.data.modality import CASES, MODALITY_ASSIGNERS
 from mmfl.errors import ConfigError
@@ -164,8 +165,22 @@ def resolve(raw: dict) -> ExperimentConfig:
     sources = resolve_client_data(sources_raw, {"data": DATASETS, "partition": PARTITIONERS})
     privacy = resolve_privacy(privacy_raw)
     system = resolve_system(system_raw)
+    check_rule_cohort(comps["algorithm"].params, run, comps["partition"].params, sources)
     return ExperimentConfig(run=run, train=train, **comps, client_models=groups, client_data=sources,
                             privacy=privacy, system=system)
+
+
+def check_rule_cohort(algo, run, partition, sources) -> None:
+    """A robust rule that needs more updates than a round has (Krum: n > 2f + 2, Bulyan: n >= 4f + 3)
+    is a ConfigError here when the cohort size is known from the config; otherwise the rule says so
+    at run time (e.g. fewer holders of a module than the rule needs)."""
+    name = getattr(algo, "aggregation", None)
+    if name not in AGGREGATION_RULES:
+        return
+    num_clients = getattr(partition, "num_clients", 0) if not sources else 0
+    n = run.clients_per_round or (max(1, int(round(run.sample_fraction * num_clients))) if num_clients else 0)
+    if n:
+        check_cohort(name, getattr(algo, "aggregation_params", None), n)
 
 
 def resolve_system(table) -> SystemConfig | None:

@@ -14,7 +14,7 @@ a name in :data:`mmfl.core.aggregation.AGGREGATION_RULES`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +22,7 @@ from torch import Tensor
 
 from mmfl.algorithms.registry import register
 from mmfl.algorithms.base import Server, TrainingClient
-from mmfl.core.aggregation import aggregate, check_rule, weighted_mean
+from mmfl.core.aggregation import aggregate, check_rule, rule_kwargs, rule_params, weighted_mean
 from mmfl.core.batched import BatchedClient, BatchedTask
 from mmfl.core.message import Message
 from mmfl.core.training import LossFn, load_into, model_tensors, state_of
@@ -61,9 +61,13 @@ class FedAvgParams:
     aggregation: str = field(default="weighted_mean", kw_only=True, metadata={  # kw_only: after subclass fields
         "help": "the server's aggregation rule, by name (`mmfl list aggregation`): weighted_mean = "
                 "FedAvg's data-size weights (MOON Alg. 1 line 7), mean = uniform, ..."})
+    aggregation_params: dict[str, Any] = field(default_factory=dict, kw_only=True, metadata={
+        "help": "the rule's parameters, a table checked against that rule (`mmfl list aggregation`), e.g. "
+                "{trim_fraction = 0.2} for trimmed_mean, {f = 1} for krum / bulyan, {clip_norm = 1.0} for norm_clip"})
 
     def __post_init__(self):
         check_rule(self.aggregation)
+        rule_params(self.aggregation, self.aggregation_params)
 
 
 class FedAvgServer(Server):
@@ -93,8 +97,10 @@ class FedAvgServer(Server):
         cids = sorted(replies)
         own = model_tensors(self.model)
         states = [{k: v for k, v in replies[c].arrays.items() if k in own} for c in cids]
-        return aggregate(self.aggregation_rule(), states, [self.weight(c, replies[c]) for c in cids],
-                         dict(self.model.state_dict()), **self.aggregation_context(rnd, replies))
+        rule = self.aggregation_rule()
+        return aggregate(rule, states, [self.weight(c, replies[c]) for c in cids], dict(self.model.state_dict()),
+                         **self.aggregation_context(rnd, replies),
+                         **rule_kwargs(rule, getattr(self.params, "aggregation_params", None)))
 
     def reported_scalars(self) -> tuple[str, ...]:
         """Reply scalars averaged (by data size) into the round's metrics besides ``train_loss``."""
