@@ -71,7 +71,8 @@ class RunConfig:
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0 = torch's default)"})
     on_nonfinite: Literal["fail", "drop"] = field(
         default="fail", metadata={"help": "a client reply with NaN/inf: fail the run, or drop that client"})
-    keep_checkpoints: int = field(default=1, metadata={"help": "how many round checkpoints to keep (>= 1)"})
+    keep_checkpoints: int = field(default=1, metadata={
+        "help": "how many round checkpoints to keep (>= 1; >= 2 lets resume skip a damaged newest one)"})
     reply_timeout: float = field(
         default=600.0, metadata={"help": "Flower: seconds to wait for the replies of one send (> 0)"})
     on_missing_reply: Literal["fail", "drop"] = field(
