@@ -24,8 +24,10 @@ from mmfl.algorithms.registry import register
 from mmfl.algorithms.base import Server, TrainingClient
 from mmfl.core.aggregation import aggregate, check_rule, rule_kwargs, rule_params, weighted_mean
 from mmfl.core.batched import BatchedClient, BatchedTask
+from mmfl.core.dp import central_dp_mean
 from mmfl.core.message import Message
 from mmfl.core.training import LossFn, load_into, model_tensors, state_of
+from mmfl.seeds import derive_seed
 
 
 MODULE_WEIGHT = "examples/"  # reply scalar "examples/<key prefix>": the data weight of that module
@@ -72,6 +74,9 @@ class FedAvgParams:
 
 class FedAvgServer(Server):
     default_aggregation = "weighted_mean"  # the rule when the params name none (subclasses: their paper's)
+    # [dp] applies: every reply array the server uses is a model entry that aggregate() combines
+    # (servers reading other arrays of the replies, e.g. control variates, set False)
+    dp_capable = True
 
     def configure_train(self, rnd: int, cohort: list[int]) -> dict[int, Message]:
         msg = Message(arrays=dict(self.model.state_dict()))  # one message object, counted per recipient
@@ -98,6 +103,10 @@ class FedAvgServer(Server):
         own = model_tensors(self.model)
         states = [{k: v for k, v in replies[c].arrays.items() if k in own} for c in cids]
         rule = self.aggregation_rule()
+        dp = self.ctx.dp
+        if dp is not None and dp.mode == "central":  # DP-FedAvg replaces the rule (config checks it is the default)
+            return central_dp_mean(states, dict(self.model.state_dict()), dp.clip_norm, dp.noise_multiplier,
+                                   derive_seed(self.ctx.seed, rnd, "dp-noise"), denominator=self.ctx.cohort_size)
         return aggregate(rule, states, [self.weight(c, replies[c]) for c in cids], dict(self.model.state_dict()),
                          **self.aggregation_context(rnd, replies),
                          **rule_kwargs(rule, getattr(self.params, "aggregation_params", None)))

@@ -37,6 +37,7 @@ from mmfl.core.system import WirelessSystem
 from mmfl.core.training import train_for_run
 from mmfl.data.federation import build_federation
 from mmfl.engine import checkpoint, runfolder
+from mmfl.engine.dp import DPAccountant, LocalDP
 from mmfl.engine.simulation import SimulationTransport
 from mmfl.engine.state import DiskClientStateStore, make_store
 from mmfl.errors import ConfigError, MMFLError
@@ -46,9 +47,14 @@ from mmfl.schema import COMPONENTS, ExperimentConfig
 from mmfl.seeds import derive_seed
 
 
+def cohort_size(cfg: ExperimentConfig, num_clients: int) -> int:
+    """The number of clients sampled per round."""
+    return cfg.run.clients_per_round or max(1, int(round(cfg.run.sample_fraction * num_clients)))
+
+
 def sample_cohort(cfg: ExperimentConfig, rnd: int, num_clients: int) -> list[int]:
     """The clients of round ``rnd``: a seeded draw without replacement."""
-    k = cfg.run.clients_per_round or max(1, int(round(cfg.run.sample_fraction * num_clients)))
+    k = cohort_size(cfg, num_clients)
     if k > num_clients:
         raise ConfigError(f"clients_per_round: {k} exceeds the number of clients ({num_clients})")
     if k == num_clients:
@@ -88,7 +94,12 @@ class Experiment:
             num_clients=self.federation.num_clients, make_model=self.make_model,
             client_modalities=self.federation.client_modalities, public=self.federation.public,
             system=self.system, client_groups=self.federation.client_groups,
-            client_sources=self.federation.client_sources))
+            client_sources=self.federation.client_sources, dp=cfg.dp,
+            cohort_size=cohort_size(cfg, self.federation.num_clients)))
+        self.dp_accountant = None  # [dp]: epsilon per round (mmfl.engine.dp)
+        if cfg.dp is not None:
+            n = self.federation.num_clients
+            self.dp_accountant = DPAccountant(cfg.dp, cohort_size(cfg, n), n, lambda r: sample_cohort(cfg, r, n))
         self.store = make_store(cfg.run.state_store, self.federation.num_clients, cfg.run_dir / "client_state")
         if transport is not None:
             self.transport = transport(self)
@@ -96,7 +107,11 @@ class Experiment:
             self.transport = SimulationTransport(
                 self.spec, cfg.algorithm.params, self.federation, train, cfg.run.seed,
                 self.make_model, self.store, on_nonfinite=cfg.run.on_nonfinite,
-                batch_clients=cfg.run.batch_clients, privacy=cfg.privacy)
+                batch_clients=cfg.run.batch_clients, privacy=cfg.privacy,
+                local_dp=LocalDP(cfg.dp, cfg.run.seed) if cfg.dp is not None and cfg.dp.mode == "local" else None)
+        if cfg.dp is not None and cfg.dp.mode == "local" and getattr(self.transport, "local_dp", None) is None:
+            raise ConfigError("dp.mode: local DP is applied by the in-process simulation only; this transport "
+                              "has no client-side randomizer (use dp.mode = \"central\")")
 
     # --- run folder -----------------------------------------------------
     @property
@@ -188,6 +203,8 @@ class Experiment:
             row: dict = {"round": rnd + 1, "clients": len(cohort)}
             row.update(self.server.round(rnd, cohort, self.transport))
             row.update(self.transport.batch_info)  # batched clients, or why not
+            if self.dp_accountant is not None:
+                row.update(self.dp_accountant.metrics(rnd))
             train_comm = self.transport.log.summary()
             dropped = list(self.transport.log.dropped)  # before the evaluation resets the log
             row["train_time_s"] = time.perf_counter() - t0
@@ -303,7 +320,7 @@ def with_new_defaults(saved: dict, cfg: ExperimentConfig) -> dict:
     the behaviour a newly added setting defaults to. Component tables naming another entry
     than ``cfg`` are left alone (they differ anyway)."""
     out = copy.deepcopy(saved)
-    tables = {None: cfg.run, "train": cfg.train, "privacy": cfg.privacy, "system": cfg.system,
+    tables = {None: cfg.run, "train": cfg.train, "privacy": cfg.privacy, "system": cfg.system, "dp": cfg.dp,
               **{kind: getattr(cfg, kind).params for kind in COMPONENTS}}
     for key, obj in tables.items():
         table = out if key is None else out.get(key)
