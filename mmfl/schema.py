@@ -75,7 +75,8 @@ class RunConfig:
         default="drop", metadata={"help": "a client reply that does not fit what the server expects (keys, "
                                           "shapes, dtypes, num_examples; mmfl.core.replies): drop it with a "
                                           "logged reason (counted in replies_rejected), or fail the run"})
-    keep_checkpoints: int = field(default=1, metadata={"help": "how many round checkpoints to keep (>= 1)"})
+    keep_checkpoints: int = field(default=1, metadata={
+        "help": "how many round checkpoints to keep (>= 1; >= 2 lets resume skip a damaged newest one)"})
     reply_timeout: float = field(
         default=600.0, metadata={"help": "Flower: seconds to wait for the replies of one send (> 0)"})
     on_missing_reply: Literal["fail", "drop"] = field(
@@ -241,6 +242,40 @@ class AttackConfig:
             raise ConfigError(f"attack.examples: must be an integer, got {self.examples!r}")
 
 
+DPMode = Literal["central", "local"]
+
+
+@dataclass
+class DPConfig:
+    """The ``[dp]`` table: client-level differential privacy for the weight-averaging algorithms
+    (docs/dp.md). Absent table: no DP. Each client's update ``w_k - w^t`` is clipped to L2 norm
+    ``clip_norm``; Gaussian noise of std ``noise_multiplier * clip_norm`` is added to the sum of the
+    clipped updates on the server (``central``, DP-FedAvg of McMahan et al. 2018) or to each
+    clipped update before it leaves its client (``local``). Epsilon at ``delta`` is reported per
+    round (``dp/epsilon`` in metrics.jsonl) by Opacus's RDP accountant."""
+
+    mode: DPMode = field(default="central", metadata={
+        "help": "central: the server clips every update and adds noise to their sum; local: each client "
+                "clips its own update and adds noise to it before sending"})
+    clip_norm: float = field(default=1.0, metadata={"help": "C: the L2 norm every update w_k - w^t is clipped to"})
+    noise_multiplier: float = field(default=1.0, metadata={
+        "help": "z: the Gaussian noise std is z * C (on the sum: central; on each update: local); 0: no noise"})
+    delta: float = field(default=1e-5, metadata={"help": "the delta at which epsilon is reported, in (0, 1)"})
+
+    def __post_init__(self):
+        import math
+
+        if self.mode not in ("central", "local"):
+            raise ConfigError(f"dp.mode: must be \"central\" or \"local\", got {self.mode!r}")
+        if isinstance(self.clip_norm, bool) or not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
+            raise ConfigError(f"dp.clip_norm: must be a positive number, got {self.clip_norm}")
+        if isinstance(self.noise_multiplier, bool) or not (math.isfinite(self.noise_multiplier)
+                                                           and self.noise_multiplier >= 0):
+            raise ConfigError(f"dp.noise_multiplier: must be a number >= 0, got {self.noise_multiplier}")
+        if isinstance(self.delta, bool) or not (0 < self.delta < 1):
+            raise ConfigError(f"dp.delta: must be in (0, 1), got {self.delta}")
+
+
 @dataclass
 class Component:
     """A ``[data]``/``[partition]``/``[model]``/``[algorithm]`` table: a name and raw values."""
@@ -294,6 +329,7 @@ class ExperimentConfig:
     privacy: PrivacyConfig | None = None  # [privacy]; None: no rules (nothing checked)
     system: SystemConfig | None = None  # [system]; None: no system model (no simulated latency)
     attack: AttackConfig | None = None  # [attack]; None: every client honest
+    dp: DPConfig | None = None  # [dp]; None: no differential privacy
 
     def to_dict(self) -> dict:
         """The resolved config (every default filled in), as TOML-able tables."""
@@ -321,6 +357,8 @@ class ExperimentConfig:
             out["system"] = asdict(self.system)
         if self.attack is not None:
             out["attack"] = asdict(self.attack)
+        if self.dp is not None:
+            out["dp"] = asdict(self.dp)
         return _drop_none(out)
 
     def to_toml(self) -> str:

@@ -74,6 +74,8 @@ class ServerContext:
     rounds: int = 0  # the run's rounds (a server's own schedule, e.g. CreamFL's cosine server lr); 0: unknown
     client_groups: list[int | None] | None = None  # each client's [[client_models]] entry (None: all [model])
     client_sources: list[int | None] | None = None  # each client's [[client_data]] entry (None: all the run's data)
+    dp: Any = None  # the run's [dp] (mmfl.schema.DPConfig); None: no differential privacy
+    cohort_size: int = 0  # clients sampled per round (central DP's fixed denominator); 0: unknown
 
     def modalities_of(self, cid: int) -> tuple[str, ...]:
         return tuple(self.meta.modalities) if self.client_modalities is None else self.client_modalities[cid]

@@ -122,6 +122,7 @@ def server_variate_update(c: dict[str, Tensor], dcs: list[dict[str, Tensor]], nu
 
 class ScaffoldServer(FedAvgServer):
     state_fields = {"c": tensors()}  # the server control variate c (per trainable parameter)
+    dp_capable = False  # the control-variate updates are averaged without clipping or noise ([dp] refused)
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)

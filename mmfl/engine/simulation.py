@@ -101,7 +101,8 @@ class SimulationTransport:
 
     def __init__(self, spec: AlgorithmSpec, params, federation: Federation, train: TrainConfig,
                  seed: int, make_model: Callable[[], nn.Module], store: ClientStateStore,
-                 on_nonfinite: str = "fail", batch_clients: bool = False, privacy=None, attack=None):
+                 on_nonfinite: str = "fail", batch_clients: bool = False, privacy=None, local_dp=None,
+                 attack=None):
         """``privacy``: the run's ``[privacy]`` rules (``cfg.privacy``; None: none). Every
         reply is checked against its client's data before the server sees it; a breach
         fails the run (:class:`~mmfl.engine.privacy.PrivacyError`). A rule naming a
@@ -117,6 +118,7 @@ class SimulationTransport:
         self.on_nonfinite = on_nonfinite
         self.batch_clients = batch_clients  # train a send's clients together (mmfl.engine.batched)
         self.privacy = make_checker(privacy, federation_modalities(federation))  # None: no rules
+        self.local_dp = local_dp  # [dp] mode = "local": mmfl.engine.dp.LocalDP, applied to train replies
         self.batch_info: dict = {}  # this round: clients trained batched, or why not
         self.num_clients = federation.num_clients
         self.attack = make_attack(attack, federation.num_clients, seed)  # None: no [attack]
@@ -136,6 +138,7 @@ class SimulationTransport:
         return send_batched(self, route, messages)
 
     def send(self, route: str, messages: dict[int, Message]) -> dict[int, Message]:
+        sent = messages
         replies, messages = self._send_batched(route, messages)
         fed = self.federation
         if self.privacy is not None:  # replies of batched training (sequential ones: in run_client)
@@ -157,4 +160,6 @@ class SimulationTransport:
                 continue  # its state is not saved either: the round never happened for it
             self.store.save(cid, state)
             replies[cid] = reply
+        if self.local_dp is not None and route == "train":  # the client's randomizer, before its reply leaves
+            replies = {cid: self.local_dp(self.rnd, cid, sent[cid], r) for cid, r in sorted(replies.items())}
         return replies
