@@ -74,6 +74,7 @@ class ServerContext:
     rounds: int = 0  # the run's rounds (a server's own schedule, e.g. CreamFL's cosine server lr); 0: unknown
     client_groups: list[int | None] | None = None  # each client's [[client_models]] entry (None: all [model])
     client_sources: list[int | None] | None = None  # each client's [[client_data]] entry (None: all the run's data)
+    client_model: Callable[[int], nn.Module] | None = None  # client cid's own initial model (its modalities, group, data)
     dp: Any = None  # the run's [dp] (mmfl.schema.DPConfig); None: no differential privacy
     cohort_size: int = 0  # clients sampled per round (central DP's fixed denominator); 0: unknown
 
@@ -150,12 +151,19 @@ class Server(Stateful):
             return None
         cache = self.__dict__.setdefault("_reply_schemas", {})
         h = tuple(self.ctx.modalities_of(cid))
-        if h not in cache:
-            keys = None
-            if h != tuple(self.ctx.meta.modalities):
-                keys = self.ctx.make_model(h).state_dict().keys()
-            cache[h] = model_schema(self.model.state_dict(), keys).merge(self.extra_reply_arrays())
-        return cache[h]
+        group = self.ctx.client_groups[cid] if self.ctx.client_groups is not None else None
+        source = self.ctx.client_sources[cid] if self.ctx.client_sources is not None else None
+        if (h, group, source) not in cache:
+            if (group is not None or source is not None) and self.ctx.client_model is not None:
+                # a [[client_models]] / [[client_data]] client: its own architecture's entries and shapes
+                schema = model_schema(self.ctx.client_model(cid).state_dict())
+            else:
+                keys = None
+                if h != tuple(self.ctx.meta.modalities):
+                    keys = self.ctx.make_model(h).state_dict().keys()
+                schema = model_schema(self.model.state_dict(), keys)
+            cache[h, group, source] = schema.merge(self.extra_reply_arrays())
+        return cache[h, group, source]
 
     def extra_reply_arrays(self) -> ReplySchema | None:
         """What a ``train`` reply carries besides model entries (its ``arrays``, ``free`` prefixes

@@ -97,7 +97,8 @@ class Experiment:
             client_modalities=self.federation.client_modalities, public=self.federation.public,
             system=self.system, client_groups=self.federation.client_groups,
             client_sources=self.federation.client_sources, dp=cfg.dp,
-            cohort_size=cohort_size(cfg, self.federation.num_clients)))
+            cohort_size=cohort_size(cfg, self.federation.num_clients),
+            client_model=lambda cid: self.make_model(fed.modalities_of(cid), fed.group_of(cid), fed.meta_of(cid))))
         self.dp_accountant = None  # [dp]: epsilon per round (mmfl.engine.dp)
         if cfg.dp is not None:
             n = self.federation.num_clients

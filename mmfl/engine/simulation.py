@@ -140,11 +140,7 @@ class SimulationTransport:
     def send(self, route: str, messages: dict[int, Message]) -> dict[int, Message]:
         sent = messages
         replies, messages = self._send_batched(route, messages)
-        fed = self.federation
-        if self.privacy is not None:  # replies of batched training (sequential ones: in run_client)
-            for cid, reply in replies.items():
-                self.privacy.check(reply, fed.clients[cid], cid=cid, route=route,
-                                   num_classes=fed.meta_of(cid).num_classes)
+        fed = self.federation  # [privacy] is checked where each reply is made: run_client, send_batched
         for cid in sorted(messages):
             msg = messages[cid]
             call = self._calls[cid]
