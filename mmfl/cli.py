@@ -12,8 +12,9 @@
     mmfl bench GRID.toml           run a benchmark grid's missing runs in parallel, write its tables
                                    (--tables-only, --workers N, --seeds ...; docs/benchmarks.md)
 
-A user error (bad path, unknown name, invalid value, corrupt file) prints one
-line ``mmfl: error: ...`` and exits with code 2.
+A user error (bad path, unknown name, invalid value, corrupt file) and a file
+system error (full disk, unwritable output_dir) print one line ``mmfl: error: ...``
+and exit with code 2.
 """
 
 from __future__ import annotations
@@ -166,7 +167,8 @@ def cmd_list(args) -> int:
         if args.kind and kind != args.kind:
             continue
         heading, table = _HEADINGS[kind]
-        print(f"{heading} ([{table}] {'aggregation' if kind == 'aggregation' else 'name'} = ...):")
+        params = "; its parameters: aggregation_params = {...}" if kind == "aggregation" else ""
+        print(f"{heading} ([{table}] {'aggregation' if kind == 'aggregation' else 'name'} = ...{params}):")
         for e in reg.entries():
             print(f"  {e.name:<16} {e.help}")
             for name, typ, default, help_ in param_doc(e.params):
@@ -251,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         return handler(args)
     except MMFLError as e:
         print(f"mmfl: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a file system error not caught closer to its cause: still one line
+        print(f"mmfl: error: {str(e.filename) + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("mmfl: interrupted (the last completed round is checkpointed; continue with --resume)",

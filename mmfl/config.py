@@ -34,6 +34,11 @@ A config has top-level run settings and one table per component::
     labels = "private"
     [system]                    # optional: simulated wireless latency (off when absent)
     bandwidth_hz = 1e6
+    [attack]                    # optional: malicious clients (off when absent; mmfl.engine.attack)
+    kind = "sign_flip"
+    fraction = 0.1
+    [dp]                        # optional: client-level differential privacy (off when absent)
+    mode = "central"
 
 Component tables are validated against the registered parameter dataclass of
 the named entry, so a misspelt key is an error naming it.
@@ -48,13 +53,15 @@ from pathlib import Path
 from typing import Any
 
 from mmfl.algorithms import ALGORITHMS
+from mmfl.core.aggregation import AGGREGATION_RULES, check_cohort
 from mmfl.data import DATASETS, PARTITIONERS
 from mmfl.data.modality import CASES, MODALITY_ASSIGNERS
 from mmfl.errors import ConfigError
 from mmfl.models import MODELS
 from mmfl.registry import build_params
-from mmfl.schema import (COMPONENTS, RULES, ClientData, ClientModel, Component, ExperimentConfig,  # noqa: F401
-                         PrivacyConfig, RunConfig, SystemConfig, TrainConfig)
+from mmfl.schema import (COMPONENTS, RULES, ClientData, ClientModel, Component, DPConfig,  # noqa: F401
+                         ExperimentConfig, PrivacyConfig, RunConfig, SystemConfig, TrainConfig)
+from mmfl.schema import AttackConfig
 
 
 DEFAULTS: dict[str, Any] = {
@@ -145,10 +152,13 @@ def resolve(raw: dict) -> ExperimentConfig:
     sources_raw = raw.pop("client_data", [])
     privacy_raw = raw.pop("privacy", None)
     system_raw = raw.pop("system", None)
+    attack_raw = raw.pop("attack", None)
+    dp_raw = raw.pop("dp", None)
     run_fields = {f.name for f in fields(RunConfig)}
     for key in raw:
         if key not in run_fields:
-            known = sorted(run_fields | set(tables) | {"case", "client_data", "client_models", "privacy", "system"})
+            known = sorted(run_fields | set(tables) | {"attack", "case", "client_data", "client_models", "dp", "privacy",
+                                                       "system"})
             raise ConfigError(f"{key}: unknown config key (known: {', '.join(known)})")
     run = build_params("", "settings", RunConfig, raw)
     train = build_params("train", "settings", TrainConfig, tables["train"])
@@ -164,8 +174,57 @@ def resolve(raw: dict) -> ExperimentConfig:
     sources = resolve_client_data(sources_raw, {"data": DATASETS, "partition": PARTITIONERS})
     privacy = resolve_privacy(privacy_raw)
     system = resolve_system(system_raw)
+    dp = resolve_dp(dp_raw, comps["algorithm"])
+    attack = resolve_attack(attack_raw)
+    check_rule_cohort(comps["algorithm"].params, run, comps["partition"].params, sources)
     return ExperimentConfig(run=run, train=train, **comps, client_models=groups, client_data=sources,
-                            privacy=privacy, system=system)
+                            privacy=privacy, system=system, dp=dp, attack=attack)
+
+
+def check_rule_cohort(algo, run, partition, sources) -> None:
+    """A robust rule that needs more updates than a round has (Krum: n > 2f + 2, Bulyan: n >= 4f + 3)
+    is a ConfigError here when the cohort size is known from the config; otherwise the rule says so
+    at run time (e.g. fewer holders of a module than the rule needs)."""
+    name = getattr(algo, "aggregation", None)
+    if name not in AGGREGATION_RULES:
+        return
+    num_clients = getattr(partition, "num_clients", 0) if not sources else 0
+    n = run.clients_per_round or (max(1, int(round(run.sample_fraction * num_clients))) if num_clients else 0)
+    if n:
+        check_cohort(name, getattr(algo, "aggregation_params", None), n)
+
+
+def resolve_dp(table, algo: Component) -> DPConfig | None:
+    """Validate ``[dp]`` (None: the table is absent, no DP) against the algorithm: client-level DP
+    covers the servers that only average the replies' models (``dp_capable``, the FedAvg family);
+    central DP replaces the aggregation rule by DP-FedAvg's clipped uniform mean, so it takes only the
+    default averaging rules (local DP noises the updates on the clients and keeps any rule)."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError("dp: must be a table, e.g. [dp] with mode = \"central\", noise_multiplier = 1.0")
+    dp = build_params("dp", "settings", DPConfig, table)
+    spec = ALGORITHMS.get(algo.name).factory
+    if spec.pooled or not getattr(spec.server, "dp_capable", False):
+        ok = [n for n in ALGORITHMS.names() if not ALGORITHMS.get(n).factory.pooled
+              and getattr(ALGORITHMS.get(n).factory.server, "dp_capable", False)]
+        raise ConfigError(f"dp: algorithm '{algo.name}' does not support client-level DP (its server uses more "
+                          f"of the replies than averaged models); supported: {', '.join(ok)}")
+    rule = getattr(algo.params, "aggregation", None)
+    if dp.mode == "central" and rule not in (None, "weighted_mean", "mean"):
+        raise ConfigError(f"dp.mode: central DP aggregates by DP-FedAvg's clipped uniform mean, so "
+                          f"algorithm.aggregation = '{rule}' cannot be used with it; use dp.mode = \"local\" "
+                          "or the default rule")
+    return dp
+
+
+def resolve_attack(table) -> AttackConfig | None:
+    """Validate ``[attack]`` (None: the table is absent, every client honest)."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError("attack: must be a table, e.g. [attack] with kind = \"sign_flip\", fraction = 0.1")
+    return build_params("attack", "settings", AttackConfig, table)
 
 
 def resolve_system(table) -> SystemConfig | None:

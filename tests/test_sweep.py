@@ -29,3 +29,17 @@ def test_paired_verdict_needs_pairs():
     v = paired_verdict([1.0], [2.0])
     assert v["text"].startswith("not testable") and math.isnan(v["lo"])
     assert paired_verdict([1.0, 2.0], [1.0, 2.0])["text"].startswith("unresolved")
+
+
+def test_a_run_that_failed_before_writing_anything_is_run_again(tmp_path):
+    """run_one's own failed.txt (a run that failed before its folder held a run) does not make
+    the folder look like a user's folder that --overwrite must refuse."""
+    from mmfl.sweep import run_one
+
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "failed.txt").write_text("RuntimeError: earlier\n")
+    raw = {"data": {"name": "digits"}, "partition": {"name": "dirichlet", "num_clients": 3},
+           "model": {"name": "mlp", "hidden": [8]}, "rounds": 1, "threads": 1, "train": {"local_epochs": 1}}
+    name, _, err = run_one("r", raw, str(tmp_path))
+    assert err is None and (tmp_path / "r" / "summary.json").is_file()
+    assert not (tmp_path / "r" / "failed.txt").exists()

@@ -25,6 +25,7 @@ from mmfl.schema import TrainConfig
 from mmfl.data.base import ArrayDataset, DatasetMeta
 from mmfl.core.evaluation import EvalContext, client_personal_metrics, global_metrics, personalized_metrics
 from mmfl.core.message import Message
+from mmfl.core.replies import ReplySchema, model_schema
 from mmfl.core.state import Stateful, module
 from mmfl.core.training import LossFn, load_into, local_train, model_tensors, state_of, train_at_round
 
@@ -73,6 +74,9 @@ class ServerContext:
     rounds: int = 0  # the run's rounds (a server's own schedule, e.g. CreamFL's cosine server lr); 0: unknown
     client_groups: list[int | None] | None = None  # each client's [[client_models]] entry (None: all [model])
     client_sources: list[int | None] | None = None  # each client's [[client_data]] entry (None: all the run's data)
+    client_model: Callable[[int], nn.Module] | None = None  # client cid's own initial model (its modalities, group, data)
+    dp: Any = None  # the run's [dp] (mmfl.schema.DPConfig); None: no differential privacy
+    cohort_size: int = 0  # clients sampled per round (central DP's fixed denominator); 0: unknown
 
     def modalities_of(self, cid: int) -> tuple[str, ...]:
         return tuple(self.meta.modalities) if self.client_modalities is None else self.client_modalities[cid]
@@ -135,6 +139,36 @@ class Server(Stateful):
 
     def configure_train(self, rnd: int, cohort: list[int]) -> dict[int, Message]:
         raise NotImplementedError
+
+    # --- what replies may hold (checked by the engine before the server sees them) --------
+    def reply_schema(self, route: str, cid: int) -> ReplySchema | None:
+        """The :class:`~mmfl.core.replies.ReplySchema` of client ``cid``'s reply on ``route``
+        (None: not checked beyond NaN/inf). Default: on ``train``, the global model's entries
+        that the client's own model has (its modalities' modules), with the server's shapes
+        and dtypes, plus :meth:`extra_reply_arrays`, and a positive integer ``num_examples``.
+        A server whose replies carry other things declares them here."""
+        if route != "train":
+            return None
+        cache = self.__dict__.setdefault("_reply_schemas", {})
+        h = tuple(self.ctx.modalities_of(cid))
+        group = self.ctx.client_groups[cid] if self.ctx.client_groups is not None else None
+        source = self.ctx.client_sources[cid] if self.ctx.client_sources is not None else None
+        if (h, group, source) not in cache:
+            if (group is not None or source is not None) and self.ctx.client_model is not None:
+                # a [[client_models]] / [[client_data]] client: its own architecture's entries and shapes
+                schema = model_schema(self.ctx.client_model(cid).state_dict())
+            else:
+                keys = None
+                if h != tuple(self.ctx.meta.modalities):
+                    keys = self.ctx.make_model(h).state_dict().keys()
+                schema = model_schema(self.model.state_dict(), keys)
+            cache[h, group, source] = schema.merge(self.extra_reply_arrays())
+        return cache[h, group, source]
+
+    def extra_reply_arrays(self) -> ReplySchema | None:
+        """What a ``train`` reply carries besides model entries (its ``arrays``, ``free`` prefixes
+        and ``required`` keys; the counts are the default's). Default: nothing."""
+        return None
 
     def aggregate_train(self, rnd: int, replies: dict[int, Message]) -> dict[str, float]:
         raise NotImplementedError

@@ -64,7 +64,7 @@ be combined by hand: Table 3's GCA, GCA+inter and GCA+intra rows are
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -80,8 +80,9 @@ from mmfl.algorithms.fedavg import weighted_mean_scalar
 from mmfl.algorithms.multimodal import FEDIOT_MULTIMODAL_WEIGHT
 from mmfl.algorithms.pcme import SAMPLES, VIB_WEIGHT
 from mmfl.algorithms.public_terms import DEFAULT_CHUNK
-from mmfl.core.aggregation import AGGREGATION_RULES, aggregate, check_rule
+from mmfl.core.aggregation import AGGREGATION_RULES, aggregate, check_rule, rule_kwargs, rule_params
 from mmfl.core.message import Message
+from mmfl.core.replies import ReplySchema
 from mmfl.core.state import optimizer, tensors
 from mmfl.core.training import cosine_lr, set_lr, shuffled_batches
 from mmfl.errors import ConfigError
@@ -99,6 +100,9 @@ class CreamFLParams:
         "help": "representation aggregation: gca (eq. 4-6), mean (rule rep_mean), avg (rep_avg: by sample "
                 "count), iot (rep_iot: image-text clients x iot_weight), variance (fedet_variance: FedET), "
                 "entropy (fedgems_entropy: FedGEMS), or another rule of `mmfl list aggregation`"})
+    aggregation_params: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "the rule's parameters, a table checked against that rule (`mmfl list aggregation`), e.g. "
+                "{trim_fraction = 0.2} for rep_trimmed_mean"})
     inter: bool = field(default=True, metadata={"help": "inter-modal contrastive regularization (eq. 1)"})
     intra: bool = field(default=True, metadata={"help": "intra-modal contrastive regularization (eq. 2)"})
     gamma: float = field(default=0.5, metadata={"help": "LCR coefficient (eq. 3; the authors' 0.5)"})
@@ -151,6 +155,7 @@ class CreamFLParams:
             raise ConfigError(f"algorithm.aggregation: unknown aggregation rule {self.aggregation!r} (CreamFL's: "
                               f"{', '.join(AGGREGATIONS)}; any of `mmfl list aggregation`)")
         check_rule(AGGREGATIONS.get(self.aggregation, self.aggregation), representations=True)
+        rule_params(AGGREGATIONS.get(self.aggregation, self.aggregation), self.aggregation_params)
         if self.server_optimizer not in ("per_phase", "restart", "shared"):
             raise ConfigError(f"algorithm.server_optimizer: must be 'per_phase', 'restart' or 'shared', "
                               f"got {self.server_optimizer!r}")
@@ -214,6 +219,17 @@ class CreamFLServer(Server):
         self.opt_kd = torch.optim.Adam(self.model.parameters(), lr=params.server_lr) \
             if params.server_optimizer == "per_phase" else self.opt
         self.consensus: dict[str, Tensor] = {}
+
+    representation_replies = True  # replies carry representations (the [attack] kinds shuffle_reps, random_reps)
+
+    def reply_schema(self, route: str, cid: int) -> ReplySchema | None:
+        """Step 4's reply: ``rep/<m>`` [|P|, d] (the server's dtype) for the paired modalities the
+        client holds, and ``num_examples``."""
+        if route != "train":
+            return None
+        shape = (len(self.public), int(self.model.feat_dim))
+        dtype = next(self.model.parameters()).dtype
+        return ReplySchema({REP + m: (shape, dtype) for m in self.ctx.modalities_of(cid) if m in self.pair})
 
     # what each client receives
     def needs(self, holds: tuple[str, ...]) -> list[str]:
@@ -289,6 +305,7 @@ class CreamFLServer(Server):
             context["multimodal"] = [set(self.pair) <= set(self.ctx.modalities_of(c)) for c in cids]
         weights = [float(replies[c].scalars["num_examples"]) for c in cids]
         rule_info: dict = {}
+        context.update(rule_kwargs(rule, p.aggregation_params))
         out = aggregate(rule, updates, weights, info=rule_info, **context)  # eq. 6 with the rule's weights
         agg, info = {}, {}
         for m in self.pair:

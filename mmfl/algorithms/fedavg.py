@@ -14,7 +14,7 @@ a name in :data:`mmfl.core.aggregation.AGGREGATION_RULES`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -22,10 +22,12 @@ from torch import Tensor
 
 from mmfl.algorithms.registry import register
 from mmfl.algorithms.base import Server, TrainingClient
-from mmfl.core.aggregation import aggregate, check_rule, weighted_mean
+from mmfl.core.aggregation import aggregate, check_rule, rule_kwargs, rule_params, weighted_mean
 from mmfl.core.batched import BatchedClient, BatchedTask
+from mmfl.core.dp import central_dp_mean
 from mmfl.core.message import Message
 from mmfl.core.training import LossFn, load_into, model_tensors, state_of
+from mmfl.seeds import derive_seed
 
 
 MODULE_WEIGHT = "examples/"  # reply scalar "examples/<key prefix>": the data weight of that module
@@ -61,13 +63,20 @@ class FedAvgParams:
     aggregation: str = field(default="weighted_mean", kw_only=True, metadata={  # kw_only: after subclass fields
         "help": "the server's aggregation rule, by name (`mmfl list aggregation`): weighted_mean = "
                 "FedAvg's data-size weights (MOON Alg. 1 line 7), mean = uniform, ..."})
+    aggregation_params: dict[str, Any] = field(default_factory=dict, kw_only=True, metadata={
+        "help": "the rule's parameters, a table checked against that rule (`mmfl list aggregation`), e.g. "
+                "{trim_fraction = 0.2} for trimmed_mean, {f = 1} for krum / bulyan, {clip_norm = 1.0} for norm_clip"})
 
     def __post_init__(self):
         check_rule(self.aggregation)
+        rule_params(self.aggregation, self.aggregation_params)
 
 
 class FedAvgServer(Server):
     default_aggregation = "weighted_mean"  # the rule when the params name none (subclasses: their paper's)
+    # [dp] applies: every reply array the server uses is a model entry that aggregate() combines
+    # (servers reading other arrays of the replies, e.g. control variates, set False)
+    dp_capable = True
 
     def configure_train(self, rnd: int, cohort: list[int]) -> dict[int, Message]:
         msg = Message(arrays=dict(self.model.state_dict()))  # one message object, counted per recipient
@@ -93,8 +102,14 @@ class FedAvgServer(Server):
         cids = sorted(replies)
         own = model_tensors(self.model)
         states = [{k: v for k, v in replies[c].arrays.items() if k in own} for c in cids]
-        return aggregate(self.aggregation_rule(), states, [self.weight(c, replies[c]) for c in cids],
-                         dict(self.model.state_dict()), **self.aggregation_context(rnd, replies))
+        rule = self.aggregation_rule()
+        dp = self.ctx.dp
+        if dp is not None and dp.mode == "central":  # DP-FedAvg replaces the rule (config checks it is the default)
+            return central_dp_mean(states, dict(self.model.state_dict()), dp.clip_norm, dp.noise_multiplier,
+                                   derive_seed(self.ctx.seed, rnd, "dp-noise"), denominator=self.ctx.cohort_size)
+        return aggregate(rule, states, [self.weight(c, replies[c]) for c in cids], dict(self.model.state_dict()),
+                         **self.aggregation_context(rnd, replies),
+                         **rule_kwargs(rule, getattr(self.params, "aggregation_params", None)))
 
     def reported_scalars(self) -> tuple[str, ...]:
         """Reply scalars averaged (by data size) into the round's metrics besides ``train_loss``."""

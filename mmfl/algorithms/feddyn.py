@@ -66,6 +66,7 @@ def server_step(mean: dict[str, Tensor], prev: dict[str, Tensor], replies: list[
 
 class FedDynServer(FedAvgServer):
     state_fields = {"h": tensors()}  # h^{t-1} ({} before round 1)
+    dp_capable = False  # server_step reads the replies' models outside aggregate() ([dp] refused)
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)

@@ -51,6 +51,7 @@ from mmfl.algorithms.fedavg import weighted_mean_scalar
 from mmfl.algorithms.multimodal import masked_ce, only_held
 from mmfl.data.base import ArrayDataset
 from mmfl.core.message import Message
+from mmfl.core.replies import ReplySchema
 from mmfl.core.state import per_client, read, record, tensor, write
 from mmfl.core.training import load_into, local_train, state_of
 from mmfl.errors import ConfigError, MMFLError
@@ -289,6 +290,11 @@ class FedFomoServer(PersonalizedServer):
         super().__init__(params, ctx)
         n = ctx.num_clients
         self.affinity = torch.zeros(n, n, dtype=torch.float64)  # P; the diagonal is never used
+
+    def extra_reply_arrays(self) -> ReplySchema:
+        """A reply also carries the peers it scored and their affinity updates and weights (one
+        entry per peer, so of any length)."""
+        return ReplySchema(free=("fomo/",), required=(PEERS, DELTA, WEIGHTS))
 
     def epsilon(self, rnd: int) -> float:
         return max(self.params.epsilon - rnd * self.params.epsilon_decay, 0.0)

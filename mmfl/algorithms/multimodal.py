@@ -90,6 +90,8 @@ class MultimodalServer(FedAvgServer):
     """FedAvg server for multimodal models: each client receives only the modules it holds
     (and ``round_scalars``); aggregation is module-wise (the engine's rule)."""
 
+    dp_capable = False  # modules held by some clients only: [dp]'s per-client sensitivity is not defined here
+
     private: tuple[str, ...] = ()  # key prefixes the clients keep to themselves: never sent either way
 
     def __init__(self, params, ctx):

@@ -49,6 +49,7 @@ from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.fedavg import weighted_average, weighted_mean_scalar
 from mmfl.algorithms.multimodal import only_held
 from mmfl.core.message import Message
+from mmfl.core.replies import ReplySchema
 from mmfl.core.state import module, optimizer, per_client, read, scalar, tensor, write
 from mmfl.core.training import evaluate_model, load_into, make_optimizer, shuffled_batches, state_of
 from mmfl.errors import ConfigError
@@ -144,6 +145,10 @@ def require_model(model: nn.Module, variant: str) -> None:
 class PartialFLServer(Server):
     # F_s and its Adam state (align only; None otherwise), the uploaded shareable data
     state_fields = {"fs": module(), "fs_opt": optimizer(), "xs": per_client(tensor()), "uploaded": scalar()}
+
+    def extra_reply_arrays(self) -> ReplySchema:
+        """A reply also carries ``zprime``, the local embeddings of the client's rows ([rows, d])."""
+        return ReplySchema(free=(ZPRIME,))
 
     def __init__(self, params: PartialFLParams, ctx):
         super().__init__(params, ctx)

@@ -41,6 +41,7 @@ from mmfl.algorithms.registry import register
 from mmfl.algorithms.multimodal import MFedAvgClient, MFedAvgParams, MultimodalServer
 from mmfl.core.state import record, tensors
 from mmfl.core.message import Message
+from mmfl.core.replies import ReplySchema, specs_of
 from mmfl.errors import ConfigError
 
 PROTO = "proto/"  # message array "proto/<m>": prototypes of modality m, [C, d]
@@ -164,6 +165,11 @@ class MFedProtoServer(MultimodalServer):
         c, d = self.ctx.meta.num_classes, self.model.feat_dim
         self.protos = {m: torch.zeros(c, d) for m in sorted(self.ctx.meta.modalities)}
         self.counts = {m: torch.zeros(c) for m in sorted(self.ctx.meta.modalities)}
+
+    def extra_reply_arrays(self):
+        """A reply also carries its prototypes ``proto/<m>`` [C, d] and their counts ``proto_count/<m>`` [C]."""
+        return ReplySchema({**specs_of({PROTO + m: t for m, t in self.protos.items()}),
+                            **specs_of({PROTO_COUNT + m: t for m, t in self.counts.items()})})
 
     def round_arrays(self, rnd):
         """The global prototypes of each modality that has any (none before the first aggregation)."""

@@ -52,6 +52,7 @@ from torch import Tensor
 from mmfl.algorithms.registry import register
 from mmfl.algorithms.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from mmfl.core.message import Message
+from mmfl.core.replies import ReplySchema, specs_of
 from mmfl.core.state import read, tensors, write
 from mmfl.core.training import load_into
 from mmfl.errors import ConfigError
@@ -121,10 +122,16 @@ def server_variate_update(c: dict[str, Tensor], dcs: list[dict[str, Tensor]], nu
 
 class ScaffoldServer(FedAvgServer):
     state_fields = {"c": tensors()}  # the server control variate c (per trainable parameter)
+    dp_capable = False  # the control-variate updates are averaged without clipping or noise ([dp] refused)
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
         self.c = {n: torch.zeros_like(p) for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def extra_reply_arrays(self) -> ReplySchema:
+        """A reply also carries ``dc/<name>`` = c_i^+ - c_i for every trainable parameter (line 17 reads them all)."""
+        dc = specs_of({DC + k: v for k, v in self.c.items()})
+        return ReplySchema(dc, required=tuple(dc))
 
     def configure_train(self, rnd, cohort):
         arrays = dict(self.model.state_dict())

@@ -13,6 +13,7 @@ import numpy as np
 from mmfl.algorithms.registry import preset, register
 from mmfl.algorithms.fedavg import reply_weights, weighted_mean_scalar
 from mmfl.algorithms.multimodal import FEDIOT_MULTIMODAL_WEIGHT, only_held
+from mmfl.algorithms.base import Server
 from mmfl.core.aggregation import aggregate
 from mmfl.core.message import Message
 from mmfl.core.training import state_of
@@ -60,6 +61,9 @@ class WeightSharingServer(CreamFLServer):
     architecture; the held encoders and projectors are averaged module-wise (by sample
     count; FedIoT: image-text clients x ``iot_weight``); the server's model *is* the
     average (it does not train). Heads stay on the clients (their classes differ)."""
+
+    representation_replies = False
+    reply_schema = Server.reply_schema  # model weights: the default schema (mmfl.core.replies)
 
     def round(self, rnd, cohort, transport):
         full = {k: v for k, v in self.model.state_dict().items() if k.startswith(SHARED)}

@@ -26,13 +26,14 @@ module) and one ``@AGGREGATION_RULES.register(...)`` line.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
 from mmfl.errors import ConfigError
-from mmfl.registry import Registry
+from mmfl.registry import Registry, build_params
 
 Rule = Callable[..., dict[str, Tensor]]
 AGGREGATION_RULES: Registry[Rule] = Registry("aggregation rule")
@@ -53,7 +54,8 @@ def per_sample(name: str) -> bool:
 def check_rule(name: str, where: str = "algorithm.aggregation", representations: bool = False) -> str:
     """``name`` if it is a registered rule this algorithm can use, else a ConfigError naming the
     field: a rule over per-sample representations only where ``representations`` (CreamFL's
-    family; the per-key rules serve both)."""
+    family), a rule marked ``model_states`` (the robust model rules) only where not; the other
+    per-key rules serve both."""
     if name not in AGGREGATION_RULES:
         raise ConfigError(f"{where}: unknown aggregation rule {name!r} "
                           f"(known: {', '.join(AGGREGATION_RULES.names())})")
@@ -61,7 +63,33 @@ def check_rule(name: str, where: str = "algorithm.aggregation", representations:
         usable = [n for n in AGGREGATION_RULES.names() if not per_sample(n)]
         raise ConfigError(f"{where}: rule {name!r} combines per-sample representations (CreamFL-family "
                           f"servers); this algorithm averages model states: one of {', '.join(usable)}")
+    if representations and getattr(AGGREGATION_RULES.get(name).factory, "model_states", False):
+        usable = [n for n in AGGREGATION_RULES.names() if per_sample(n)]
+        raise ConfigError(f"{where}: rule {name!r} combines model states (FedAvg-family servers); this algorithm "
+                          f"combines per-sample representations: one of {', '.join(usable)}")
     return name
+
+
+def rule_params(name: str, values: dict[str, Any] | None, where: str = "algorithm.aggregation_params"):
+    """The validated parameters of rule ``name`` (its registered params dataclass, or None when it
+    takes none) from the table ``values``; a bad key or value is a ConfigError naming ``where.key``."""
+    return build_params(where, name, AGGREGATION_RULES.get(name).params, dict(values or {}))
+
+
+def rule_kwargs(name: str, values: dict[str, Any] | None) -> dict[str, Any]:
+    """The keyword arguments rule ``name`` gets from ``algorithm.aggregation_params`` (defaults filled)."""
+    params = rule_params(name, values)
+    return asdict(params) if params is not None else {}
+
+
+def check_cohort(name: str, values: dict[str, Any] | None, n: int, where: str = "algorithm.aggregation_params") -> None:
+    """ConfigError when a round of ``n`` updates is fewer than rule ``name`` needs with these
+    parameters (its params' ``min_updates()``: Krum 2f + 3, Bulyan 4f + 3)."""
+    params = rule_params(name, values, where)
+    need = params.min_updates() if hasattr(params, "min_updates") else 1
+    if n < need:
+        raise ConfigError(f"{where}: rule '{name}' with {asdict(params)} needs at least {need} updates per round, "
+                          f"but a round has {n} clients (clients_per_round / sample_fraction)")
 
 
 def weight_for(key: str, w: float | dict[str, float]) -> float:
@@ -218,3 +246,6 @@ def rep_iot(updates: list[dict[str, Tensor]], weights: list[float | dict[str, fl
 
 
 rep_iot.per_sample = True
+
+
+import mmfl.core.robust  # noqa: E402,F401  (registers the robust rules: median, krum, bulyan, ...)

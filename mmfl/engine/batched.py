@@ -73,6 +73,9 @@ def send_batched(transport, route: str, messages: dict[int, Message]) -> tuple[d
         state, stats = results[j]
         seed_torch(ctxs[j].seed)  # as sequential delivery does before the client runs
         reply = clients[j].batched_finish(route, msg, state, stats)
+        privacy = getattr(transport, "privacy", None)
+        if privacy is not None:  # before the reply leaves its client, as run_client does for sequential ones
+            privacy.check(reply, fed.clients[cid], cid=cid, route=route, num_classes=fed.meta_of(cid).num_classes)
         if not transport.log.admit(route, cid, msg, reply, transport.on_nonfinite, transport.rnd):
             continue
         transport.store.save(cid, ctxs[j].state)
@@ -84,6 +87,9 @@ def send_batched(transport, route: str, messages: dict[int, Message]) -> tuple[d
 
 
 def _blocker(transport, route: str, messages) -> str | None:
+    attack = getattr(transport, "attack", None)
+    if attack is not None and any(attack.is_malicious(c) for c in messages):
+        return "malicious clients ([attack]) are simulated one by one"
     if transport.federation.client_sources is not None:
         return "clients hold different data sets ([[client_data]])"
     if transport.federation.client_groups is not None:

@@ -2,26 +2,47 @@
 
 A checkpoint is a folder ``checkpoints/round_NNNNN`` holding ``server.safetensors``,
 ``clients.safetensors`` and ``meta.json``. It is written under a temporary
-name and renamed into place only when complete, then ``checkpoints/LATEST``
-is replaced atomically; a crash mid-write leaves at most a ``*.tmp`` folder
-that :func:`latest` ignores.
+name, every file and the folder fsynced, and renamed into place only when
+complete, then ``checkpoints/LATEST`` is replaced atomically; a crash mid-write
+leaves at most a ``*.tmp`` folder that nothing reads.
+
+``meta.json`` records the sha256 of each tensor file (``"sha256"``); :func:`damage`
+checks them, so a flipped byte, a truncated or a missing file is found before
+anything is loaded. :func:`resume_point` picks the newest checkpoint that passes
+and names the newer ones that do not (the runner falls back to it).
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
+import re
 import shutil
+import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Callable
 
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from mmfl.engine.state import LazyTensors
 from mmfl.errors import MMFLError
+
+FILES = ("server.safetensors", "clients.safetensors")
+SUMS = "sha256"  # meta.json key: {file name: hex digest}
+
+
+def _fsync(path: Path) -> None:
+    """fsync a file or a folder (a folder: so that a rename or a new entry in it is durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -33,50 +54,147 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _check_complete(path: Path) -> None:
+    """Raise OSError unless ``path`` is as long as its safetensors header says (safetensors'
+    writer can drop a failed write, e.g. a full disk, without an error)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        try:
+            header = json.loads(f.read(n)) if 0 <= n <= size else None
+        except ValueError:
+            header = None
+    if header is None:
+        raise OSError(errno.EIO, "written incompletely (disk full?)", str(path))
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if size != 8 + n + end:
+        raise OSError(errno.EIO, "written incompletely (disk full?)", str(path))
+
+
+def _save_tensors(tensors: dict[str, Tensor], path: Path) -> None:
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+    except SafetensorError as e:  # an I/O error inside safetensors: an OSError like any other write
+        m = re.search(r"code: (\d+)", str(e))
+        code = int(m.group(1)) if m else errno.EIO
+        raise OSError(code, os.strerror(code), str(path)) from None
+
+
 def save(ckpt_root: Path, rnd: int, server: dict[str, Tensor],
          clients: dict[str, Tensor] | Callable[[str], None], meta: dict, keep: int = 1) -> Path:
     """``clients``: the client-state tensors, or a function writing them to the path it is
-    given (a disk-backed store streams its changes without holding them in memory)."""
+    given (a disk-backed store streams its changes without holding them in memory).
+    On an error (a full disk) the temporary folder is removed and the older checkpoints
+    are left as they were."""
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"round_{rnd:05d}"
     tmp = ckpt_root / f"round_{rnd:05d}.tmp"
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir()
-    save_file({k: v.contiguous() for k, v in server.items()}, str(tmp / "server.safetensors"))
-    if callable(clients):
-        clients(str(tmp / "clients.safetensors"))
-    else:
-        save_file({k: v.contiguous() for k, v in clients.items()}, str(tmp / "clients.safetensors"))
-    _atomic_write_text(tmp / "meta.json", json.dumps(meta))
+    try:
+        tmp.mkdir()
+        _save_tensors(server, tmp / FILES[0])
+        if callable(clients):
+            clients(str(tmp / FILES[1]))
+        else:
+            _save_tensors(clients, tmp / FILES[1])
+        sums = {}
+        for name in FILES:
+            _check_complete(tmp / name)
+            _fsync(tmp / name)
+            sums[name] = sha256(tmp / name)
+        _atomic_write_text(tmp / "meta.json", json.dumps({**meta, SUMS: sums}))
+        _fsync(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
+    _fsync(ckpt_root)
     _atomic_write_text(ckpt_root / "LATEST", final.name)
+    _fsync(ckpt_root)
     for old in sorted(ckpt_root.glob("round_?????"))[:-keep]:
         if old != final:
             shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def latest(ckpt_root: Path) -> Path | None:
-    pointer = ckpt_root / "LATEST"
-    if not pointer.is_file():
-        return None
-    path = ckpt_root / pointer.read_text().strip()
-    if not (path / "meta.json").is_file():
-        raise MMFLError(f"{pointer}: points to {path.name}, which is missing or incomplete; "
-                        "the run's checkpoints are damaged (start over with --overwrite)")
-    return path
-
-
-def load(path: Path, lazy_clients: bool = False) -> tuple[dict[str, Tensor], Mapping[str, Tensor], dict]:
-    """``lazy_clients``: the client part as a mapping that reads one tensor per access."""
+def damage(path: Path) -> str | None:
+    """Why the checkpoint folder ``path`` cannot be trusted, or None when it can: meta.json
+    missing or unreadable, a tensor file missing, or not matching its sha256 (a checkpoint
+    written before checksums: its files' safetensors headers must read)."""
     try:
         meta = json.loads((path / "meta.json").read_text())
-        server = load_file(str(path / "server.safetensors"))
-        cpath = str(path / "clients.safetensors")
+        int(meta["round"])
+        sums = meta.get(SUMS)
+    except FileNotFoundError:
+        return "no meta.json (incomplete)"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"meta.json is unreadable ({type(e).__name__})"
+    if sums is not None and not isinstance(sums, dict):
+        return "meta.json is unreadable (sha256 is not a table)"
+    for name in FILES:
+        p = path / name
+        if not p.is_file():
+            return f"{name} is missing"
+        try:
+            if sums is None:
+                with safe_open(str(p), framework="pt"):
+                    pass
+            elif sha256(p) != sums.get(name):
+                return f"{name} does not match its sha256 in meta.json"
+        except (OSError, SafetensorError) as e:
+            return f"{name} is unreadable ({e})"
+    return None
+
+
+def resume_point(ckpt_root: Path) -> tuple[Path | None, list[str]]:
+    """The newest intact checkpoint and one ``"round_NNNNN: why"`` per newer damaged one.
+    ``(None, [])``: no checkpoint at all. Raises MMFLError when there are checkpoints but
+    none is intact (``keep_checkpoints = 1`` keeps no older one to fall back to)."""
+    if not ckpt_root.is_dir():
+        return None, []
+    damaged = []
+    for path in sorted((p for p in ckpt_root.glob("round_?????") if p.is_dir()), reverse=True):
+        why = damage(path)
+        if why is None:
+            return path, damaged
+        damaged.append(f"{path.name}: {why}")
+    if damaged or (ckpt_root / "LATEST").is_file():
+        what = "; ".join(damaged) or "LATEST names a folder that is missing"
+        raise MMFLError(f"{ckpt_root}: checkpoint is unreadable and no older intact one is left ({what}); "
+                        "keep_checkpoints >= 2 keeps one to fall back to; start over with --overwrite")
+    return None, []
+
+
+def latest(ckpt_root: Path) -> Path | None:
+    """The newest intact checkpoint (None: none written yet); see :func:`resume_point`."""
+    return resume_point(ckpt_root)[0]
+
+
+def load(path: Path, lazy_clients: bool = False,
+         verify: bool = True) -> tuple[dict[str, Tensor], Mapping[str, Tensor], dict]:
+    """``lazy_clients``: the client part as a mapping that reads one tensor per access.
+    ``verify``: check the files against their checksums first (:func:`damage`)."""
+    why = damage(path) if verify else None
+    if why is not None:
+        raise MMFLError(f"{path}: checkpoint is unreadable ({why})")
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+        server = load_file(str(path / FILES[0]))
+        cpath = str(path / FILES[1])
         clients = LazyTensors(cpath) if lazy_clients else load_file(cpath)
     except (OSError, ValueError, SafetensorError) as e:
         raise MMFLError(f"{path}: checkpoint is unreadable ({e})") from None
+    meta.pop(SUMS, None)
     return server, clients, meta

@@ -66,6 +66,7 @@ def run_client(
     source: int | None = None,
     public: ArrayDataset | None = None,
     privacy=None,
+    attack=None,
 ) -> tuple[Message, dict[str, Tensor]]:
     """Deliver ``msg`` on ``route`` to client ``cid``; return ``(reply, new_state)``.
 
@@ -85,6 +86,8 @@ def run_client(
     ``[privacy]`` rules); the reply is checked against ``data`` before it is returned,
     i.e. before it leaves the client, and a breach raises
     :class:`~mmfl.engine.privacy.PrivacyError`.
+    ``attack``: the run's :class:`~mmfl.engine.attack.Attack` (None: none); a malicious
+    client trains on its attacked data view and sends its attacked reply.
     """
 
     everything = tuple(meta.modalities)
@@ -95,6 +98,8 @@ def run_client(
         init = lambda: init_model(h, group, meta if source is not None else None)  # noqa: E731
     else:
         pool, init = model_pool, init_model
+    if attack is not None:
+        data = attack.training_data(cid, data, meta.num_classes)
     ctx = ClientContext(
         cid=cid, rnd=rnd, seed=derive_seed(seed, rnd, cid, route, call),
         data=data, test_data=test_data, meta=meta, train=train_at_round(train, rnd),
@@ -102,6 +107,8 @@ def run_client(
     )
     seed_torch(ctx.seed)  # dropout and any other torch-global randomness (the CPU generator, cheaply)
     reply = spec.client(params, ctx).handle(route, msg)
+    if attack is not None:
+        reply = attack.reply(cid, route, msg, reply, ctx.seed)
     if privacy is not None:
         privacy.check(reply, data, cid=cid, route=route, num_classes=meta.num_classes)
     return reply, ctx.state

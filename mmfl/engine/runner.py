@@ -9,7 +9,8 @@ Run folder ``<output_dir>/<name>/``:
   latency ``sim_*``, see :mod:`mmfl.core.system`);
 - ``checkpoints/round_NNNNN/``: the state after the last round (see
   :mod:`mmfl.engine.checkpoint`);
-- ``summary.json`` and ``accuracy.png`` when the run finishes.
+- ``summary.json`` and ``accuracy.png`` when the run finishes;
+- ``.lock``: held by the process writing the folder (see :mod:`mmfl.engine.runfolder`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import copy
 import dataclasses
 import json
 import os
-import shutil
+import sys
 import time
 import tomllib
 from pathlib import Path
@@ -32,22 +33,30 @@ from mmfl.algorithms import ALGORITHMS
 from mmfl.algorithms.base import ServerContext, Transport
 from mmfl.core.evaluation import PERSONAL_PREFIX, EvalContext, run_evaluations
 from mmfl.core.personal import personal_test_indices
+from mmfl.core.replies import check_reply
 from mmfl.core.system import WirelessSystem
 from mmfl.core.training import train_for_run
 from mmfl.data.federation import build_federation
-from mmfl.engine import checkpoint
+from mmfl.engine import checkpoint, runfolder
+from mmfl.engine.dp import DPAccountant, LocalDP
+from mmfl.engine.attack import make_attack
 from mmfl.engine.simulation import SimulationTransport
-from mmfl.engine.state import make_store
+from mmfl.engine.state import DiskClientStateStore, make_store
 from mmfl.errors import ConfigError, MMFLError
 from mmfl.models.factory import model_factory
 from mmfl.report import load_metrics, plot_accuracy, summarize
-from mmfl.schema import COMPONENTS, ExperimentConfig
+from mmfl.schema import COMPONENTS, REPRESENTATION_ATTACKS, ExperimentConfig
 from mmfl.seeds import derive_seed
+
+
+def cohort_size(cfg: ExperimentConfig, num_clients: int) -> int:
+    """The number of clients sampled per round."""
+    return cfg.run.clients_per_round or max(1, int(round(cfg.run.sample_fraction * num_clients)))
 
 
 def sample_cohort(cfg: ExperimentConfig, rnd: int, num_clients: int) -> list[int]:
     """The clients of round ``rnd``: a seeded draw without replacement."""
-    k = cfg.run.clients_per_round or max(1, int(round(cfg.run.sample_fraction * num_clients)))
+    k = cohort_size(cfg, num_clients)
     if k > num_clients:
         raise ConfigError(f"clients_per_round: {k} exceeds the number of clients ({num_clients})")
     if k == num_clients:
@@ -87,7 +96,13 @@ class Experiment:
             num_clients=self.federation.num_clients, make_model=self.make_model,
             client_modalities=self.federation.client_modalities, public=self.federation.public,
             system=self.system, client_groups=self.federation.client_groups,
-            client_sources=self.federation.client_sources))
+            client_sources=self.federation.client_sources, dp=cfg.dp,
+            cohort_size=cohort_size(cfg, self.federation.num_clients),
+            client_model=lambda cid: self.make_model(fed.modalities_of(cid), fed.group_of(cid), fed.meta_of(cid))))
+        self.dp_accountant = None  # [dp]: epsilon per round (mmfl.engine.dp)
+        if cfg.dp is not None:
+            n = self.federation.num_clients
+            self.dp_accountant = DPAccountant(cfg.dp, cohort_size(cfg, n), n, lambda r: sample_cohort(cfg, r, n))
         self.store = make_store(cfg.run.state_store, self.federation.num_clients, cfg.run_dir / "client_state")
         if transport is not None:
             self.transport = transport(self)
@@ -95,53 +110,109 @@ class Experiment:
             self.transport = SimulationTransport(
                 self.spec, cfg.algorithm.params, self.federation, train, cfg.run.seed,
                 self.make_model, self.store, on_nonfinite=cfg.run.on_nonfinite,
-                batch_clients=cfg.run.batch_clients, privacy=cfg.privacy)
+                batch_clients=cfg.run.batch_clients, privacy=cfg.privacy,
+                local_dp=LocalDP(cfg.dp, cfg.run.seed) if cfg.dp is not None and cfg.dp.mode == "local" else None,
+                attack=cfg.attack)
+        if cfg.dp is not None and cfg.dp.mode == "local" and getattr(self.transport, "local_dp", None) is None:
+            raise ConfigError("dp.mode: local DP is applied by the in-process simulation only; this transport "
+                              "has no client-side randomizer (use dp.mode = \"central\")")
+        # every transport's replies are checked against the server's reply schema (mmfl.core.replies)
+        self.transport.log.check = self.check_reply
+        self.transport.log.on_bad_reply = cfg.run.on_bad_reply
+        self.attack = make_attack(cfg.attack, self.federation.num_clients, cfg.run.seed)  # who is malicious
+        if cfg.attack is not None and cfg.attack.kind in REPRESENTATION_ATTACKS \
+                and not getattr(self.server, "representation_replies", False):
+            raise ConfigError(f"attack.kind: {cfg.attack.kind!r} changes exchanged representations; "
+                              f"{cfg.algorithm.name} exchanges model weights (use sign_flip, scale, gaussian, "
+                              "constant, label_flip or inflate_examples)")
+
+    def check_reply(self, route: str, cid: int, reply) -> str | None:
+        """Why client ``cid``'s ``reply`` on ``route`` does not fit the server's schema (None:
+        it fits, or the server declares none for the route); its counts are bounded by the
+        client's training rows."""
+        schema = self.server.reply_schema(route, cid)
+        if schema is None:
+            return None
+        size = len(self.federation.clients[cid]) if 0 <= cid < len(self.federation.clients) else None
+        return check_reply(schema, reply, size)
 
     # --- run folder -----------------------------------------------------
     @property
     def run_dir(self) -> Path:
         return self.cfg.run_dir
 
-    def _prepare_dir(self, resume: bool, overwrite: bool) -> int:
-        """Create or reopen the run folder; return the first round to run."""
+    def _check_dir(self, resume: bool, overwrite: bool) -> None:
+        """Refuse what the run folder does not allow (before and again after taking its lock)."""
         d = self.run_dir
         if resume:
             if not (d / "config.toml").is_file():
                 raise MMFLError(f"{d}: nothing to resume (no config.toml); run without --resume")
+        elif runfolder.contents(d):
+            if not overwrite:
+                raise MMFLError(f"{d}: run folder exists; use --resume to continue it, "
+                                "--overwrite to replace it, or --set name=<new name>")
+            if not runfolder.is_run_folder(d):
+                raise MMFLError(f"{d}: not an mmfl run folder (no config.toml, metrics.jsonl or checkpoints "
+                                "written by mmfl); --overwrite deletes only runs: move its files or use "
+                                "--set name=<new name>")
+
+    def _prepare_dir(self, resume: bool, overwrite: bool) -> int:
+        """Create or reopen the run folder (its lock held); return the first round to run."""
+        d = self.run_dir
+        self._check_dir(resume, overwrite)
+        if resume:
             # both sides as written by ExperimentConfig.to_toml (every default filled in); a
             # setting added to mmfl since the run started counts at its default
             mine = tomllib.loads(self.cfg.to_toml())
             theirs = with_new_defaults(_load_toml(d / "config.toml"), self.cfg)
-            mine.pop("rounds"), theirs.pop("rounds")
+            mine.pop("rounds"), theirs.pop("rounds", None)
             if mine != theirs:
                 diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
                 raise ConfigError(f"{d}: config differs from the saved run in {', '.join(diff)} "
                                   "(only 'rounds' may change on resume)")
-            ckpt = checkpoint.latest(d / "checkpoints")
+            ckpt, damaged = checkpoint.resume_point(d / "checkpoints")
             if ckpt is None:
                 start = 0
             else:
-                server, clients, meta = checkpoint.load(ckpt, lazy_clients=True)
+                server, clients, meta = checkpoint.load(ckpt, lazy_clients=True, verify=False)
+                start = int(meta["round"])  # rounds completed = index of the next round
+                if damaged:
+                    self._fall_back(damaged, ckpt, start)
                 self.server.load_state_dict(server)
                 self.store.load_state_dict(clients)
-                start = int(meta["round"])  # rounds completed = index of the next round
             _truncate_metrics(d / "metrics.jsonl", start)
             _atomic_write(d / "config.toml", self.cfg.to_toml())
             return start
-        if d.exists() and any(d.iterdir()):
-            if not overwrite:
-                raise MMFLError(f"{d}: run folder exists; use --resume to continue it, "
-                                "--overwrite to replace it, or --set name=<new name>")
-            shutil.rmtree(d)
-        d.mkdir(parents=True, exist_ok=True)
+        if runfolder.contents(d):
+            runfolder.clear(d)  # an mmfl run (_check_dir), --overwrite
         _atomic_write(d / "config.toml", self.cfg.to_toml())
         return 0
+
+    def _fall_back(self, damaged: list[str], ckpt: Path, start: int) -> None:
+        """Resume from ``ckpt``, older than the damaged newest checkpoint(s): one line saying so."""
+        if isinstance(self.store, DiskClientStateStore):  # its files hold the newer rounds' changes
+            raise MMFLError(f"{self.run_dir}: checkpoint {'; '.join(damaged)}; the disk client-state store "
+                            f"cannot go back to {ckpt.name} (its files are newer); start over with --overwrite")
+        print(f"mmfl: checkpoint {'; '.join(damaged)}; resuming from {ckpt.name} "
+              f"(metrics.jsonl truncated to round {start})", file=sys.stderr, flush=True)
 
     # --- the loop -------------------------------------------------------
     def run(self, resume: bool = False, overwrite: bool = False) -> dict:
         cfg = self.cfg
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
+        lock = runfolder.RunLock(self.run_dir)
+        try:
+            self._check_dir(resume, overwrite)  # refuse before creating anything (a lock file)
+            lock.acquire()
+            return self._run(resume, overwrite)
+        except OSError as e:  # a full disk, output_dir a file, read-only, ...: one line
+            raise runfolder.fs_error(e, self.run_dir) from None
+        finally:
+            lock.release()
+
+    def _run(self, resume: bool, overwrite: bool) -> dict:
+        cfg = self.cfg
         start = self._prepare_dir(resume, overwrite)
         rounds = range(start, cfg.run.rounds)
         bar = _progress(rounds, cfg, self.progress)
@@ -155,8 +226,11 @@ class Experiment:
             row: dict = {"round": rnd + 1, "clients": len(cohort)}
             row.update(self.server.round(rnd, cohort, self.transport))
             row.update(self.transport.batch_info)  # batched clients, or why not
+            if self.dp_accountant is not None:
+                row.update(self.dp_accountant.metrics(rnd))
             train_comm = self.transport.log.summary()
             dropped = list(self.transport.log.dropped)  # before the evaluation resets the log
+            rejected = list(getattr(self.transport.log, "rejected", ()))
             row["train_time_s"] = time.perf_counter() - t0
             if (rnd + 1) % cfg.run.eval_every == 0 or rnd + 1 == cfg.run.rounds:
                 self.transport.log.reset()
@@ -172,12 +246,21 @@ class Experiment:
             dropped += [c for c in self.transport.log.dropped if c not in dropped]  # + dropped in evaluation
             if dropped:
                 row["dropped"] = dropped
+            rejected += list(getattr(self.transport.log, "rejected", ()))  # + rejected in evaluation
+            if rejected:
+                row["replies_rejected"] = len(rejected)
+                row["rejected"] = rejected
+            if self.attack is not None:
+                row["attack/kind"] = self.attack.kind
+                row["attack/clients"] = [c for c in cohort if self.attack.is_malicious(c)]
             row["wall_time_s"] = time.perf_counter() - t0
             _check_finite(row, rnd)
             # metrics first, then the checkpoint: a crash in between leaves a row
             # newer than the checkpoint, which resume drops (_truncate_metrics).
             with open(metrics_path, "a") as f:
                 f.write(json.dumps(row) + "\n")
+                f.flush()
+                os.fsync(f.fileno())  # on disk before the checkpoint that says the round is done
             self._checkpoint(rnd)
             if hasattr(bar, "set_postfix") and "accuracy" in row:
                 bar.set_postfix(acc=f"{row['accuracy']:.4f}")
@@ -243,12 +326,23 @@ def _check_finite(row: dict, rnd: int) -> None:
 
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # the old file stays as it was
+        raise
     os.replace(tmp, path)
 
 
 def _load_toml(path: Path) -> dict:
-    return tomllib.loads(path.read_text())
+    try:
+        return tomllib.loads(path.read_text())
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise MMFLError(f"{path}: the saved config is damaged ({str(e).splitlines()[0]}); restore it to "
+                        "resume, or start over with --overwrite") from None
 
 
 def with_new_defaults(saved: dict, cfg: ExperimentConfig) -> dict:
@@ -257,7 +351,8 @@ def with_new_defaults(saved: dict, cfg: ExperimentConfig) -> dict:
     the behaviour a newly added setting defaults to. Component tables naming another entry
     than ``cfg`` are left alone (they differ anyway)."""
     out = copy.deepcopy(saved)
-    tables = {None: cfg.run, "train": cfg.train, "privacy": cfg.privacy, "system": cfg.system,
+    tables = {None: cfg.run, "train": cfg.train, "privacy": cfg.privacy, "system": cfg.system, "dp": cfg.dp,
+              "attack": cfg.attack,
               **{kind: getattr(cfg, kind).params for kind in COMPONENTS}}
     for key, obj in tables.items():
         table = out if key is None else out.get(key)
@@ -280,7 +375,7 @@ def _truncate_metrics(path: Path, start: int) -> None:
     if not path.exists():
         return
     keep = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text(errors="replace").splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:

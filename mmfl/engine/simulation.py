@@ -2,12 +2,14 @@
 
 For each message it loads the client's state from the engine's store, builds
 the client (clients are rebuilt per message, as on Flower), calls its handler,
-checks the reply (the run's ``[privacy]`` rules, then NaN/inf), saves the state back
-and counts the bytes both ways.
+checks the reply (the run's ``[privacy]`` rules, then NaN/inf, then the server's reply
+schema, :mod:`mmfl.core.replies`), saves the state back and counts the bytes both ways.
+A malicious client (``[attack]``, :mod:`mmfl.engine.attack`) changes its reply first.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from typing import Callable
 
@@ -16,6 +18,7 @@ from torch import nn
 from mmfl.algorithms.base import AlgorithmSpec
 from mmfl.schema import TrainConfig
 from mmfl.data.base import Federation
+from mmfl.engine.attack import make_attack
 from mmfl.engine.batched import send_batched
 from mmfl.engine.client_runtime import ModelPool, run_client
 from mmfl.core.message import Message
@@ -23,11 +26,16 @@ from mmfl.engine.privacy import federation_modalities, make_checker
 from mmfl.engine.state import ClientStateStore
 from mmfl.errors import MMFLError
 
+log = logging.getLogger("mmfl")
 
 class CommLog:
     """Bytes per round, per route, per direction and per client."""
 
     def __init__(self):
+        # the reply check (route, cid, reply) -> why the reply is bad, or None; set by the runner
+        # from the server's reply schema (mmfl.core.replies); None: only NaN/inf are checked
+        self.check = None
+        self.on_bad_reply = "drop"
         self.reset()
 
     def reset(self):
@@ -35,6 +43,7 @@ class CommLog:
         self.down: dict[int, int] = defaultdict(int)
         self.by_route: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         self.dropped: list[int] = []
+        self.rejected: list[dict] = []  # replies that failed the check: client, route, reason
 
     def record(self, route: str, cid: int, down: int, up: int):
         self.down[cid] += down
@@ -47,16 +56,32 @@ class CommLog:
 
         A reply holding NaN/inf fails the run (``on_nonfinite = "fail"``) or is
         dropped (``"drop"``: listed in ``dropped``, and its client keeps no new
-        state). Every transport applies this same rule. Returns True to accept.
+        state). Then a reply that does not fit the server's schema (:attr:`check`)
+        fails the run with one line (``on_bad_reply = "fail"``) or is dropped with its
+        reason logged and listed in ``rejected``. Every transport applies these same
+        rules. Returns True to accept.
         """
+        if not isinstance(reply, Message):
+            why = f"reply is a {type(reply).__name__}, not a Message"
+            return self._reject(route, cid, why, rnd)
         self.record(route, cid, msg.nbytes(), reply.nbytes())
         bad = reply.nonfinite_key()
-        if bad is None:
-            return True
-        if on_nonfinite == "fail":
-            raise MMFLError(f"client {cid} sent a non-finite value in '{bad}' (round {rnd + 1}, route {route}); "
-                            "set on_nonfinite = \"drop\" to skip such clients")
+        if bad is not None:
+            if on_nonfinite == "fail":
+                raise MMFLError(f"client {cid} sent a non-finite value in '{bad}' (round {rnd + 1}, route {route}); "
+                                "set on_nonfinite = \"drop\" to skip such clients")
+            self.dropped.append(cid)
+            return False
+        why = self.check(route, cid, reply) if self.check is not None else None
+        return why is None or self._reject(route, cid, why, rnd)
+
+    def _reject(self, route: str, cid: int, why: str, rnd: int) -> bool:
+        if self.on_bad_reply == "fail":
+            raise MMFLError(f"client {cid} sent a bad reply (round {rnd + 1}, route {route}): {why}; "
+                            "set on_bad_reply = \"drop\" to skip such replies")
+        log.warning("round %d: dropped client %d's reply on route %s: %s", rnd + 1, cid, route, why)
         self.dropped.append(cid)
+        self.rejected.append({"client": cid, "route": route, "reason": why})
         return False
 
     def summary(self) -> dict:
@@ -76,11 +101,13 @@ class SimulationTransport:
 
     def __init__(self, spec: AlgorithmSpec, params, federation: Federation, train: TrainConfig,
                  seed: int, make_model: Callable[[], nn.Module], store: ClientStateStore,
-                 on_nonfinite: str = "fail", batch_clients: bool = False, privacy=None):
+                 on_nonfinite: str = "fail", batch_clients: bool = False, privacy=None, local_dp=None,
+                 attack=None):
         """``privacy``: the run's ``[privacy]`` rules (``cfg.privacy``; None: none). Every
         reply is checked against its client's data before the server sees it; a breach
         fails the run (:class:`~mmfl.engine.privacy.PrivacyError`). A rule naming a
-        modality the data set lacks is a ConfigError here."""
+        modality the data set lacks is a ConfigError here. ``attack``: the run's ``[attack]``
+        (``cfg.attack``; None: every client honest, :mod:`mmfl.engine.attack`)."""
         self.spec = spec
         self.params = params
         self.federation = federation
@@ -91,8 +118,10 @@ class SimulationTransport:
         self.on_nonfinite = on_nonfinite
         self.batch_clients = batch_clients  # train a send's clients together (mmfl.engine.batched)
         self.privacy = make_checker(privacy, federation_modalities(federation))  # None: no rules
+        self.local_dp = local_dp  # [dp] mode = "local": mmfl.engine.dp.LocalDP, applied to train replies
         self.batch_info: dict = {}  # this round: clients trained batched, or why not
         self.num_clients = federation.num_clients
+        self.attack = make_attack(attack, federation.num_clients, seed)  # None: no [attack]
         self.log = CommLog()
         self.rnd = 0
         self._model = ModelPool(make_model)  # models per (key, client structure)
@@ -109,12 +138,9 @@ class SimulationTransport:
         return send_batched(self, route, messages)
 
     def send(self, route: str, messages: dict[int, Message]) -> dict[int, Message]:
+        sent = messages
         replies, messages = self._send_batched(route, messages)
-        fed = self.federation
-        if self.privacy is not None:  # replies of batched training (sequential ones: in run_client)
-            for cid, reply in replies.items():
-                self.privacy.check(reply, fed.clients[cid], cid=cid, route=route,
-                                   num_classes=fed.meta_of(cid).num_classes)
+        fed = self.federation  # [privacy] is checked where each reply is made: run_client, send_batched
         for cid in sorted(messages):
             msg = messages[cid]
             call = self._calls[cid]
@@ -124,10 +150,12 @@ class SimulationTransport:
                 data=fed.clients[cid], test_data=fed.test_of(cid), meta=fed.meta_of(cid), train=self.train,
                 seed=self.seed, state=self.store.load(cid), model_pool=self._model, init_model=self.make_model,
                 holds=fed.modalities_of(cid), group=fed.group_of(cid), source=fed.source_of(cid),
-                public=fed.public, privacy=self.privacy,
+                public=fed.public, privacy=self.privacy, attack=self.attack,
             )
             if not self.log.admit(route, cid, msg, reply, self.on_nonfinite, self.rnd):
                 continue  # its state is not saved either: the round never happened for it
             self.store.save(cid, state)
             replies[cid] = reply
+        if self.local_dp is not None and route == "train":  # the client's randomizer, before its reply leaves
+            replies = {cid: self.local_dp(self.rnd, cid, sent[cid], r) for cid, r in sorted(replies.items())}
         return replies

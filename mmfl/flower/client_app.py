@@ -39,6 +39,7 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from mmfl.config import ExperimentConfig, apply_overrides, resolve
+from mmfl.engine.attack import make_attack
 from mmfl.engine.client_runtime import ModelPool, run_client
 from mmfl.engine.privacy import federation_modalities, make_checker
 from mmfl.errors import MMFLError
@@ -59,10 +60,12 @@ class RunEnv:
     make_model: Callable[..., nn.Module]
     model: ModelPool = None  # models per (key, client structure)
     privacy: object = None  # the [privacy] rules' PrivacyChecker (None: no rules)
+    attack: object = None  # the [attack] (mmfl.engine.attack.Attack; None: every client honest)
 
     def __post_init__(self):
         self.model = ModelPool(self.make_model)
         self.privacy = make_checker(self.cfg.privacy, federation_modalities(self.federation))
+        self.attack = make_attack(self.cfg.attack, self.federation.num_clients, self.cfg.run.seed)
 
 
 @dataclass
@@ -170,7 +173,7 @@ def handle(msg: FlowerMessage, context: Context, config_text: str | None = None)
             train=train_for_run(cfg.train, cfg.run.rounds),
             seed=cfg.run.seed, state=load_state(context.state, cid), model_pool=run.model,
             init_model=run.make_model, holds=fed.modalities_of(cid), group=fed.group_of(cid),
-            source=fed.source_of(cid), public=fed.public, privacy=run.privacy)
+            source=fed.source_of(cid), public=fed.public, privacy=run.privacy, attack=run.attack)
         if reply.nonfinite_key() is None:  # as in the simulator: a rejected reply keeps no state
             save_state(context.state, cid, new_state)
         replies[cid] = reply

@@ -1,0 +1,60 @@
+"""The runtime side of ``[dp]`` (docs/dp.md): local DP's randomizer applied to each client's reply
+before it leaves the client (the simulation transport calls it), and the accountant's per-round
+``dp/epsilon`` / ``dp/delta`` for metrics.jsonl. Central DP's noise is added by the server
+(:meth:`mmfl.algorithms.fedavg.FedAvgServer.aggregate`); the math is :mod:`mmfl.core.dp`.
+
+Every noise draw comes from a derived seed (run seed, round, client, "dp-local"), and epsilon is
+recomputed from the round index and the seeded cohorts, so a resumed run is bit-exact.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from mmfl.core.dp import central_epsilon, local_epsilon, local_privatize
+from mmfl.core.message import Message
+from mmfl.schema import DPConfig
+from mmfl.seeds import derive_seed
+
+
+class LocalDP:
+    """Local DP's randomizer: the reply's model entries (the floating arrays it shares with the
+    model the client received) become ``w^t + clip(w_k - w^t, C) + N(0, (z C)^2 I)``."""
+
+    def __init__(self, dp: DPConfig, seed: int):
+        self.dp = dp
+        self.seed = seed
+
+    def __call__(self, rnd: int, cid: int, msg: Message, reply: Message) -> Message:
+        previous = {k: v for k, v in msg.arrays.items() if v.is_floating_point()}
+        arrays = local_privatize(reply.arrays, previous, self.dp.clip_norm, self.dp.noise_multiplier,
+                                 derive_seed(self.seed, rnd, cid, "dp-local"))
+        return Message(arrays=arrays, scalars=dict(reply.scalars))
+
+
+class DPAccountant:
+    """``dp/epsilon`` after each round at ``dp/delta``.
+
+    central: the subsampled Gaussian mechanism composed over the rounds so far, q = n / N (n: the
+    cohort size). local: the largest number of rounds any client has taken part in (from the seeded
+    cohorts ``cohort_of(rnd)``), each a Gaussian mechanism of multiplier z / 2 (sensitivity 2C)."""
+
+    def __init__(self, dp: DPConfig, cohort_size: int, num_clients: int, cohort_of: Callable[[int], list[int]]):
+        self.dp = dp
+        self.q = cohort_size / num_clients
+        self.cohort_of = cohort_of
+        self._counts: dict[int, int] = {}
+        self._counted = 0  # rounds whose cohorts are in _counts
+
+    def metrics(self, rnd: int) -> dict[str, float]:
+        """The row entries after round ``rnd`` (0-based) has finished."""
+        dp = self.dp
+        if dp.mode == "central":
+            eps = central_epsilon(self.q, dp.noise_multiplier, rnd + 1, dp.delta)
+        else:
+            while self._counted <= rnd:
+                for c in self.cohort_of(self._counted):
+                    self._counts[c] = self._counts.get(c, 0) + 1
+                self._counted += 1
+            eps = local_epsilon(dp.noise_multiplier, max(self._counts.values(), default=0), dp.delta)
+        return {"dp/epsilon": eps, "dp/delta": dp.delta}
