@@ -46,8 +46,9 @@ from torch import Tensor, nn
 
 from mmfl.algorithms.registry import preset, register
 from mmfl.algorithms.base import Client, Server
-from mmfl.algorithms.fedavg import weighted_average, weighted_mean_scalar
+from mmfl.algorithms.fedavg import weighted_mean_scalar
 from mmfl.algorithms.multimodal import only_held
+from mmfl.core.aggregation import aggregate
 from mmfl.core.message import Message
 from mmfl.core.replies import ReplySchema
 from mmfl.core.state import module, optimizer, per_client, read, scalar, tensor, write
@@ -201,7 +202,7 @@ class PartialFLServer(Server):
                 metrics["server_align_loss"] = float(np.mean(losses))
         states = [{k: v for k, v in replies[c].arrays.items() if k in full} for c in sorted(replies)]
         weights = [float(replies[c].scalars["num_examples"]) for c in sorted(replies)]
-        self.model.load_state_dict(weighted_average(states, weights, previous=full))  # step 4.2
+        self.model.load_state_dict(aggregate("weighted_mean", states, weights, full))  # step 4.2 (FedAvg's rule)
         for key in ("train_loss", "global_loss", "local_loss", "align_loss"):
             v = weighted_mean_scalar(replies, key)
             if v is not None:
