@@ -205,9 +205,9 @@ def krum_scores(d2: Tensor, f: int) -> Tensor:
     (Bulyan's last selections run Krum on fewer than 2f + 3 updates)."""
     n = d2.shape[0]
     if n == 1:
-        return torch.zeros(1, dtype=d2.dtype)
+        return torch.zeros(1, dtype=d2.dtype, device=d2.device)
     k = min(n - 1, max(1, n - f - 2))
-    off = d2 + torch.diag(torch.full((n,), float("inf"), dtype=d2.dtype))
+    off = d2 + torch.diag(torch.full((n,), float("inf"), dtype=d2.dtype, device=d2.device))
     return off.topk(k, dim=1, largest=False).values.sum(1)
 
 
