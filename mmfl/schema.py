@@ -90,6 +90,12 @@ class RunConfig:
         default="auto", metadata={"help": "where persistent client state lives between rounds: memory, "
                                           "disk (memory-mapped files in the run folder), or auto "
                                           "(disk from 1,000 clients on)"})
+    stream_aggregation: Literal["auto", "on", "off"] = field(
+        default="auto", metadata={"help": "hand each client reply to the server's aggregation as it arrives and "
+                                          "drop it (memory: one model plus one reply, not the cohort's replies) "
+                                          "where the server's rule folds (weighted_mean, mean, iot, norm_clip, "
+                                          "central DP): on, off, or auto (on from 1,000 clients per round); "
+                                          "equal to the list path within float rounding (docs/performance.md)"})
 
     def __post_init__(self):
         if not self.name or "/" in self.name or self.name in (".", ".."):
@@ -108,6 +114,8 @@ class RunConfig:
             raise ConfigError(f"keep_checkpoints: must be >= 1, got {self.keep_checkpoints}")
         if not self.reply_timeout > 0:
             raise ConfigError(f"reply_timeout: must be > 0, got {self.reply_timeout}")
+        if self.stream_aggregation not in ("auto", "on", "off"):
+            raise ConfigError(f"stream_aggregation: must be 'auto', 'on' or 'off', got {self.stream_aggregation!r}")
         if self.on_bad_reply not in ("drop", "fail"):
             raise ConfigError(f"on_bad_reply: must be 'drop' or 'fail', got {self.on_bad_reply!r}")
 

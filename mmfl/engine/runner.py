@@ -112,7 +112,7 @@ class Experiment:
                 self.make_model, self.store, on_nonfinite=cfg.run.on_nonfinite,
                 batch_clients=cfg.run.batch_clients, privacy=cfg.privacy,
                 local_dp=LocalDP(cfg.dp, cfg.run.seed) if cfg.dp is not None and cfg.dp.mode == "local" else None,
-                attack=cfg.attack)
+                attack=cfg.attack, stream=cfg.run.stream_aggregation)
         if cfg.dp is not None and cfg.dp.mode == "local" and getattr(self.transport, "local_dp", None) is None:
             raise ConfigError("dp.mode: local DP is applied by the in-process simulation only; this transport "
                               "has no client-side randomizer (use dp.mode = \"central\")")
