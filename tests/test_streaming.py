@@ -21,6 +21,10 @@ from mmfl.errors import ConfigError
 
 BASE = ["data.name=digits", "partition.num_clients=4", "model.name=mlp", "model.hidden=[16]",
         "train.local_epochs=1", "train.batch_size=128", "train.lr=0.05", "threads=1"]
+# two mfeat views, 2 of the 4 clients unimodal: the iot rule's per-update multimodal flag matters
+MULTIMODAL = ["data.name=mfeat", 'data.views=["pix", "fou"]', "partition.num_clients=4", 'case="D"',
+              "model.name=multimodal", "model.feat_dim=8", "model.mlp_hidden=[16]",
+              "train.local_epochs=1", "train.batch_size=64", "train.lr=0.05", "threads=1"]
 
 
 def _updates(n=5, seed=0):
@@ -105,8 +109,8 @@ def test_streamed_central_dp_is_bit_exact():
 
 # ----------------------------------------------------------------------------- the engine
 
-def _run(tmp_path, name, *over, rounds=2, resume=False):
-    cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}", *over])
+def _run(tmp_path, name, *over, rounds=2, resume=False, base=BASE):
+    cfg = load_config(None, [*base, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}", *over])
     exp = Experiment(cfg, progress=False)
     exp.run(resume=resume)
     rows = [json.loads(x) for x in (exp.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -118,12 +122,18 @@ def _plain(rows):
 
 
 @pytest.mark.parametrize("extra", [[], ["algorithm.aggregation=mean"], ['dp.mode="central"', "dp.noise_multiplier=0.5"],
+                                   ["algorithm.aggregation=norm_clip", "algorithm.aggregation_params={clip_norm=0.5}"],
                                    ['dp.mode="local"', "dp.noise_multiplier=0.5"],
-                                   ['attack.kind="inflate_examples"', "attack.fraction=0.25"]])
+                                   ['attack.kind="inflate_examples"', "attack.fraction=0.25"],
+                                   ['attack.kind="sign_flip"', "attack.fraction=0.25"],
+                                   ["batch_clients=true"], ["algorithm.name=moon"],
+                                   ["MULTIMODAL", "algorithm.name=fediot"]])
 def test_streamed_run_equals_list_run_with_dp_and_attacks(tmp_path, extra):
     """Same bytes, dropped/rejected rows, losses and accuracy; the model within float rounding."""
-    off, r_off = _run(tmp_path, "off", "stream_aggregation=off", *extra)
-    on, r_on = _run(tmp_path, "on", "stream_aggregation=on", *extra)
+    base = MULTIMODAL if extra[:1] == ["MULTIMODAL"] else BASE
+    extra = [e for e in extra if e != "MULTIMODAL"]
+    off, r_off = _run(tmp_path, "off", "stream_aggregation=off", *extra, base=base)
+    on, r_on = _run(tmp_path, "on", "stream_aggregation=on", *extra, base=base)
     assert [r.get("replies_streamed") for r in r_on] == [r["clients_replied"] for r in r_off]
     assert all("replies_streamed" not in r for r in r_off)
     assert _plain(r_on) == _plain(r_off)

@@ -39,13 +39,13 @@ def rss_gb():
 cfg = load_config(None, json.loads(sys.argv[1]))
 exp = Experiment(cfg, progress=False)
 base = rss_gb()
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 exp.run(overwrite=True)
-seconds = time.perf_counter() - t
+seconds, cpu = time.perf_counter() - t, time.process_time() - c
 torch.save(exp.server.state_dict(), sys.argv[2])
 rows = [json.loads(x) for x in (exp.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
 print(json.dumps({"peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "base_rss_gb": base,
-                  "seconds": seconds, "accuracy": rows[-1].get("accuracy"),
+                  "seconds": seconds, "cpu_s": cpu, "accuracy": rows[-1].get("accuracy"),
                   "replies": rows[-1].get("clients_replied"), "streamed": rows[-1].get("replies_streamed", 0),
                   "bytes_up": rows[-1]["bytes_up"]}))
 """
@@ -66,7 +66,7 @@ def run_variant(mode: str, a, rep: int) -> dict:
     r["wall_s"] = time.perf_counter() - t
     r["model"] = str(model_path)
     print(f"  repeat {rep + 1}: {mode:>3s}: peak RSS {r['peak_rss_gb']:.2f} GB (base {r['base_rss_gb']:.2f} GB), "
-          f"run {r['seconds']:.0f} s, {r['replies']} replies ({r['streamed']} streamed), "
+          f"run {r['seconds']:.0f} s (cpu {r['cpu_s']:.0f} s), {r['replies']} replies ({r['streamed']} streamed), "
           f"accuracy {r['accuracy']:.4f}", flush=True)
     return r
 
@@ -99,23 +99,26 @@ def main(argv=None) -> dict:
         "peak_rss_gb": {m: statistics.median(r["peak_rss_gb"] for r in rs) for m, rs in runs.items()},
         "base_rss_gb": {m: statistics.median(r["base_rss_gb"] for r in rs) for m, rs in runs.items()},
         "run_s": {m: statistics.median(r["seconds"] for r in rs) for m, rs in runs.items()},
+        "cpu_s": {m: statistics.median(r["cpu_s"] for r in rs) for m, rs in runs.items()},
         "peak_ratio_off_over_on": statistics.median(x["peak_rss_gb"] / y["peak_rss_gb"] for x, y in zip(off, on)),
         "extra_ratio_off_over_on": statistics.median((x["peak_rss_gb"] - x["base_rss_gb"])
                                                      / (y["peak_rss_gb"] - y["base_rss_gb"]) for x, y in zip(off, on)),
         "time_ratio_on_over_off": statistics.median(y["seconds"] / x["seconds"] for x, y in zip(off, on)),
+        "cpu_ratio_on_over_off": statistics.median(y["cpu_s"] / x["cpu_s"] for x, y in zip(off, on)),
         "same_accuracy": all(x["accuracy"] == y["accuracy"] for x, y in zip(off, on)),
         "same_bytes_up": all(x["bytes_up"] == y["bytes_up"] for x, y in zip(off, on)),
         "models": compare(off[-1]["model"], on[-1]["model"]),
         "load_average": os.getloadavg()[0],
         "command": "python benchmarks/perf/stream_memory.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
-    pk, bs, rs = res["peak_rss_gb"], res["base_rss_gb"], res["run_s"]
-    print("| stream_aggregation | peak RSS | RSS before round 1 | peak - before | run time |")
-    print("|---|---|---|---|---|")
+    pk, bs, rs, cs = res["peak_rss_gb"], res["base_rss_gb"], res["run_s"], res["cpu_s"]
+    print("| stream_aggregation | peak RSS | RSS before round 1 | peak - before | run wall | run CPU |")
+    print("|---|---|---|---|---|---|")
     for m in ("off", "on"):
-        print(f"| {m} | {pk[m]:.2f} GB | {bs[m]:.2f} GB | {pk[m] - bs[m]:.2f} GB | {rs[m]:.0f} s |")
+        print(f"| {m} | {pk[m]:.2f} GB | {bs[m]:.2f} GB | {pk[m] - bs[m]:.2f} GB | {rs[m]:.0f} s | {cs[m]:.0f} s |")
     print(f"peak RSS off/on {res['peak_ratio_off_over_on']:.2f}x (above the setup: "
-          f"{res['extra_ratio_off_over_on']:.1f}x); time on/off {res['time_ratio_on_over_off']:.2f}x; "
+          f"{res['extra_ratio_off_over_on']:.1f}x); wall on/off {res['time_ratio_on_over_off']:.2f}x, "
+          f"CPU on/off {res['cpu_ratio_on_over_off']:.2f}x; "
           f"same accuracy {res['same_accuracy']}, same bytes up {res['same_bytes_up']}; final models: "
           f"{res['models']['elements_differing']} of {res['models']['elements']} elements differ, "
           f"max |diff| {res['models']['max_abs_diff']:.3g}")
