@@ -4,6 +4,9 @@
     mmfl flower submit CONFIG --superlink HOST:PORT [--root-certificates CA | --insecure]
                                                                      a run on a real deployment
     mmfl flower loopback CONFIG [--num-supernodes N] [--resume]      SuperLink + SuperNodes on 127.0.0.1
+    mmfl flower superlink [--operator-address IP] -- FLOWER-SUPERLINK-ARGS
+                                                                     flower-superlink, Control/Runtime APIs
+                                                                     on the operator's addresses only
     mmfl flower run-config CONFIG -o FILE                            the --run-config file of `flwr run`
     mmfl flower app                                                  the Flower app folder `flwr run` takes
 
@@ -12,6 +15,7 @@ This module imports nothing heavy: Flower is imported when a command runs.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import sys
@@ -66,6 +70,13 @@ def add_flower_parser(sub) -> None:
 
     fsub.add_parser("app", help="print the Flower app folder (for `flwr run`)")
 
+    q = fsub.add_parser("superlink", help="flower-superlink whose Control and Runtime APIs answer only on "
+                                          "the operator's addresses (see docs/flower.md)")
+    q.add_argument("--operator-address", action="append", default=[], metavar="IP",
+                   help="a local address of this machine on which the Control and Runtime APIs answer "
+                        "(repeatable; default 127.0.0.1 and ::1); elsewhere only the Fleet API")
+    q.add_argument("flower_args", nargs=argparse.REMAINDER, help="-- then flower-superlink's arguments")
+
 
 def _cfg(args):
     from mmfl.config import load_config
@@ -91,6 +102,11 @@ def main(args) -> int:
     cmd = args.flower_command
     if cmd == "app":
         print(deploy.APP_DIR)
+        return 0
+    if cmd == "superlink":
+        from mmfl.flower.superlink import run_superlink
+
+        run_superlink(args.flower_args, args.operator_address)
         return 0
     cfg = _cfg(args)
     if cmd == "run-config":

@@ -36,6 +36,9 @@ def flower_env(flwr_home: str | Path | None = None) -> dict[str, str]:
     env.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
     env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")  # start a ClientApp/ServerApp task sooner (default 1s)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    # the processes import the mmfl this process runs (a source checkout ahead of an installed one)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     if flwr_home is not None:
         env["FLWR_HOME"] = str(flwr_home)
     return env
