@@ -169,12 +169,20 @@ def test_documented_deployment_works_verbatim_and_keeps_outsiders_out(tmp_path):
         conn.request("POST", "/v1/runtime/acquire-task", body=b"", headers={"content-type": "application/protobuf"})
         assert conn.getresponse().status == 403
         # a SuperNode with an unregistered key: refused, never listed
-        intruder = subprocess.run([str(BIN / "flower-supernode"), "--superlink", f"{PUBLIC}:{port}",
-                                   "--root-certificates", str(ca), "--auth-supernode-private-key", str(home / "key"),
-                                   "--port", str(free_port()), "--max-retries", "2", "--max-wait-time", "20",
-                                   "--node-config", "partition-id=0 num-partitions=3"],
-                                  env=env, capture_output=True, text=True, timeout=120, cwd=home)
-        assert intruder.returncode != 0, intruder.stdout[-2000:] + intruder.stderr[-2000:]
+        with open(home / "supernode.log", "w") as out:  # its own session: its children are ended with it
+            intruder = subprocess.Popen([str(BIN / "flower-supernode"), "--superlink", f"{PUBLIC}:{port}",
+                                         "--root-certificates", str(ca), "--auth-supernode-private-key",
+                                         str(home / "key"), "--port", str(free_port()), "--max-retries", "2",
+                                         "--max-wait-time", "20", "--node-config", "partition-id=0 num-partitions=3"],
+                                        env=env, stdout=out, stderr=subprocess.STDOUT, cwd=home, start_new_session=True)
+            try:
+                rc = intruder.wait(timeout=120)
+            finally:
+                try:
+                    os.killpg(intruder.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        assert rc != 0, (home / "supernode.log").read_text()[-2000:]
         nodes_after = flwr_json(["supernode", "list", "my-superlink"], op_home, env)["nodes"]
         assert len(nodes_after) == num
         # the same request on the operator's address works: the guard, not the setup, refused it
