@@ -73,6 +73,7 @@ class FlowerTransport:
         self.dead: set[int] = set()  # node ids that missed a reply: not used while Flower lists them online
         self.known: set[int] = set()  # node ids that answered a hello
         self._calls: dict[int, int] = defaultdict(int)
+        self.secure = None  # mmfl.flower.secagg.SecureAggregation: its route's sends go through SecAgg+
         self.discover(wait=True)
 
     # --- node discovery ---------------------------------------------------------
@@ -144,6 +145,8 @@ class FlowerTransport:
             self.discover()  # a SuperNode may have (re)joined
 
     def send(self, route: str, messages: dict[int, Message]) -> dict[int, Message]:
+        if self.secure is not None and route == self.secure.route:
+            return self.secure.send(self, messages)
         mtype = message_type(route)
         by_node: dict[int, list[int]] = defaultdict(list)
         missing: list[int] = []
