@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 import torch
 
+import mmfl
+
 pytest.importorskip("flwr", reason='Flower not installed (pip install -e ".[flower]")')
 
 from flwr.common import bytes_to_ndarray  # noqa: E402
@@ -303,6 +305,9 @@ def test_loopback_secagg_server_never_sees_an_update(tmp_path):
     cfg = cfg_of(tmp_path / "flower", "secagg", *SECAGG)
     dep = LocalDeployment(3, tmp_path / "dep")
     dep.env[ENV] = str(tmp_path / "tap")
+    # the processes import the mmfl this test imports (an editable install may point at another checkout)
+    dep.env["PYTHONPATH"] = os.pathsep.join([str(Path(mmfl.__file__).resolve().parents[1]),
+                                             *filter(None, [os.environ.get("PYTHONPATH")])])
     try:
         dep.start()
         run_id = dep.submit(cfg)
