@@ -226,16 +226,18 @@ def check_rounds(cfg, run_dir: Path, received: list[dict], rounds: int = 2,
 
 # ----------------------------------------------------------------------------- in-process grid
 
-def grid_run(tmp_path, name, node_configs, *over, base=BASE):
+def grid_run(tmp_path, name, node_configs, *over, base=BASE, resume=False):
+    """A SecAgg+ run on a fresh in-process grid (Flower's real mod and workflow); its config and
+    every message the server received."""
     cfg = cfg_of(tmp_path / "grid", name, *SECAGG, *over, base=base)
     grid = RecordingGrid(InProcessGrid(cfg.to_toml(), node_configs), tmp_path / "tap" / name)
 
     def transport(e):
-        t = FlowerTransport(grid, e.federation, cfg.run, wait_for_nodes_s=0)
+        t = FlowerTransport(grid, e.federation, cfg.run, wait_for_nodes_s=0, state_file=cfg.run_dir / "flower_state.json")
         t.secure = SecureAggregation(cfg.secure_aggregation, e.federation)
         return t
 
-    Experiment(cfg, progress=False, transport=transport).run()
+    Experiment(cfg, progress=False, transport=transport).run(resume=resume)
     return cfg, load(tmp_path / "tap" / name)
 
 
@@ -281,6 +283,20 @@ def test_secagg_with_two_clients_on_one_node(tmp_path):
 def test_secagg_refuses_an_update_it_would_clip(tmp_path):
     with pytest.raises(MMFLError, match="exceeds clipping_range = 1e-06.*raise secure_aggregation.clipping_range"):
         grid_run(tmp_path, "clip", THREE, "rounds=1", "secure_aggregation.clipping_range=1e-6")
+
+
+def test_secagg_moon_resumes_with_its_client_state(tmp_path):
+    # MOON keeps each client's previous model on its node (state-dir): the collect stage's reply
+    # still tells the server which clients kept state, so a resume finds it, or refuses without it
+    def nodes(state):
+        return {10 + k: {"partition-id": k, "num-partitions": 3, "state-dir": str(state)} for k in range(3)}
+
+    grid_run(tmp_path, "moon", nodes(tmp_path / "state"), "algorithm.name=moon")
+    with pytest.raises(MMFLError, match="kept state before round 3"):
+        grid_run(tmp_path, "moon", nodes(tmp_path / "empty"), "algorithm.name=moon", "rounds=3", resume=True)
+    cfg, _ = grid_run(tmp_path, "moon", nodes(tmp_path / "state"), "algorithm.name=moon", "rounds=3", resume=True)
+    assert [r["round"] for r in rows(cfg.run_dir)] == [1, 2, 3]
+    assert rows(cfg.run_dir)[-1]["accuracy"] > 0.9
 
 
 MFEDAVG = ["data.name=mfeat", 'data.views=["pix", "fou"]', "partition.num_clients=3", "model.name=multimodal",

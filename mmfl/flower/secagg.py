@@ -114,6 +114,9 @@ def node_update(request: FlowerMessage, reply: FlowerMessage, context: Context) 
     out = encode({c: Message(scalars=dict(r.scalars)) for c, r in replies.items()},
                  route=meta["route"], rnd=meta["rnd"])
     info = out[META]
+    for key, value in meta.items():  # the handler's other bookkeeping (e.g. "kept-state")
+        if key not in info and key != "cids" and not key.endswith(".odd"):
+            info[key] = value
     info["secagg.names"] = floats
     info["secagg.shapes"] = ["x".join(map(str, ok[first].arrays[k].shape)) for k in floats]
     info["secagg.dtypes"] = [str(ok[first].arrays[k].dtype).removeprefix("torch.") for k in floats]
@@ -290,8 +293,14 @@ class SecureAggregation:
         if len(by_node) * cfg.quantization_range >= cfg.modulus_range:
             raise MMFLError(f"secure aggregation (round {rnd + 1}): {len(by_node)} SuperNodes x quantization_range "
                             f"{cfg.quantization_range} >= modulus_range {cfg.modulus_range}: the sum would wrap")
-        contents = {node: encode({c: messages[c] for c in cids}, route=ROUTE, rnd=rnd, calls=[calls[c] for c in cids])
-                    for node, cids in by_node.items()}
+        contents = {}
+        for node, cids in by_node.items():  # mmfl's messages, as a plain send makes them
+            contents[node] = encode({c: messages[c] for c in cids}, route=ROUTE, rnd=rnd, calls=[calls[c] for c in cids])
+            if getattr(t, "state_id", None) is not None:  # the clients' state folder on the node (resume)
+                contents[node][META]["state-id"] = t.state_id
+                expect = [c for c in cids if c in t._expect and calls[c] == 0]
+                if expect:
+                    contents[node][META]["expect-state"] = expect
         max_weight = cfg.max_weight or float(max(sum(self.sizes[c] for c in cids) for cids in by_node.values()))
         grid = _StageGrid(t, contents)
         strategy = _Strategy(sorted(by_node))
@@ -339,6 +348,8 @@ class SecureAggregation:
         for node, rep in sorted(grid.collected.items()):
             clear, meta = decode(rep.content)
             excluded = set(meta.get("secagg.excluded", []))
+            for cid in (meta["kept-state"] if "kept-state" in meta else []):
+                t.stateful.setdefault(int(cid), t.rnd)
             for cid, m in sorted(clear.items()):
                 if cid in excluded:  # its node left it out of the sum (NaN/inf): as CommLog.admit does
                     if t.on_nonfinite == "fail":
