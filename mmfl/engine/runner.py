@@ -106,6 +106,10 @@ class Experiment:
         self.store = make_store(cfg.run.state_store, self.federation.num_clients, cfg.run_dir / "client_state")
         if transport is not None:
             self.transport = transport(self)
+        elif cfg.secure_aggregation is not None:  # SecAgg+ is Flower's protocol (mmfl.flower.secagg)
+            raise ConfigError("secure_aggregation: SecAgg+ runs on Flower only (mmfl flower loopback|submit|"
+                              "simulate); the in-process simulator has no server to hide updates from: remove "
+                              "the [secure_aggregation] table for mmfl run")
         else:
             self.transport = SimulationTransport(
                 self.spec, cfg.algorithm.params, self.federation, train, cfg.run.seed,
@@ -352,7 +356,7 @@ def with_new_defaults(saved: dict, cfg: ExperimentConfig) -> dict:
     than ``cfg`` are left alone (they differ anyway)."""
     out = copy.deepcopy(saved)
     tables = {None: cfg.run, "train": cfg.train, "privacy": cfg.privacy, "system": cfg.system, "dp": cfg.dp,
-              "attack": cfg.attack,
+              "attack": cfg.attack, "secure_aggregation": cfg.secure_aggregation,
               **{kind: getattr(cfg, kind).params for kind in COMPONENTS}}
     for key, obj in tables.items():
         table = out if key is None else out.get(key)

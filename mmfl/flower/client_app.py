@@ -151,6 +151,16 @@ def save_state(state: RecordDict, cid: int, tensors: dict) -> None:
 
 
 def handle(msg: FlowerMessage, context: Context, config_text: str | None = None) -> FlowerMessage:
+    """Deliver one Flower message: a stage of secure aggregation goes through Flower's
+    ``secaggplus_mod`` (:mod:`mmfl.flower.secagg`), which calls :func:`handle_plain`."""
+    from mmfl.flower.secagg import client_stage, is_secagg
+
+    if is_secagg(msg):
+        return client_stage(msg, context, lambda m, c: handle_plain(m, c, config_text))
+    return handle_plain(msg, context, config_text)
+
+
+def handle_plain(msg: FlowerMessage, context: Context, config_text: str | None = None) -> FlowerMessage:
     """Deliver one Flower message (the mmfl messages of one or more hosted clients)."""
     from mmfl.flower.transport import fingerprint
 

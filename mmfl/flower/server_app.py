@@ -43,11 +43,22 @@ def run_server(grid: Grid, config_text: str, overwrite: bool = False,
                wait_for_nodes_s: float | None = None, announce: bool = True, resume: bool = False) -> dict:
     """Run the experiment of ``config_text`` with its clients behind ``grid``; its summary."""
     from mmfl.engine.runner import Experiment
+    from mmfl.flower.tap import recording_grid
     from mmfl.flower.transport import FlowerTransport
 
     cfg = resolve(tomllib.loads(config_text))
-    exp = Experiment(cfg, progress=False, transport=lambda e: FlowerTransport(
-        grid, e.federation, cfg.run, wait_for_nodes_s=wait_for_nodes_s, state_file=cfg.run_dir / STATE_FILE))
+    grid = recording_grid(grid)  # MMFL_FLOWER_TAP: every message the ServerApp receives, to a folder
+
+    def transport(e):
+        t = FlowerTransport(grid, e.federation, cfg.run, wait_for_nodes_s=wait_for_nodes_s,
+                            state_file=cfg.run_dir / STATE_FILE)
+        if cfg.secure_aggregation is not None:  # the train round's sum through SecAgg+
+            from mmfl.flower.secagg import SecureAggregation
+
+            t.secure = SecureAggregation(cfg.secure_aggregation, e.federation)
+        return t
+
+    exp = Experiment(cfg, progress=False, transport=transport)
     log.info("mmfl: %s (%s) on %d clients, %d SuperNodes", cfg.run.name, cfg.algorithm.name,
              exp.federation.num_clients, len(set(exp.transport.node_of.values())))
     summary = exp.run(resume=resume, overwrite=overwrite)

@@ -89,6 +89,7 @@ class FlowerTransport:
         self.stateful: dict[int, int] = {}  # client -> first round after which it kept state
         self.persistent: dict[int, bool] = {}  # node -> started with a state-dir
         self._expect: set[int] = set()  # clients that must find their state (the first round of a resume)
+        self.secure = None  # mmfl.flower.secagg.SecureAggregation: its route's sends go through SecAgg+
         self.discover(wait=True)
 
     # --- node discovery ---------------------------------------------------------
@@ -189,6 +190,8 @@ class FlowerTransport:
         os.replace(tmp, self.state_file)
 
     def send(self, route: str, messages: dict[int, Message]) -> dict[int, Message]:
+        if self.secure is not None and route == self.secure.route:
+            return self.secure.send(self, messages)
         mtype = message_type(route)
         by_node: dict[int, list[int]] = defaultdict(list)
         missing: list[int] = []
