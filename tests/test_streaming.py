@@ -140,9 +140,10 @@ def test_streamed_run_equals_list_run_with_dp_and_attacks(tmp_path, extra):
     _assert_close(on.server.state_dict(), off.server.state_dict())
 
 
-def test_a_rule_without_fold_keeps_the_list_path(tmp_path):
+def test_a_rule_without_fold_keeps_the_list_path_and_says_so(tmp_path, capsys):
     _, rows = _run(tmp_path, "median", "stream_aggregation=on", "algorithm.aggregation=median")
     assert all("replies_streamed" not in r for r in rows) and rows[-1]["clients_replied"] == 4
+    assert "aggregation 'median' needs the whole list of replies; its rounds take the list path" in capsys.readouterr().err
 
 
 def test_auto_streams_from_the_threshold(tmp_path, monkeypatch):

@@ -124,6 +124,10 @@ class Experiment:
         self.transport.log.check = self.check_reply
         self.transport.log.on_bad_reply = cfg.run.on_bad_reply
         self.attack = make_attack(cfg.attack, self.federation.num_clients, cfg.run.seed)  # who is malicious
+        if cfg.run.stream_aggregation == "on" and self.server.train_accumulator(1) is None:
+            print(f"mmfl: note: stream_aggregation = \"on\": {cfg.algorithm.name} with aggregation "
+                  f"{getattr(cfg.algorithm.params, 'aggregation', '-')!r} needs the whole list of replies; "
+                  "its rounds take the list path", file=sys.stderr, flush=True)
         if cfg.attack is not None and cfg.attack.kind in REPRESENTATION_ATTACKS \
                 and not getattr(self.server, "representation_replies", False):
             raise ConfigError(f"attack.kind: {cfg.attack.kind!r} changes exchanged representations; "
