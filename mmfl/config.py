@@ -37,7 +37,7 @@ A config has top-level run settings and one table per component::
     [attack]                    # optional: malicious clients (off when absent; mmfl.engine.attack)
     kind = "sign_flip"
     fraction = 0.1
-    [dp]                        # optional: client-level differential privacy (off when absent)
+    [dp]                        # optional: client- or sample-level differential privacy (off when absent)
     mode = "central"
 
 Component tables are validated against the registered parameter dataclass of
@@ -198,7 +198,9 @@ def resolve_dp(table, algo: Component) -> DPConfig | None:
     """Validate ``[dp]`` (None: the table is absent, no DP) against the algorithm: client-level DP
     covers the servers that only average the replies' models (``dp_capable``, the FedAvg family);
     central DP replaces the aggregation rule by DP-FedAvg's clipped uniform mean, so it takes only the
-    default averaging rules (local DP noises the updates on the clients and keeps any rule)."""
+    default averaging rules (local DP noises the updates on the clients and keeps any rule).
+    Sample-level DP-SGD (``mode = "sample"``) also needs the client's local training to be SGD on a
+    per-sample loss (``dpsgd_blocker`` of the client class); the model is checked when it is built."""
     if table is None:
         return None
     if not isinstance(table, dict):
@@ -210,6 +212,11 @@ def resolve_dp(table, algo: Component) -> DPConfig | None:
               and getattr(ALGORITHMS.get(n).factory.server, "dp_capable", False)]
         raise ConfigError(f"dp: algorithm '{algo.name}' does not support client-level DP (its server uses more "
                           f"of the replies than averaged models); supported: {', '.join(ok)}")
+    if dp.mode == "sample":
+        why = getattr(spec.client, "dpsgd_blocker", lambda: f"{spec.client.__name__} does not implement DP-SGD")()
+        if why:
+            raise ConfigError(f"dp.mode: sample-level DP-SGD needs local training that is SGD on a per-sample loss; "
+                              f"algorithm '{algo.name}' cannot ({why})")
     rule = getattr(algo.params, "aggregation", None)
     if dp.mode == "central" and rule not in (None, "weighted_mean", "mean"):
         raise ConfigError(f"dp.mode: central DP aggregates by DP-FedAvg's clipped uniform mean, so "
