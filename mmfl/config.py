@@ -207,16 +207,20 @@ def resolve_dp(table, algo: Component) -> DPConfig | None:
         raise ConfigError("dp: must be a table, e.g. [dp] with mode = \"central\", noise_multiplier = 1.0")
     dp = build_params("dp", "settings", DPConfig, table)
     spec = ALGORITHMS.get(algo.name).factory
-    if spec.pooled or not getattr(spec.server, "dp_capable", False):
-        ok = [n for n in ALGORITHMS.names() if not ALGORITHMS.get(n).factory.pooled
-              and getattr(ALGORITHMS.get(n).factory.server, "dp_capable", False)]
+    capable = lambda s: not s.pooled and getattr(s.server, "dp_capable", False)  # noqa: E731
+    dpsgd_blocker = lambda s: getattr(s.client, "dpsgd_blocker",  # noqa: E731
+                                      lambda: f"{s.client.__name__} is not a FedAvg-family client")()
+    if dp.mode == "sample" and not (capable(spec) and dpsgd_blocker(spec) is None):
+        ok = [n for n in ALGORITHMS.names() if capable(ALGORITHMS.get(n).factory)
+              and dpsgd_blocker(ALGORITHMS.get(n).factory) is None]
+        why = "it trains on the pooled data" if spec.pooled else dpsgd_blocker(spec) or \
+            "its server uses more of the replies than averaged models"
+        raise ConfigError(f"dp: algorithm '{algo.name}' does not support sample-level DP-SGD (mode = \"sample\", "
+                          f"per-sample gradients of the FedAvg family's local loss; {why}); supported: {', '.join(ok)}")
+    if not capable(spec):
+        ok = [n for n in ALGORITHMS.names() if capable(ALGORITHMS.get(n).factory)]
         raise ConfigError(f"dp: algorithm '{algo.name}' does not support client-level DP (its server uses more "
                           f"of the replies than averaged models); supported: {', '.join(ok)}")
-    if dp.mode == "sample":
-        why = getattr(spec.client, "dpsgd_blocker", lambda: f"{spec.client.__name__} does not implement DP-SGD")()
-        if why:
-            raise ConfigError(f"dp.mode: sample-level DP-SGD needs local training that is SGD on a per-sample loss; "
-                              f"algorithm '{algo.name}' cannot ({why})")
     rule = getattr(algo.params, "aggregation", None)
     if dp.mode == "central" and rule not in (None, "weighted_mean", "mean"):
         raise ConfigError(f"dp.mode: central DP aggregates by DP-FedAvg's clipped uniform mean, so "

@@ -205,7 +205,9 @@ def test_noise_changes_the_model_and_batched_clients_fall_back_to_sequential(tmp
 
 
 @pytest.mark.parametrize("over,match", [
-    (["algorithm.name=scaffold"], r"^dp: algorithm 'scaffold' does not support client-level DP"),
+    (["algorithm.name=scaffold"], r"^dp: algorithm 'scaffold' does not support sample-level DP-SGD \(mode = "
+                                  r"\"sample\", .*\); supported: fedavg, fedavgm, fedprox, moon$"),
+    (["algorithm.name=fedcmi"], r"^dp: algorithm 'fedcmi' does not support sample-level DP-SGD"),
     (['dp.mode="dp-sgd"'], r"^dp.mode: must be one of \['central', 'local', 'sample'\], got 'dp-sgd'$"),
 ])
 def test_bad_dpsgd_configs_are_one_line(tmp_path, over, match):
@@ -232,8 +234,8 @@ def test_batchnorm_model_is_a_one_line_config_error_naming_the_module(tmp_path, 
     assert model_blocker(Tiny()) is None
     bn = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4, affine=False))  # no parameters, still mixes samples
     assert model_blocker(bn) == "BatchNorm1d at '1' (its batch statistics mix the samples of a batch)"
-    rc = main(["run", str(demo_config_path()), "--set", "data.name=digits", "--set", "model.name=resnet", "--set", "dp.mode='sample'",
-               "--set", "rounds=1", "--set", f"output_dir='{tmp_path}'"])
+    sets = ["data.name=digits", "model.name=resnet", "dp.mode='sample'", "rounds=1", f"output_dir='{tmp_path}'"]
+    rc = main(["run", str(demo_config_path()), *[a for s in sets for a in ("--set", s)]])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1
     assert err[0].startswith("mmfl: error: dp.mode: DP-SGD (mode = \"sample\") cannot train model 'resnet': "
