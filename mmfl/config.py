@@ -39,6 +39,8 @@ A config has top-level run settings and one table per component::
     fraction = 0.1
     [dp]                        # optional: client- or sample-level differential privacy (off when absent)
     mode = "central"
+    [secure_aggregation]        # optional, Flower only: SecAgg+ for the train round's sum (off when absent)
+    protocol = "secaggplus"
 
 Component tables are validated against the registered parameter dataclass of
 the named entry, so a misspelt key is an error naming it.
@@ -61,7 +63,7 @@ from mmfl.models import MODELS
 from mmfl.registry import build_params
 from mmfl.schema import (COMPONENTS, RULES, ClientData, ClientModel, Component, DPConfig,  # noqa: F401
                          ExperimentConfig, PrivacyConfig, RunConfig, SystemConfig, TrainConfig)
-from mmfl.schema import AttackConfig
+from mmfl.schema import AttackConfig, SecureAggregationConfig
 
 
 DEFAULTS: dict[str, Any] = {
@@ -154,11 +156,12 @@ def resolve(raw: dict) -> ExperimentConfig:
     system_raw = raw.pop("system", None)
     attack_raw = raw.pop("attack", None)
     dp_raw = raw.pop("dp", None)
+    secagg_raw = raw.pop("secure_aggregation", None)
     run_fields = {f.name for f in fields(RunConfig)}
     for key in raw:
         if key not in run_fields:
             known = sorted(run_fields | set(tables) | {"attack", "case", "client_data", "client_models", "dp", "privacy",
-                                                       "system"})
+                                                       "secure_aggregation", "system"})
             raise ConfigError(f"{key}: unknown config key (known: {', '.join(known)})")
     run = build_params("", "settings", RunConfig, raw)
     train = build_params("train", "settings", TrainConfig, tables["train"])
@@ -177,8 +180,51 @@ def resolve(raw: dict) -> ExperimentConfig:
     dp = resolve_dp(dp_raw, comps["algorithm"])
     attack = resolve_attack(attack_raw)
     check_rule_cohort(comps["algorithm"].params, run, comps["partition"].params, sources)
+    secagg = resolve_secure_aggregation(secagg_raw, comps["algorithm"], dp, run, comps["partition"].params, sources)
     return ExperimentConfig(run=run, train=train, **comps, client_models=groups, client_data=sources,
-                            privacy=privacy, system=system, dp=dp, attack=attack)
+                            privacy=privacy, system=system, dp=dp, attack=attack, secure_aggregation=secagg)
+
+
+def secagg_capable(spec) -> bool:
+    """Whether an algorithm's server needs only the data-weighted sum of its clients' train replies
+    (``secagg_capable`` on the server class; default: ``dp_capable``, the FedAvg family)."""
+    server = spec.server
+    return not spec.pooled and bool(getattr(server, "secagg_capable", getattr(server, "dp_capable", False)))
+
+
+def resolve_secure_aggregation(table, algo: Component, dp, run, partition, sources) -> SecureAggregationConfig | None:
+    """Validate ``[secure_aggregation]`` (None: absent) against the run: SecAgg+ gives the server the
+    data-weighted mean of the train replies and nothing else, so the server must need nothing else
+    (no robust rule, no individual replies, no central DP's per-client clipping), and a round's sum
+    must fit the modulus (clients per round * quantization_range < modulus_range)."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError("secure_aggregation: must be a table, e.g. [secure_aggregation] with protocol = \"secaggplus\"")
+    sa = build_params("secure_aggregation", "settings", SecureAggregationConfig, table)
+    spec = ALGORITHMS.get(algo.name).factory
+    if not secagg_capable(spec):
+        ok = [n for n in ALGORITHMS.names() if secagg_capable(ALGORITHMS.get(n).factory)]
+        raise ConfigError(f"secure_aggregation: algorithm '{algo.name}' needs more from its clients than the "
+                          f"weighted sum of their models (individual replies, control variates, "
+                          f"representations or personal models); supported: {', '.join(ok)}")
+    rule = getattr(algo.params, "aggregation", None)
+    if rule not in (None, "weighted_mean"):
+        raise ConfigError(f"secure_aggregation: algorithm.aggregation = '{rule}' combines individual updates; "
+                          "the server learns only their weighted sum (use aggregation = \"weighted_mean\")")
+    if dp is not None:
+        raise ConfigError("secure_aggregation: [dp] clips each client's update on the server, which secure "
+                          "aggregation hides; remove one of the two tables")
+    num_clients = getattr(partition, "num_clients", 0) if not sources else 0
+    n = run.clients_per_round or (max(1, int(round(run.sample_fraction * num_clients))) if num_clients else 0)
+    if n == 1:
+        raise ConfigError("secure_aggregation: a round has 1 client; the sum of one update is that update "
+                          "(sample at least 2 clients per round)")
+    if n and n * sa.quantization_range >= sa.modulus_range:
+        raise ConfigError(f"secure_aggregation.quantization_range: {n} clients per round x {sa.quantization_range} "
+                          f">= modulus_range = {sa.modulus_range}: the sum would wrap around; lower "
+                          "quantization_range")
+    return sa
 
 
 def check_rule_cohort(algo, run, partition, sources) -> None:

@@ -90,6 +90,12 @@ class RunConfig:
         default="auto", metadata={"help": "where persistent client state lives between rounds: memory, "
                                           "disk (memory-mapped files in the run folder), or auto "
                                           "(disk from 1,000 clients on)"})
+    stream_aggregation: Literal["auto", "on", "off"] = field(
+        default="auto", metadata={"help": "hand each client reply to the server's aggregation as it arrives and "
+                                          "drop it (memory: one model plus one reply, not the cohort's replies) "
+                                          "where the server's rule folds (weighted_mean, mean, iot, norm_clip, "
+                                          "central DP): on, off, or auto (on from 1,000 clients per round); "
+                                          "equal to the list path within float rounding (docs/performance.md)"})
 
     def __post_init__(self):
         if not self.name or "/" in self.name or self.name in (".", ".."):
@@ -108,6 +114,8 @@ class RunConfig:
             raise ConfigError(f"keep_checkpoints: must be >= 1, got {self.keep_checkpoints}")
         if not self.reply_timeout > 0:
             raise ConfigError(f"reply_timeout: must be > 0, got {self.reply_timeout}")
+        if self.stream_aggregation not in ("auto", "on", "off"):
+            raise ConfigError(f"stream_aggregation: must be 'auto', 'on' or 'off', got {self.stream_aggregation!r}")
         if self.on_bad_reply not in ("drop", "fail"):
             raise ConfigError(f"on_bad_reply: must be 'drop' or 'fail', got {self.on_bad_reply!r}")
 
@@ -283,6 +291,72 @@ class DPConfig:
             raise ConfigError(f"dp.delta: must be in (0, 1), got {self.delta}")
 
 
+SECAGG_PROTOCOLS = ("secaggplus",)
+
+
+@dataclass
+class SecureAggregationConfig:
+    """The ``[secure_aggregation]`` table: the train round's model sum goes through Flower's
+    SecAgg+ (``flwr.client.mod.secaggplus_mod`` / ``flwr.server.workflow.SecAggPlusWorkflow``;
+    docs/flower.md, "Secure aggregation"), so the server learns only the sum of the
+    clients' weighted, quantized updates. Flower runs only. Absent table: off. The
+    parameters keep Flower's names and meaning."""
+
+    protocol: str = field(default="secaggplus", metadata={"help": "secaggplus (Flower's SecAgg+)"})
+    num_shares: int | float = field(default=1.0, metadata={
+        "help": "shares each SuperNode's secrets are split into: an integer > 2, or a fraction in (0, 1] of "
+                "the round's SuperNodes (1.0: every node is every node's neighbour, i.e. SecAgg)"})
+    reconstruction_threshold: int | float = field(default=0.5, metadata={
+        "help": "shares needed to reconstruct a secret: an integer >= 2 (< num_shares when both are integers), "
+                "or a fraction in (0, 1] of num_shares (at least 2)"})
+    clipping_range: float = field(default=8.0, metadata={
+        "help": "each weighted update entry is clipped to [-clipping_range, clipping_range] before quantization "
+                "(mmfl refuses a reply that would be clipped)"})
+    quantization_range: int = field(default=4194304, metadata={
+        "help": "entries are quantized to integers in [0, quantization_range] (2**22); the aggregate's error "
+                "per entry is below 3 * nodes * clipping_range / (quantization_range * total weight)"})
+    modulus_range: int = field(default=4294967296, metadata={
+        "help": "masks are drawn from [0, modulus_range): a power of 2, > nodes * quantization_range, <= 2**32"})
+    max_weight: float = field(default=0.0, metadata={
+        "help": "the largest num_examples a SuperNode may send (its clients' total); 0: the largest "
+                "SuperNode's training data, which the server knows"})
+
+    def __post_init__(self):
+        import math
+
+        def number(v):
+            return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+
+        if self.protocol not in SECAGG_PROTOCOLS:
+            raise ConfigError(f"secure_aggregation.protocol: must be one of {', '.join(SECAGG_PROTOCOLS)}, "
+                              f"got {self.protocol!r}")
+        ns, t = self.num_shares, self.reconstruction_threshold
+        if ns == 1 and isinstance(ns, int):
+            self.num_shares = ns = 1.0  # Flower reads the integer 1 as the fraction 1.0
+        if not number(ns) or (isinstance(ns, int) and ns <= 2) or (isinstance(ns, float) and not 0 < ns <= 1):
+            raise ConfigError(f"secure_aggregation.num_shares: must be an integer > 2 or a fraction in (0, 1], "
+                              f"got {ns!r}")
+        if t == 1 and isinstance(t, int):
+            self.reconstruction_threshold = t = 1.0
+        if not number(t) or (isinstance(t, int) and t < 2) or (isinstance(t, float) and not 0 < t <= 1):
+            raise ConfigError(f"secure_aggregation.reconstruction_threshold: must be an integer >= 2 or a "
+                              f"fraction in (0, 1], got {t!r}")
+        if isinstance(t, int) and isinstance(ns, int) and t >= ns:
+            raise ConfigError(f"secure_aggregation.reconstruction_threshold: must be < num_shares = {ns}, got {t}")
+        if not number(self.clipping_range) or not self.clipping_range > 0:
+            raise ConfigError(f"secure_aggregation.clipping_range: must be a positive number, "
+                              f"got {self.clipping_range!r}")
+        q, m = self.quantization_range, self.modulus_range
+        if isinstance(q, bool) or not isinstance(q, int) or q < 2:
+            raise ConfigError(f"secure_aggregation.quantization_range: must be an integer >= 2, got {q!r}")
+        if isinstance(m, bool) or not isinstance(m, int) or m <= q or m > 2 ** 32 or m & (m - 1):
+            raise ConfigError(f"secure_aggregation.modulus_range: must be a power of 2 greater than "
+                              f"quantization_range = {q} and at most 2**32, got {m!r}")
+        if not number(self.max_weight) or self.max_weight < 0:
+            raise ConfigError(f"secure_aggregation.max_weight: must be a number >= 0 (0: automatic), "
+                              f"got {self.max_weight!r}")
+
+
 @dataclass
 class Component:
     """A ``[data]``/``[partition]``/``[model]``/``[algorithm]`` table: a name and raw values."""
@@ -337,6 +411,7 @@ class ExperimentConfig:
     system: SystemConfig | None = None  # [system]; None: no system model (no simulated latency)
     attack: AttackConfig | None = None  # [attack]; None: every client honest
     dp: DPConfig | None = None  # [dp]; None: no differential privacy
+    secure_aggregation: SecureAggregationConfig | None = None  # [secure_aggregation]; None: plain sums (Flower)
 
     def to_dict(self) -> dict:
         """The resolved config (every default filled in), as TOML-able tables."""
@@ -366,6 +441,8 @@ class ExperimentConfig:
             out["attack"] = asdict(self.attack)
         if self.dp is not None:
             out["dp"] = asdict(self.dp)
+        if self.secure_aggregation is not None:
+            out["secure_aggregation"] = asdict(self.secure_aggregation)
         return _drop_none(out)
 
     def to_toml(self) -> str:

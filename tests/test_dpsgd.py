@@ -193,7 +193,7 @@ def test_dpsgd_resume_is_bit_exact(tmp_path, algo):
         assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
-def test_noise_changes_the_model_and_batched_clients_fall_back_to_sequential(tmp_path):
+def test_noise_changes_the_model_and_batched_or_streamed_runs_equal_the_sequential_one(tmp_path):
     a = run_exp(tmp_path, "a", "dp.noise_multiplier=1.0", rounds=1)
     b = run_exp(tmp_path, "b", "dp.noise_multiplier=0.0", rounds=1)
     assert any(not torch.equal(a.server.state_dict()[k], v) for k, v in b.server.state_dict().items())
@@ -202,6 +202,11 @@ def test_noise_changes_the_model_and_batched_clients_fall_back_to_sequential(tmp
     row = rows_of(batched)[0]
     assert "trained one by one" in row["batched_fallback"]
     assert {k: v for k, v in row.items() if k != "batched_fallback"} == rows_of(a)[0]
+    streamed = run_exp(tmp_path, "streamed", "dp.noise_multiplier=1.0", "stream_aggregation=on", rounds=2)
+    plain = run_exp(tmp_path, "plain", "dp.noise_multiplier=1.0", "stream_aggregation=off", rounds=2)
+    rs = rows_of(streamed)
+    assert all(r.pop("replies_streamed") == 3 for r in rs) and rs == rows_of(plain)  # dp/epsilon included
+    assert torch.equal(streamed.server.dp_epsilon, plain.server.dp_epsilon)
 
 
 @pytest.mark.parametrize("over,match", [

@@ -60,6 +60,25 @@ class Transport(Protocol):
         from the result.
         """
 
+    # optional (streaming aggregation; a transport without it always returns the whole list):
+    # def send_stream(self, route, messages, accumulator) -> int | None:
+    #     deliver as ``send`` does, but hand each accepted reply to ``accumulator.add(cid, reply)``
+    #     as it arrives and keep none; returns how many were added, or None when this transport
+    #     does not stream these messages (``run.stream_aggregation``): the caller then uses ``send``.
+
+
+class ReplyAccumulator(Protocol):
+    """A server's consumer of one route's replies, one at a time (streaming aggregation,
+    :meth:`Server.train_accumulator`): the transport calls ``begin()`` once, then ``add(cid,
+    reply)`` for each accepted reply in client-id order, dropping the reply afterwards; the
+    server then calls ``finish()`` for the round's metrics (and sets its new state)."""
+
+    def begin(self) -> None: ...
+
+    def add(self, cid: int, reply: Message) -> None: ...
+
+    def finish(self) -> dict[str, float]: ...
+
 
 @dataclass
 class ServerContext:
@@ -131,7 +150,17 @@ class Server(Stateful):
 
     # --- the round ------------------------------------------------------
     def round(self, rnd: int, cohort: list[int], transport: Transport) -> dict[str, float]:
-        replies = transport.send("train", self.configure_train(rnd, cohort))
+        messages = self.configure_train(rnd, cohort)
+        acc = self.train_accumulator(rnd)
+        stream = getattr(transport, "send_stream", None) if acc is not None else None
+        n = stream("train", messages, acc) if stream is not None else None
+        if n is not None:  # streamed: every accepted reply went into acc and is gone
+            if n == 0:
+                return {"clients_replied": 0}
+            metrics = acc.finish()
+            metrics.setdefault("clients_replied", n)
+            return metrics
+        replies = transport.send("train", messages)
         if not replies:
             return {"clients_replied": 0}
         metrics = self.aggregate_train(rnd, replies)
@@ -173,6 +202,13 @@ class Server(Stateful):
 
     def aggregate_train(self, rnd: int, replies: dict[int, Message]) -> dict[str, float]:
         raise NotImplementedError
+
+    def train_accumulator(self, rnd: int) -> ReplyAccumulator | None:
+        """What does :meth:`aggregate_train`'s work one ``train`` reply at a time (a
+        :class:`ReplyAccumulator`), so the engine need not hold the cohort's replies; None (the
+        default): this server needs the whole list. Used where the transport streams
+        (``run.stream_aggregation``, :meth:`round`)."""
+        return None
 
     # --- evaluation (run by the engine: mmfl.core.evaluation) -------------
     def evaluate_global(self, ctx: EvalContext) -> dict:

@@ -31,6 +31,7 @@ from mmfl.core.dp import central_dp_mean
 from mmfl.core.dpsgd import Penalty, SampleLoss, dpsgd_train, history_epsilon, record_steps
 from mmfl.core.message import Message
 from mmfl.core.state import read, tensor, write
+from mmfl.core.streaming import CentralDPFold, make_fold
 from mmfl.core.training import LossFn, load_into, model_tensors, state_of
 from mmfl.seeds import derive_seed
 
@@ -133,27 +134,94 @@ class FedAvgServer(Server):
             if v is not None:
                 out[key] = v
         if self.ctx.dp is not None and self.ctx.dp.mode == "sample":
-            out.update(self.dpsgd_epsilon(replies))
+            for cid in sorted(replies):
+                self.note_dpsgd_epsilon(cid, replies[cid])
+            out.update(self.dpsgd_metrics())
         return out
 
-    def dpsgd_epsilon(self, replies: dict[int, Message]) -> dict[str, float]:
-        """DP-SGD's row entries: ``dp/epsilon``, the largest epsilon of any client so far (each from its
-        own RDP accountant over the rounds it trained, sent as its reply's ``dp/epsilon``),
+    def note_dpsgd_epsilon(self, cid: int, reply: Message) -> None:
+        """[dp] mode = "sample": keep client ``cid``'s epsilon from its reply (``dp/epsilon``, from its
+        own RDP accountant over the rounds it trained)."""
+        if self.dp_epsilon is None:
+            self.dp_epsilon = torch.zeros(self.ctx.num_clients, dtype=torch.float64)
+        if "dp/epsilon" in reply.scalars:
+            self.dp_epsilon[cid] = float(reply.scalars["dp/epsilon"])
+
+    def dpsgd_metrics(self) -> dict[str, float]:
+        """DP-SGD's row entries: ``dp/epsilon``, the largest epsilon of any client so far,
         ``dp/epsilon_mean``, their mean over the clients that have trained, and ``dp/delta``. With
         ``noise_multiplier = 0`` epsilon is inf (clients send none: a reply's scalars must be finite)."""
         dp = self.ctx.dp
-        if self.dp_epsilon is None:
-            self.dp_epsilon = torch.zeros(self.ctx.num_clients, dtype=torch.float64)
-        for cid, reply in replies.items():
-            if "dp/epsilon" in reply.scalars:
-                self.dp_epsilon[cid] = float(reply.scalars["dp/epsilon"])
-        trained = self.dp_epsilon[self.dp_epsilon > 0]
+        trained = self.dp_epsilon[self.dp_epsilon > 0] if self.dp_epsilon is not None else torch.zeros(0)
         if dp.noise_multiplier == 0:
             eps = mean = float("inf")
         else:
             eps = float(trained.max()) if trained.numel() else 0.0
             mean = float(trained.mean()) if trained.numel() else 0.0
         return {"dp/epsilon": eps, "dp/epsilon_mean": mean, "dp/delta": dp.delta}
+
+    def train_accumulator(self, rnd: int) -> "FedAvgAccumulator | None":
+        """:meth:`aggregate_train` one reply at a time when the rule folds
+        (:mod:`mmfl.core.streaming`: weighted_mean, mean, iot, norm_clip; central DP's clipped
+        sum) and this class aggregates as FedAvgServer does (a subclass overriding
+        ``aggregate`` or ``aggregate_train`` needs the whole list, unless it gives its own)."""
+        cls = type(self)
+        if cls.aggregate is not FedAvgServer.aggregate or cls.aggregate_train is not FedAvgServer.aggregate_train:
+            return None
+        previous = dict(self.model.state_dict())
+        dp = self.ctx.dp
+        if dp is not None and dp.mode == "central":
+            fold = CentralDPFold(previous, dp.clip_norm, dp.noise_multiplier,
+                                 derive_seed(self.ctx.seed, rnd, "dp-noise"), denominator=self.ctx.cohort_size)
+        else:
+            rule = self.aggregation_rule()
+            const = self.aggregation_context(rnd, {})  # the per-update entries are lists, empty here
+            fold = make_fold(rule, previous, **const, **rule_kwargs(rule, getattr(self.params, "aggregation_params", None)))
+        return None if fold is None else FedAvgAccumulator(self, rnd, fold)
+
+
+class FedAvgAccumulator:
+    """:meth:`FedAvgServer.aggregate_train` fed one reply at a time (a
+    :class:`~mmfl.algorithms.base.ReplyAccumulator`): each reply's model entries go into the
+    rule's fold with the reply's weight (and its per-update context, e.g. ``iot``'s
+    ``multimodal``), its reported scalars into running data-weighted sums; nothing of the
+    reply is kept. ``finish`` loads the new model and returns the round's metrics, equal to
+    the list path's (:mod:`mmfl.core.streaming` on numerics)."""
+
+    def __init__(self, server: FedAvgServer, rnd: int, fold):
+        self.server, self.rnd, self.fold = server, rnd, fold
+        self.own = set(model_tensors(server.model))
+        self.item_keys = tuple(getattr(fold, "item_keys", ()))
+        self.keys = ("train_loss", *server.reported_scalars())
+        self.dpsgd = server.ctx.dp is not None and server.ctx.dp.mode == "sample"
+
+    def begin(self) -> None:
+        self.sums = {key: [0, 0] for key in self.keys}  # key -> [sum v n, sum n] (weighted_mean_scalar)
+        self.seen = {key: False for key in self.keys}
+
+    def add(self, cid: int, reply: Message) -> None:
+        server = self.server
+        item = {}
+        if self.item_keys:
+            ctx = server.aggregation_context(self.rnd, {cid: reply})
+            item = {k: ctx[k][0] for k in self.item_keys if k in ctx}
+        self.fold.add({k: v for k, v in reply.arrays.items() if k in self.own}, server.weight(cid, reply), **item)
+        for key in self.keys:
+            if key in reply.scalars:
+                n = reply.scalars.get("num_examples", 1)
+                s = self.sums[key]
+                s[0] += reply.scalars[key] * n
+                s[1] += n
+                self.seen[key] = True
+        if self.dpsgd:
+            server.note_dpsgd_epsilon(cid, reply)
+
+    def finish(self) -> dict[str, float]:
+        self.server.model.load_state_dict(self.fold.finish())
+        out = {key: float(s / n) for key, (s, n) in self.sums.items() if self.seen[key]}
+        if self.dpsgd:
+            out.update(self.server.dpsgd_metrics())
+        return out
 
 
 class FedAvgClient(TrainingClient, BatchedClient):

@@ -208,7 +208,7 @@ class MFedAvgParams(FedAvgParams):
 
 
 class MFedAvgServer(MultimodalServer):
-    pass
+    secagg_capable = True  # it uses only the weighted mean of the models (SecAgg+ on Flower, mmfl.flower.secagg)
 
 
 class MFedAvgClient(MultimodalClient):
@@ -235,7 +235,7 @@ def proximal(model: nn.Module, anchor: dict[str, Tensor], skip: Callable[[str], 
 
 
 class MFedProxServer(MultimodalServer):
-    pass
+    secagg_capable = True  # it uses only the weighted mean of the models (SecAgg+ on Flower, mmfl.flower.secagg)
 
 
 class MFedProxClient(MFedAvgClient):

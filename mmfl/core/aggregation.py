@@ -249,3 +249,4 @@ rep_iot.per_sample = True
 
 
 import mmfl.core.robust  # noqa: E402,F401  (registers the robust rules: median, krum, bulyan, ...)
+import mmfl.core.streaming  # noqa: E402,F401  (declares which rules fold one update at a time: rule.fold)

@@ -111,13 +111,17 @@ class Experiment:
         self.store = make_store(cfg.run.state_store, self.federation.num_clients, cfg.run_dir / "client_state")
         if transport is not None:
             self.transport = transport(self)
+        elif cfg.secure_aggregation is not None:  # SecAgg+ is Flower's protocol (mmfl.flower.secagg)
+            raise ConfigError("secure_aggregation: SecAgg+ runs on Flower only (mmfl flower loopback|submit|"
+                              "simulate); the in-process simulator has no server to hide updates from: remove "
+                              "the [secure_aggregation] table for mmfl run")
         else:
             self.transport = SimulationTransport(
                 self.spec, cfg.algorithm.params, self.federation, train, cfg.run.seed,
                 self.make_model, self.store, on_nonfinite=cfg.run.on_nonfinite,
                 batch_clients=cfg.run.batch_clients, privacy=cfg.privacy,
                 local_dp=LocalDP(cfg.dp, cfg.run.seed) if cfg.dp is not None and cfg.dp.mode == "local" else None,
-                attack=cfg.attack, dp=cfg.dp)
+                attack=cfg.attack, stream=cfg.run.stream_aggregation, dp=cfg.dp)
         if cfg.dp is not None and cfg.dp.mode == "local" and getattr(self.transport, "local_dp", None) is None:
             raise ConfigError("dp.mode: local DP is applied by the in-process simulation only; this transport "
                               "has no client-side randomizer (use dp.mode = \"central\")")
@@ -357,7 +361,7 @@ def with_new_defaults(saved: dict, cfg: ExperimentConfig) -> dict:
     than ``cfg`` are left alone (they differ anyway)."""
     out = copy.deepcopy(saved)
     tables = {None: cfg.run, "train": cfg.train, "privacy": cfg.privacy, "system": cfg.system, "dp": cfg.dp,
-              "attack": cfg.attack,
+              "attack": cfg.attack, "secure_aggregation": cfg.secure_aggregation,
               **{kind: getattr(cfg, kind).params for kind in COMPONENTS}}
     for key, obj in tables.items():
         table = out if key is None else out.get(key)

@@ -5,6 +5,10 @@ the client (clients are rebuilt per message, as on Flower), calls its handler,
 checks the reply (the run's ``[privacy]`` rules, then NaN/inf, then the server's reply
 schema, :mod:`mmfl.core.replies`), saves the state back and counts the bytes both ways.
 A malicious client (``[attack]``, :mod:`mmfl.engine.attack`) changes its reply first.
+
+Streaming (``run.stream_aggregation``, :meth:`SimulationTransport.send_stream`): a server that
+can consume a route's replies one at a time gets each accepted reply as soon as it is made,
+and the transport keeps none, so a round holds one model plus one reply, not the cohort's.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ from mmfl.engine.state import ClientStateStore
 from mmfl.errors import MMFLError
 
 log = logging.getLogger("mmfl")
+
+# stream_aggregation = "auto" streams sends to this many clients or more (the list path below:
+# small cohorts keep their numerics bit for bit, mmfl.core.streaming)
+STREAM_FROM = 1000
 
 class CommLog:
     """Bytes per round, per route, per direction and per client."""
@@ -102,12 +110,13 @@ class SimulationTransport:
     def __init__(self, spec: AlgorithmSpec, params, federation: Federation, train: TrainConfig,
                  seed: int, make_model: Callable[[], nn.Module], store: ClientStateStore,
                  on_nonfinite: str = "fail", batch_clients: bool = False, privacy=None, local_dp=None,
-                 attack=None, dp=None):
+                 attack=None, stream: str = "off", dp=None):
         """``privacy``: the run's ``[privacy]`` rules (``cfg.privacy``; None: none). Every
         reply is checked against its client's data before the server sees it; a breach
         fails the run (:class:`~mmfl.engine.privacy.PrivacyError`). A rule naming a
         modality the data set lacks is a ConfigError here. ``attack``: the run's ``[attack]``
-        (``cfg.attack``; None: every client honest, :mod:`mmfl.engine.attack`). ``dp``: the run's
+        (``cfg.attack``; None: every client honest, :mod:`mmfl.engine.attack`). ``stream``: the
+        run's ``stream_aggregation`` ("auto", "on", "off"; :meth:`send_stream`). ``dp``: the run's
         ``[dp]``, handed to every client (mode "sample": DP-SGD in local training)."""
         self.spec = spec
         self.params = params
@@ -124,6 +133,7 @@ class SimulationTransport:
         self.batch_info: dict = {}  # this round: clients trained batched, or why not
         self.num_clients = federation.num_clients
         self.attack = make_attack(attack, federation.num_clients, seed)  # None: no [attack]
+        self.stream = stream
         self.log = CommLog()
         self.rnd = 0
         self._model = ModelPool(make_model)  # models per (key, client structure)
@@ -142,22 +152,58 @@ class SimulationTransport:
     def send(self, route: str, messages: dict[int, Message]) -> dict[int, Message]:
         sent = messages
         replies, messages = self._send_batched(route, messages)
-        fed = self.federation  # [privacy] is checked where each reply is made: run_client, send_batched
         for cid in sorted(messages):
-            msg = messages[cid]
-            call = self._calls[cid]
-            self._calls[cid] += 1
-            reply, state = run_client(
-                self.spec, self.params, cid=cid, rnd=self.rnd, route=route, call=call, msg=msg,
-                data=fed.clients[cid], test_data=fed.test_of(cid), meta=fed.meta_of(cid), train=self.train,
-                seed=self.seed, state=self.store.load(cid), model_pool=self._model, init_model=self.make_model,
-                holds=fed.modalities_of(cid), group=fed.group_of(cid), source=fed.source_of(cid),
-                public=fed.public, privacy=self.privacy, attack=self.attack, dp=self.dp,
-            )
-            if not self.log.admit(route, cid, msg, reply, self.on_nonfinite, self.rnd):
-                continue  # its state is not saved either: the round never happened for it
-            self.store.save(cid, state)
-            replies[cid] = reply
+            reply = self._deliver(route, cid, messages[cid])
+            if reply is not None:
+                replies[cid] = reply
         if self.local_dp is not None and route == "train":  # the client's randomizer, before its reply leaves
             replies = {cid: self.local_dp(self.rnd, cid, sent[cid], r) for cid, r in sorted(replies.items())}
         return replies
+
+    def streams(self, n: int) -> bool:
+        """Whether a send to ``n`` clients streams to a server that can take it (``stream``)."""
+        return self.stream == "on" or (self.stream == "auto" and n >= STREAM_FROM)
+
+    def send_stream(self, route: str, messages: dict[int, Message], accumulator) -> int | None:
+        """:meth:`send`, but each accepted reply goes to ``accumulator.add(cid, reply)`` as soon as
+        it is made (after the same checks, attack and local DP, in the same client order) and is
+        not kept; returns the number added. None (nothing sent): this send is not streamed
+        (``stream``), the caller uses :meth:`send`. Batched training (``batch_clients``) still
+        makes its replies together, then hands them over one by one."""
+        if not self.streams(len(messages)):
+            return None
+        accumulator.begin()
+        count = 0
+        batched, messages_left = self._send_batched(route, messages)
+        for cid in sorted(batched):
+            self._hand_over(route, cid, messages[cid], batched.pop(cid), accumulator)
+            count += 1
+        for cid in sorted(messages_left):
+            reply = self._deliver(route, cid, messages_left[cid])
+            if reply is not None:
+                self._hand_over(route, cid, messages_left[cid], reply, accumulator)
+                count += 1
+        self.batch_info["replies_streamed"] = self.batch_info.get("replies_streamed", 0) + count
+        return count
+
+    def _hand_over(self, route: str, cid: int, msg: Message, reply: Message, accumulator) -> None:
+        if self.local_dp is not None and route == "train":  # the client's randomizer, before its reply leaves
+            reply = self.local_dp(self.rnd, cid, msg, reply)
+        accumulator.add(cid, reply)
+
+    def _deliver(self, route: str, cid: int, msg: Message) -> Message | None:
+        """Run client ``cid`` on ``msg``; its reply if accepted (its state saved), else None."""
+        fed = self.federation  # [privacy] is checked where each reply is made: run_client, send_batched
+        call = self._calls[cid]
+        self._calls[cid] += 1
+        reply, state = run_client(
+            self.spec, self.params, cid=cid, rnd=self.rnd, route=route, call=call, msg=msg,
+            data=fed.clients[cid], test_data=fed.test_of(cid), meta=fed.meta_of(cid), train=self.train,
+            seed=self.seed, state=self.store.load(cid), model_pool=self._model, init_model=self.make_model,
+            holds=fed.modalities_of(cid), group=fed.group_of(cid), source=fed.source_of(cid),
+            public=fed.public, privacy=self.privacy, attack=self.attack, dp=self.dp,
+        )
+        if not self.log.admit(route, cid, msg, reply, self.on_nonfinite, self.rnd):
+            return None  # its state is not saved either: the round never happened for it
+        self.store.save(cid, state)
+        return reply

@@ -3,7 +3,10 @@
     mmfl flower simulate CONFIG [--set k=v] [--num-supernodes N]    Flower's simulation engine (Ray)
     mmfl flower submit CONFIG --superlink HOST:PORT [--root-certificates CA | --insecure]
                                                                      a run on a real deployment
-    mmfl flower loopback CONFIG [--num-supernodes N]                 SuperLink + SuperNodes on 127.0.0.1
+    mmfl flower loopback CONFIG [--num-supernodes N] [--resume]      SuperLink + SuperNodes on 127.0.0.1
+    mmfl flower superlink [--operator-address IP] -- FLOWER-SUPERLINK-ARGS
+                                                                     flower-superlink, Control/Runtime APIs
+                                                                     on the operator's addresses only
     mmfl flower run-config CONFIG -o FILE                            the --run-config file of `flwr run`
     mmfl flower app                                                  the Flower app folder `flwr run` takes
 
@@ -12,6 +15,7 @@ This module imports nothing heavy: Flower is imported when a command runs.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import sys
@@ -48,6 +52,8 @@ def add_flower_parser(sub) -> None:
                    help="use this SuperLink connection of your Flower configuration ($FLWR_HOME/config.toml) "
                         "instead of --superlink")
     q.add_argument("--overwrite", action="store_true", help="replace an existing run folder on the SuperLink side")
+    q.add_argument("--resume", action="store_true",
+                   help="continue the run folder from its last intact checkpoint (SuperNodes need a state-dir)")
     q.add_argument("--no-wait", action="store_true", help="return once the run started")
 
     q = fsub.add_parser("loopback", help="start a SuperLink and SuperNodes on 127.0.0.1, run, stop them")
@@ -55,6 +61,7 @@ def add_flower_parser(sub) -> None:
     q.add_argument("--num-supernodes", type=int, default=0, help="SuperNodes (default: one per client)")
     q.add_argument("--workdir", help="where the processes' logs go (default: a temporary folder)")
     q.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    q.add_argument("--resume", action="store_true", help="continue the run folder from its last intact checkpoint")
 
     q = fsub.add_parser("run-config", help="write the --run-config file for `flwr run <app folder> ...`")
     config_args(q)
@@ -62,6 +69,13 @@ def add_flower_parser(sub) -> None:
     q.add_argument("--overwrite", action="store_true", help="the run replaces an existing run folder")
 
     fsub.add_parser("app", help="print the Flower app folder (for `flwr run`)")
+
+    q = fsub.add_parser("superlink", help="flower-superlink whose Control and Runtime APIs answer only on "
+                                          "the operator's addresses (see docs/flower.md)")
+    q.add_argument("--operator-address", action="append", default=[], metavar="IP",
+                   help="a local address of this machine on which the Control and Runtime APIs answer "
+                        "(repeatable; default 127.0.0.1 and ::1); elsewhere only the Fleet API")
+    q.add_argument("flower_args", nargs=argparse.REMAINDER, help="-- then flower-superlink's arguments")
 
 
 def _cfg(args):
@@ -89,6 +103,11 @@ def main(args) -> int:
     if cmd == "app":
         print(deploy.APP_DIR)
         return 0
+    if cmd == "superlink":
+        from mmfl.flower.superlink import run_superlink
+
+        run_superlink(args.flower_args, args.operator_address)
+        return 0
     cfg = _cfg(args)
     if cmd == "run-config":
         deploy.write_run_config(cfg, Path(args.output), args.overwrite)
@@ -113,13 +132,16 @@ def _loopback(args, cfg, deploy) -> int:
     from mmfl.flower.simulation import count_clients
 
     cfg = resolve(apply_overrides(cfg.to_dict(), [f"output_dir={json.dumps(str(Path(cfg.run.output_dir).resolve()))}"]))
-    _check_fresh(cfg, args.overwrite)
+    if args.resume and args.overwrite:
+        raise MMFLError("loopback: --resume and --overwrite exclude each other")
+    if not args.resume:
+        _check_fresh(cfg, args.overwrite)
     n = args.num_supernodes or count_clients(cfg)
     tmp = None if args.workdir else tempfile.mkdtemp(prefix="mmfl-flower-")
     workdir = Path(args.workdir or tmp)
-    try:
-        with deploy.LocalDeployment(n, workdir) as dep:
-            run_id = dep.submit(cfg, overwrite=args.overwrite)
+    try:  # the SuperNodes keep client state in the run folder, where a resume finds it
+        with deploy.LocalDeployment(n, workdir, state_dir=cfg.run_dir / "node_state") as dep:
+            run_id = dep.submit(cfg, overwrite=args.overwrite, resume=args.resume)
             print(f"run {run_id}: {n} SuperNodes on 127.0.0.1:{dep.port} (logs in {workdir})", flush=True)
             status = dep.wait(run_id, done_file=cfg.run_dir / "summary.json")
             if status != "finished:completed":
@@ -148,7 +170,9 @@ def _submit(args, cfg, deploy) -> int:
         home, conn = Path(tmp), "mmfl"
         deploy.write_connection(home, conn, args.superlink, args.insecure, args.root_certificates)
     try:
-        run_id = deploy.submit(cfg, conn, home, overwrite=args.overwrite)
+        if args.resume and args.overwrite:
+            raise MMFLError("submit: --resume and --overwrite exclude each other")
+        run_id = deploy.submit(cfg, conn, home, overwrite=args.overwrite, resume=args.resume)
         print(f"run {run_id} started; results go to {cfg.run_dir} on the SuperLink's machine", flush=True)
         if args.no_wait:
             return 0

@@ -21,7 +21,10 @@ The run config's ``[privacy]`` rules are enforced here, on the node: every reply
 checked against its client's data before it leaves (:mod:`mmfl.engine.privacy`), and a
 breach fails the ClientApp, hence the run. Node config cannot change the rules.
 Persistent client state (``ctx.state``) lives in Flower's ``context.state``,
-one ``ArrayRecord`` per hosted client. Every message is delivered by
+one ``ArrayRecord`` per hosted client, or, on a SuperNode started with
+``--node-config 'state-dir="DIR"'``, in files under ``DIR`` (:mod:`mmfl.flower.node_state`),
+which outlive the Flower run and the SuperNode process, so the run can be resumed.
+Every message is delivered by
 :func:`mmfl.engine.client_runtime.run_client`, as in the simulator.
 """
 
@@ -44,6 +47,7 @@ from mmfl.engine.client_runtime import ModelPool, run_client
 from mmfl.engine.privacy import federation_modalities, make_checker
 from mmfl.errors import MMFLError
 from mmfl.core.training import train_for_run
+from mmfl.flower.node_state import NODE_KEY, NodeStateDir
 from mmfl.flower.records import decode, encode, record_to_state, state_to_record
 
 CONFIG_KEY = "mmfl-config"  # run config: the resolved mmfl config, as TOML text
@@ -147,6 +151,16 @@ def save_state(state: RecordDict, cid: int, tensors: dict) -> None:
 
 
 def handle(msg: FlowerMessage, context: Context, config_text: str | None = None) -> FlowerMessage:
+    """Deliver one Flower message: a stage of secure aggregation goes through Flower's
+    ``secaggplus_mod`` (:mod:`mmfl.flower.secagg`), which calls :func:`handle_plain`."""
+    from mmfl.flower.secagg import client_stage, is_secagg
+
+    if is_secagg(msg):
+        return client_stage(msg, context, lambda m, c: handle_plain(m, c, config_text))
+    return handle_plain(msg, context, config_text)
+
+
+def handle_plain(msg: FlowerMessage, context: Context, config_text: str | None = None) -> FlowerMessage:
     """Deliver one Flower message (the mmfl messages of one or more hosted clients)."""
     from mmfl.flower.transport import fingerprint
 
@@ -159,26 +173,51 @@ def handle(msg: FlowerMessage, context: Context, config_text: str | None = None)
     if msg.metadata.message_type.startswith("query."):  # hello: which clients live here
         fps = [x for c in env.cids for x in fingerprint(fed.clients[c])]
         mods = ["+".join(fed.modalities_of(c)) for c in env.cids]  # the server checks both
-        info = ConfigRecord({"cids": env.cids, "fingerprints": fps, "modalities": mods})
+        info = ConfigRecord({"cids": env.cids, "fingerprints": fps, "modalities": mods,
+                             NODE_KEY: int(bool(context.node_config.get(NODE_KEY)))})
         return FlowerMessage(RecordDict({"mmfl": info}), reply_to=msg)
     messages, meta = decode(msg.content)
     route, rnd = str(meta["route"]), int(meta["rnd"])
-    replies = {}
+    disk = node_state_dir(context, meta, cfg)  # None: the state lives in context.state
+    expect = set(meta["expect-state"]) if "expect-state" in meta else set()
+    replies, kept = {}, []
     for cid, call in zip(messages, meta["calls"]):
         if cid not in env.cids:
             raise MMFLError(f"this SuperNode does not host client {cid} (it hosts {env.cids})")
+        state = disk.load(cid, rnd, int(call)) if disk is not None else load_state(context.state, cid)
+        if cid in expect and disk is not None and not disk.has_state_before(cid, rnd):
+            raise MMFLError(f"client {cid} kept state before round {rnd + 1} of this resumed run, but this "
+                            f"SuperNode has none under {disk.dir}: start it with the state-dir of the "
+                            "interrupted run (the same machine and folder)")
         reply, new_state = run_client(
             run.spec, cfg.algorithm.params, cid=cid, rnd=rnd, route=route, call=int(call), msg=messages[cid],
             data=fed.clients[cid], test_data=fed.test_of(cid), meta=fed.meta_of(cid),
             train=train_for_run(cfg.train, cfg.run.rounds),
-            seed=cfg.run.seed, state=load_state(context.state, cid), model_pool=run.model,
+            seed=cfg.run.seed, state=state, model_pool=run.model,
             init_model=run.make_model, holds=fed.modalities_of(cid), group=fed.group_of(cid),
             source=fed.source_of(cid), public=fed.public, privacy=run.privacy, attack=run.attack,
             dp=cfg.dp)
         if reply.nonfinite_key() is None:  # as in the simulator: a rejected reply keeps no state
-            save_state(context.state, cid, new_state)
+            if disk is None:
+                save_state(context.state, cid, new_state)
+            elif new_state or state:  # stateless clients write nothing
+                disk.save(cid, rnd, new_state)
+        if new_state:
+            kept.append(cid)
         replies[cid] = reply
-    return FlowerMessage(encode(replies, route=route, rnd=rnd), reply_to=msg)
+    content = encode(replies, route=route, rnd=rnd)
+    if kept:  # the server notes which clients keep state (a resume checks they still have it)
+        content["mmfl"]["kept-state"] = kept
+    return FlowerMessage(content, reply_to=msg)
+
+
+def node_state_dir(context: Context, meta, cfg: ExperimentConfig) -> NodeStateDir | None:
+    """This node's client-state folder for the run (``state-dir`` node config and the
+    server's ``state-id``), or None: keep the state in Flower's ``context.state``."""
+    root = context.node_config.get(NODE_KEY)
+    if not root or "state-id" not in meta:
+        return None
+    return NodeStateDir(str(root), str(meta["state-id"]), keep=cfg.run.keep_checkpoints)
 
 
 class MMFLClientApp(ClientApp):

@@ -23,7 +23,8 @@ import tomli_w
 from mmfl.schema import ExperimentConfig
 from mmfl.errors import MMFLError
 from mmfl.flower.client_app import CONFIG_KEY
-from mmfl.flower.server_app import OVERWRITE_KEY
+from mmfl.flower.node_state import NODE_KEY
+from mmfl.flower.server_app import OVERWRITE_KEY, RESUME_KEY
 
 APP_DIR = Path(__file__).resolve().parent / "app"
 BIN = Path(sys.executable).parent  # flwr, flower-superlink, flower-supernode live beside python
@@ -35,6 +36,9 @@ def flower_env(flwr_home: str | Path | None = None) -> dict[str, str]:
     env.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
     env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")  # start a ClientApp/ServerApp task sooner (default 1s)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    # the processes import the mmfl this process runs (a source checkout ahead of an installed one)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     if flwr_home is not None:
         env["FLWR_HOME"] = str(flwr_home)
     return env
@@ -46,9 +50,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_run_config(cfg: ExperimentConfig, path: Path, overwrite: bool = False) -> Path:
+def write_run_config(cfg: ExperimentConfig, path: Path, overwrite: bool = False, resume: bool = False) -> Path:
     """The ``--run-config`` file of ``flwr run``: the resolved mmfl config as text."""
-    path.write_text(tomli_w.dumps({CONFIG_KEY: cfg.to_toml(), OVERWRITE_KEY: bool(overwrite)}))
+    run_config = {CONFIG_KEY: cfg.to_toml(), OVERWRITE_KEY: bool(overwrite)}
+    if resume:
+        run_config[RESUME_KEY] = True
+    path.write_text(tomli_w.dumps(run_config))
     return path
 
 
@@ -72,11 +79,13 @@ def _flwr(args: list[str], env: dict, timeout: float = 120) -> str:
     return proc.stdout
 
 
-def submit(cfg: ExperimentConfig, connection: str, flwr_home: Path, overwrite: bool = False) -> int:
-    """Start ``cfg`` on the SuperLink of ``connection``; the Flower run id."""
+def submit(cfg: ExperimentConfig, connection: str, flwr_home: Path, overwrite: bool = False,
+           resume: bool = False) -> int:
+    """Start ``cfg`` on the SuperLink of ``connection``; the Flower run id. ``resume``: the
+    ServerApp continues the run folder from its last intact checkpoint."""
     env = flower_env(flwr_home)
     with tempfile.TemporaryDirectory() as tmp:
-        rc = write_run_config(cfg, Path(tmp) / "run_config.toml", overwrite)
+        rc = write_run_config(cfg, Path(tmp) / "run_config.toml", overwrite, resume)
         out = _flwr(["run", str(APP_DIR), connection, "--run-config", str(rc), "--format", "json"], env)
     try:
         res = json.loads(out[out.index("{"):])
@@ -151,10 +160,12 @@ def wait(run_id: int, connection: str, flwr_home: Path, timeout: float = 24 * 36
 
 class LocalDeployment:
     """A SuperLink and ``num_supernodes`` SuperNodes on 127.0.0.1 (insecure), as
-    real processes in their own process groups; :meth:`stop` ends them all."""
+    real processes in their own process groups; :meth:`stop` ends them all.
+    ``state_dir``: the SuperNodes keep their clients' state there (node config
+    ``state-dir``), so a run can be resumed, also by another deployment."""
 
     def __init__(self, num_supernodes: int, workdir: Path, num_partitions: int | None = None,
-                 node_configs: list[str] | None = None):
+                 node_configs: list[str] | None = None, state_dir: str | Path | None = None):
         self.workdir = Path(workdir).resolve()
         self.home = self.workdir / "flwr_home"
         self.port = free_port()
@@ -162,6 +173,9 @@ class LocalDeployment:
         self.env = flower_env(self.home)
         p = num_partitions or num_supernodes
         self.node_configs = node_configs or [f"partition-id={k} num-partitions={p}" for k in range(num_supernodes)]
+        if state_dir is not None:
+            where = json.dumps(str(Path(state_dir).resolve()))
+            self.node_configs = [f"{nc} {NODE_KEY}={where}" for nc in self.node_configs]
         write_connection(self.home, "loopback", f"127.0.0.1:{self.port}", insecure=True)
 
     def _start(self, name: str, cmd: list[str]) -> None:
@@ -198,8 +212,8 @@ class LocalDeployment:
         p = self.workdir / f"{name}.log"
         return p.read_text(errors="replace") if p.exists() else ""
 
-    def submit(self, cfg: ExperimentConfig, overwrite: bool = False) -> int:
-        return submit(cfg, "loopback", self.home, overwrite)
+    def submit(self, cfg: ExperimentConfig, overwrite: bool = False, resume: bool = False) -> int:
+        return submit(cfg, "loopback", self.home, overwrite, resume)
 
     def wait(self, run_id: int, timeout: float = 24 * 3600, poll: float = 2.0, done_file: Path | None = None) -> str:
         return wait(run_id, "loopback", self.home, timeout, poll, done_file)

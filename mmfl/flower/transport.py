@@ -17,13 +17,23 @@ or fail the run, per ``on_missing_reply``. A node that missed a reply is not
 used again until Flower has seen it leave; if it comes back (restarted), it
 answers a new hello at the start of a round and its clients rejoin. A
 ClientApp that raised fails the run, as the same exception does in the simulator.
+
+With ``state_file`` (the run folder's ``flower_state.json``) every message carries
+the run's client-state id, made when the run folder is new and kept on resume, under
+which SuperNodes started with a ``state-dir`` keep their clients' state
+(:mod:`mmfl.flower.node_state`); the file also lists the clients that kept state and
+from which round, so that a resumed run fails with one line on a SuperNode that lacks it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
+import uuid
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 from flwr.app import ConfigRecord, Message as FlowerMessage, RecordDict
@@ -58,7 +68,8 @@ class FlowerTransport:
 
     clients_in_process = False  # the clients' data is on the SuperNodes: they evaluate there
 
-    def __init__(self, grid, federation, run_cfg, wait_for_nodes_s: float | None = None):
+    def __init__(self, grid, federation, run_cfg, wait_for_nodes_s: float | None = None,
+                 state_file: str | Path | None = None):
         self.grid = grid
         self.federation = federation
         self.num_clients = federation.num_clients
@@ -73,6 +84,12 @@ class FlowerTransport:
         self.dead: set[int] = set()  # node ids that missed a reply: not used while Flower lists them online
         self.known: set[int] = set()  # node ids that answered a hello
         self._calls: dict[int, int] = defaultdict(int)
+        self.state_file = None if state_file is None else Path(state_file)
+        self.state_id: str | None = None  # the run's client-state id (see mmfl.flower.node_state)
+        self.stateful: dict[int, int] = {}  # client -> first round after which it kept state
+        self.persistent: dict[int, bool] = {}  # node -> started with a state-dir
+        self._expect: set[int] = set()  # clients that must find their state (the first round of a resume)
+        self.secure = None  # mmfl.flower.secagg.SecureAggregation: its route's sends go through SecAgg+
         self.discover(wait=True)
 
     # --- node discovery ---------------------------------------------------------
@@ -133,6 +150,7 @@ class FlowerTransport:
                                     f"expects {expected}: the node's data set or [data]/[modalities] config "
                                     "differs from the server's")
                 self.node_of[cid] = node
+            self.persistent[node] = bool(info["state-dir"]) if "state-dir" in info else False
             self.known.add(node)
 
     # --- the transport interface -------------------------------------------------
@@ -142,8 +160,38 @@ class FlowerTransport:
         self._calls.clear()
         if any(self.node_of.get(c) in (None, *self.dead) for c in range(self.num_clients)):
             self.discover()  # a SuperNode may have (re)joined
+        if self.state_file is not None:
+            self._client_state_round(rnd)
+
+    def _client_state_round(self, rnd: int) -> None:
+        """The run's client-state id (new with a new run folder, read back on resume), and
+        on resume the check that every client that kept state can find it."""
+        if self.state_id is None:
+            saved = json.loads(self.state_file.read_text()) if self.state_file.is_file() else {}
+            self.state_id = saved.get("state_id") or uuid.uuid4().hex
+            self.stateful = {int(c): int(r) for c, r in saved.get("stateful", {}).items()}
+            if rnd > 0:  # a resume: the clients that kept state before round rnd must still have it
+                self._expect = {c for c, r in self.stateful.items() if r < rnd}
+                lacking = sorted({self.node_of[c] for c in self._expect
+                                  if c in self.node_of and not self.persistent.get(self.node_of[c])})
+                if lacking:
+                    cids = sorted(c for c in self._expect if self.node_of.get(c) in lacking)
+                    raise MMFLError(f"cannot resume: client(s) {cids[:5]} keep state between rounds, which Flower "
+                                    f"keeps per run in memory, and SuperNode(s) {lacking[:5]} were started without "
+                                    "a state-dir: start every SuperNode with --node-config '... state-dir=\"DIR\"' "
+                                    "(see docs/flower.md, Resuming a Flower run)")
+                if not saved:
+                    log.warning("resume: no %s in the run folder; clients start from empty state", self.state_file.name)
+        else:
+            self._expect = set()
+        tmp = self.state_file.with_name(self.state_file.name + ".tmp")
+        tmp.write_text(json.dumps({"state_id": self.state_id,
+                                   "stateful": {str(c): r for c, r in sorted(self.stateful.items())}}))
+        os.replace(tmp, self.state_file)
 
     def send(self, route: str, messages: dict[int, Message]) -> dict[int, Message]:
+        if self.secure is not None and route == self.secure.route:
+            return self.secure.send(self, messages)
         mtype = message_type(route)
         by_node: dict[int, list[int]] = defaultdict(list)
         missing: list[int] = []
@@ -160,6 +208,11 @@ class FlowerTransport:
         for node, cids in by_node.items():
             content = encode({c: messages[c] for c in cids}, route=route, rnd=self.rnd,
                              calls=[calls[c] for c in cids])
+            if self.state_id is not None:
+                content["mmfl"]["state-id"] = self.state_id
+                expect = [c for c in cids if c in self._expect and calls[c] == 0]
+                if expect:
+                    content["mmfl"]["expect-state"] = expect
             out.append(FlowerMessage(content, dst_node_id=node, message_type=mtype,
                                      group_id=str(self.rnd + 1), ttl=self.timeout + 60))
         got, _ = self._exchange(out, self.timeout)
@@ -173,8 +226,10 @@ class FlowerTransport:
             if rep.has_error():
                 raise MMFLError(f"client(s) {cids} on SuperNode {node} failed on route {route} "
                                 f"(round {self.rnd + 1}): {rep.error.reason}")
-            msgs, _ = decode(rep.content)
+            msgs, meta = decode(rep.content)
             decoded.update(msgs)
+            for cid in (meta["kept-state"] if "kept-state" in meta else []):
+                self.stateful.setdefault(int(cid), self.rnd)
         if missing:
             self._missing(route, sorted(missing), messages)
         replies: dict[int, Message] = {}

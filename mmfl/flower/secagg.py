@@ -1,0 +1,368 @@
+"""Secure aggregation of the train round on Flower: SecAgg+ with Flower's own components.
+
+With a ``[secure_aggregation]`` table (:class:`mmfl.schema.SecureAggregationConfig`) the
+``train`` route of a :class:`~mmfl.flower.transport.FlowerTransport` does not send and
+collect the clients' messages directly: :meth:`SecureAggregation.send` runs Flower's
+``flwr.server.workflow.SecAggPlusWorkflow`` for that one send, and every SuperNode answers
+its four stages with Flower's ``flwr.client.mod.secaggplus_mod`` (:func:`client_stage`):
+
+1. ``setup``: the workflow sends the protocol's parameters; each node answers two public keys;
+2. ``share_keys``: the server forwards the neighbours' public keys; each node answers its
+   secrets' Shamir shares, encrypted for each neighbour;
+3. ``collect_masked_vectors``: the server forwards those shares **and mmfl's train messages**
+   (the global model, as in a plain send). The node trains its clients (mmfl's ClientApp
+   handler), and :func:`node_update` turns their replies into one vector, the
+   ``num_examples``-weighted mean of their updates ``w_k - w^t`` (a key the server did not
+   send, or an integer buffer, is handled as said below). The mod weights it by the node's
+   ``num_examples / max_weight``, quantizes it, adds its masks and sends only the masked
+   integers; it clears every array of the reply. The clients' scalars (``num_examples``,
+   ``train_loss``, ...) travel in the clear;
+4. ``unmask``: the nodes send the shares the server needs to remove the masks of the sum.
+
+The workflow then hands the weighted mean to a stand-in strategy (:class:`_Strategy`);
+:meth:`SecureAggregation.send` adds ``w^t`` back and returns, for every client that took
+part, a reply holding that mean and its own scalars: the algorithm's server (FedAvg's
+weighted mean of identical models) gets the secure aggregate, exactly as Flower's own
+strategies do behind the workflow.
+
+Integer entries (BatchNorm's ``num_batches_tracked``) cannot be averaged by a sum that the
+server then divides; as ``weighted_mean`` takes their maximum, each node sends the maximum
+of its clients' in the clear (step counts, which ``num_examples`` already tell).
+
+Bytes: the train route counts the messages down as in a plain run and, up, only what the
+replies carry in the clear (scalars); route ``secagg`` counts the protocol's records both ways
+(keys, encrypted shares, masked vectors, node lists, shares), per SuperNode, on its lowest
+client id of the round.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message as FlowerMessage, RecordDict
+from flwr.common import (Code, FitIns, FitRes, Parameters, Status, bytes_to_ndarray, ndarray_to_bytes,
+                         ndarrays_to_parameters, parameters_to_ndarrays)
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
+from flwr.compat.common import recorddict_compat as compat
+
+from mmfl.core.message import Message
+from mmfl.errors import MMFLError
+from mmfl.flower.records import META, decode, encode
+
+log = logging.getLogger("mmfl.flower")
+ROUTE = "train"  # the route whose sum SecAgg+ computes
+TRAIN = "train"  # Flower's MessageType.TRAIN: the only message type secaggplus_mod acts on
+PROTOCOL_ROUTE = "secagg"  # CommLog route of the protocol's own records
+EXAMPLES = "examples/"  # mmfl.algorithms.fedavg.MODULE_WEIGHT (per-module data weights)
+
+
+def is_secagg(msg: FlowerMessage) -> bool:
+    """Whether ``msg`` is a stage of the SecAgg+ protocol (for :func:`client_stage`)."""
+    return msg.metadata.message_type == TRAIN and RECORD_KEY_CONFIGS in msg.content.config_records
+
+
+# ----------------------------------------------------------------------------- the SuperNode
+
+def client_stage(msg: FlowerMessage, context: Context, plain) -> FlowerMessage:
+    """Answer one SecAgg+ stage with Flower's ``secaggplus_mod``; in the collect stage it calls
+    ``plain(msg, context)`` (mmfl's handler: trains the node's clients) and masks
+    :func:`node_update` of its reply."""
+    from flwr.client.mod import secaggplus_mod
+
+    return secaggplus_mod(msg, context, lambda m, c: node_update(m, plain(m, c), c))
+
+
+def node_update(request: FlowerMessage, reply: FlowerMessage, context: Context) -> FlowerMessage:
+    """The node's FitRes for the mod: one vector, ``sum_k n_k (w_k - w^t) / sum_k n_k`` over its
+    clients with finite replies (``n_k``: ``num_examples``; float64), its ``num_examples``
+    ``sum_k n_k``; the clients' scalars and how to read the vector in the clear ``"mmfl"`` record."""
+    sent, _ = decode(request.content)
+    replies, meta = decode(reply.content)
+    state = context.state.config_records[RECORD_KEY_STATE]
+    clip, max_weight = float(state["clipping_range"]), float(state["max_weight"])
+    ok = {c: r for c, r in sorted(replies.items()) if r.nonfinite_key() is None}
+    if not ok:
+        raise MMFLError(f"secure aggregation: no finite reply from client(s) {sorted(replies)} on this SuperNode")
+    first = next(iter(ok))
+    names = sorted(ok[first].arrays)
+    floats = [k for k in names if ok[first].arrays[k].is_floating_point()]
+    ints = [k for k in names if k not in floats]
+    delta = [k for k in floats if _same_shape(sent[first].arrays.get(k), ok[first].arrays[k])]
+    acc = {k: torch.zeros(ok[first].arrays[k].shape, dtype=torch.float64) for k in floats}
+    top: dict[str, torch.Tensor] = {}
+    total = 0.0
+    for cid, r in ok.items():
+        n = _weight(cid, r)
+        if sorted(r.arrays) != names or any(r.arrays[k].shape != ok[first].arrays[k].shape for k in names):
+            raise MMFLError(f"secure aggregation sums one vector per SuperNode: clients {first} and {cid} reply "
+                            "different entries (clients holding other modalities); every client must hold every "
+                            "module ([modalities] name = \"all\")")
+        for k in floats:
+            x = r.arrays[k].to(torch.float64)
+            acc[k] += n * (x - sent[cid].arrays[k].to(torch.float64) if k in delta else x)
+        for k in ints:
+            top[k] = r.arrays[k] if k not in top else torch.maximum(top[k], r.arrays[k])
+        total += n
+    vector = [(acc[k] / total if total > 0 else acc[k]).numpy() for k in floats]
+    ratio = total / max_weight
+    if any(v.size and float(np.abs(v).max()) * ratio > clip for v in vector):
+        raise MMFLError(f"secure aggregation: an entry of this SuperNode's weighted update exceeds clipping_range "
+                        f"= {clip:g}, which SecAgg+ would clip; raise secure_aggregation.clipping_range")
+    out = encode({c: Message(scalars=dict(r.scalars)) for c, r in replies.items()},
+                 route=meta["route"], rnd=meta["rnd"])
+    info = out[META]
+    for key, value in meta.items():  # the handler's other bookkeeping (e.g. "kept-state")
+        if key not in info and key != "cids" and not key.endswith(".odd"):
+            info[key] = value
+    info["secagg.names"] = floats
+    info["secagg.shapes"] = ["x".join(map(str, ok[first].arrays[k].shape)) for k in floats]
+    info["secagg.dtypes"] = [str(ok[first].arrays[k].dtype).removeprefix("torch.") for k in floats]
+    for key, values in (("secagg.delta", delta), ("secagg.excluded", [c for c in replies if c not in ok]),
+                        ("secagg.ints", ints)):
+        if values:
+            info[key] = values
+    if ints:
+        info["secagg.int_values"] = [ndarray_to_bytes(top[k].numpy()) for k in ints]
+    fit = compat.fitres_to_recorddict(FitRes(Status(Code.OK, ""), ndarrays_to_parameters(vector),
+                                             int(total) if float(total).is_integer() else total, {}), False)
+    for name, record in fit.items():
+        out[name] = record
+    return FlowerMessage(out, reply_to=request)
+
+
+def _same_shape(sent, got) -> bool:
+    return sent is not None and sent.is_floating_point() and sent.shape == got.shape
+
+
+def _weight(cid: int, reply: Message) -> float:
+    if "num_examples" not in reply.scalars:
+        raise MMFLError(f"secure aggregation: client {cid}'s reply has no num_examples to weight it by")
+    n = float(reply.scalars["num_examples"])
+    if any(k.startswith(EXAMPLES) and float(v) != n for k, v in reply.scalars.items()):
+        raise MMFLError(f"secure aggregation: client {cid} weighs modules by their own data sizes (samples "
+                        "missing a modality); SecAgg+ sums one weight per SuperNode")
+    return n
+
+
+# ----------------------------------------------------------------------------- the server
+
+class _Proxy:
+    """What the workflow needs of a legacy ClientProxy: the node id."""
+
+    def __init__(self, node_id: int):
+        self.node_id = node_id
+
+
+class _Manager:
+    def __init__(self, n: int):
+        self.n = n
+
+    def num_available(self) -> int:
+        return self.n
+
+
+class _Strategy:
+    """The legacy strategy the workflow drives: every node of the send gets an empty FitIns
+    (mmfl's messages join the collect stage, :class:`_StageGrid`); ``aggregate_fit`` keeps the
+    unmasked weighted mean."""
+
+    def __init__(self, nodes: list[int]):
+        self.nodes = nodes
+        self.aggregate: list[np.ndarray] | None = None
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        return [(_Proxy(n), FitIns(Parameters(tensors=[], tensor_type=""), {})) for n in self.nodes]
+
+    def aggregate_fit(self, server_round, results, failures):
+        if not results:
+            return None, {}
+        params = results[0][1].parameters
+        self.aggregate = parameters_to_ndarrays(params)
+        return params, {}
+
+
+class _StageGrid:
+    """The Grid the workflow sees: sends through the transport (its timeouts and liveness checks),
+    adds mmfl's messages to the collect stage, keeps the collect replies and counts the bytes."""
+
+    def __init__(self, transport, contents: dict[int, RecordDict]):
+        self.t = transport
+        self.contents = contents
+        self.collected: dict[int, FlowerMessage] = {}
+        self.bytes: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+        self.layout: tuple | None = None
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        if not messages:
+            return []
+        stage = messages[0].content.config_records[RECORD_KEY_CONFIGS][Key.STAGE]
+        for m in messages:
+            node = m.metadata.dst_node_id
+            self.bytes[node][0] += record_bytes(m.content.config_records[RECORD_KEY_CONFIGS])
+            if stage == Stage.COLLECT_MASKED_VECTORS:
+                for name, record in self.contents[node].items():
+                    m.content[name] = record
+        got, _ = self.t._exchange(messages, self.t.timeout)
+        out = []
+        for node, rep in got.items():
+            if rep.has_error():
+                if rep.error.code in _unavailable():
+                    continue  # left the federation: SecAgg+ treats it as dropped
+                raise MMFLError(f"SuperNode {node} failed in the secure aggregation stage {stage} "
+                                f"(round {self.t.rnd + 1}): {rep.error.reason}")
+            self.bytes[node][1] += record_bytes(rep.content.config_records[RECORD_KEY_CONFIGS])
+            if stage == Stage.COLLECT_MASKED_VECTORS:
+                self._check_layout(node, rep)
+                self.collected[node] = rep
+            out.append(rep)
+        return out
+
+    def _check_layout(self, node: int, rep: FlowerMessage) -> None:
+        meta = rep.content[META]
+        layout = tuple(tuple(meta.get(k, [])) for k in ("secagg.names", "secagg.shapes", "secagg.dtypes",
+                                                         "secagg.delta", "secagg.ints"))
+        if self.layout is None:
+            self.layout = layout
+        elif layout != self.layout:
+            raise MMFLError(f"secure aggregation (round {self.t.rnd + 1}): SuperNode {node} sends other entries "
+                            "than the others (clients holding other modalities); every client must hold every "
+                            "module")
+
+
+def _unavailable() -> set:
+    from mmfl.flower.transport import _UNAVAILABLE
+
+    return _UNAVAILABLE
+
+
+def record_bytes(record) -> int:
+    """Payload bytes of a Config/Metric record: bytes and strings by length, numbers 8 bytes."""
+    def size(v) -> int:
+        if isinstance(v, (bytes, bytearray)):
+            return len(v)
+        if isinstance(v, str):
+            return len(v.encode())
+        if isinstance(v, (list, tuple)):
+            return sum(size(x) for x in v)
+        return 8
+    return sum(size(v) for v in record.values())
+
+
+class SecureAggregation:
+    """Runs Flower's ``SecAggPlusWorkflow`` for each send of the train route of a FlowerTransport."""
+
+    route = ROUTE
+
+    def __init__(self, cfg, federation):
+        self.cfg = cfg
+        self.sizes = [len(c) for c in federation.clients]
+
+    def workflow(self, max_weight: float, timeout: float):
+        from flwr.server.workflow import SecAggPlusWorkflow
+
+        c = self.cfg
+        return SecAggPlusWorkflow(c.num_shares, c.reconstruction_threshold, max_weight=max_weight,
+                                  clipping_range=c.clipping_range, quantization_range=c.quantization_range,
+                                  modulus_range=c.modulus_range, timeout=timeout)
+
+    def send(self, t, messages: dict[int, Message]) -> dict[int, Message]:
+        """The replies of ``messages`` (route ``train``) through SecAgg+: every client that took part
+        gets the secure weighted mean as its arrays and keeps its own scalars."""
+        from flwr.server.compat.legacy_context import LegacyContext
+        from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key as WorkflowKey
+
+        rnd = t.rnd
+        by_node: dict[int, list[int]] = defaultdict(list)
+        missing, calls = [], {}
+        for cid in sorted(messages):
+            calls[cid] = t._calls[cid]
+            t._calls[cid] += 1
+            node = t.node_of.get(cid)
+            if node is None or node in t.dead:
+                missing.append(cid)
+            else:
+                by_node[node].append(cid)
+        cfg = self.cfg
+        if len(by_node) < 2:
+            raise MMFLError(f"secure aggregation (round {rnd + 1}): {len(by_node)} SuperNode(s) in the round; "
+                            "the sum of one node's update is that update (SecAgg+ needs at least 2)")
+        if len(by_node) * cfg.quantization_range >= cfg.modulus_range:
+            raise MMFLError(f"secure aggregation (round {rnd + 1}): {len(by_node)} SuperNodes x quantization_range "
+                            f"{cfg.quantization_range} >= modulus_range {cfg.modulus_range}: the sum would wrap")
+        contents = {}
+        for node, cids in by_node.items():  # mmfl's messages, as a plain send makes them
+            contents[node] = encode({c: messages[c] for c in cids}, route=ROUTE, rnd=rnd, calls=[calls[c] for c in cids])
+            if getattr(t, "state_id", None) is not None:  # the clients' state folder on the node (resume)
+                contents[node][META]["state-id"] = t.state_id
+                expect = [c for c in cids if c in t._expect and calls[c] == 0]
+                if expect:
+                    contents[node][META]["expect-state"] = expect
+        max_weight = cfg.max_weight or float(max(sum(self.sizes[c] for c in cids) for cids in by_node.values()))
+        grid = _StageGrid(t, contents)
+        strategy = _Strategy(sorted(by_node))
+        ctx = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}),
+                            strategy=strategy, client_manager=_Manager(len(by_node)))
+        ctx.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({WorkflowKey.CURRENT_ROUND: rnd + 1})
+        ctx.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()
+        self.workflow(max_weight, t.timeout)(grid, ctx)
+        if strategy.aggregate is None:
+            raise MMFLError(f"secure aggregation halted in round {rnd + 1}: fewer SuperNodes than "
+                            f"reconstruction_threshold answered ({len(grid.collected)} of {len(by_node)} sent their "
+                            "masked update); see the ServerApp log")
+        arrays = self.mean(grid, strategy.aggregate, messages, by_node)
+        replies = self.replies(t, grid, arrays, messages)
+        missing += [c for node, cids in by_node.items() if node not in grid.collected for c in cids]
+        if missing:
+            t._missing(ROUTE, sorted(missing), messages)
+        for node, (down, up) in sorted(grid.bytes.items()):
+            t.log.record(PROTOCOL_ROUTE, min(by_node[node]), down, up)
+        return replies
+
+    def mean(self, grid: _StageGrid, vector: list[np.ndarray], messages, by_node) -> dict[str, torch.Tensor]:
+        """The global arrays: the unmasked mean (+ ``w^t`` where the nodes sent differences) and
+        the integer entries' maximum."""
+        names, shapes, dtypes, delta, ints = grid.layout
+        sent = [messages[c] for node in grid.collected for c in by_node[node]]
+        out = {}
+        for name, shape, dtype, v in zip(names, shapes, dtypes, vector):
+            x = torch.from_numpy(np.asarray(v, dtype=np.float64)).reshape([int(s) for s in shape.split("x") if s])
+            if name in delta:
+                ref = sent[0].arrays[name]
+                if any(m.arrays.get(name) is not ref and not torch.equal(m.arrays[name], ref) for m in sent[1:]):
+                    raise MMFLError(f"secure aggregation: the clients received different '{name}'; the server "
+                                    "adds one w^t back to the mean of the differences")
+                x = x + ref.to(torch.float64)
+            out[name] = x.to(getattr(torch, dtype))
+        for i, name in enumerate(ints):
+            values = [torch.from_numpy(bytes_to_ndarray(bytes(rep.content[META]["secagg.int_values"][i])))
+                      for rep in grid.collected.values()]
+            out[name] = torch.stack(values).max(0).values
+        return out
+
+    def replies(self, t, grid: _StageGrid, arrays: dict[str, torch.Tensor], messages) -> dict[int, Message]:
+        replies = {}
+        for node, rep in sorted(grid.collected.items()):
+            clear, meta = decode(rep.content)
+            excluded = set(meta.get("secagg.excluded", []))
+            for cid in (meta["kept-state"] if "kept-state" in meta else []):
+                t.stateful.setdefault(int(cid), t.rnd)
+            for cid, m in sorted(clear.items()):
+                if cid in excluded:  # its node left it out of the sum (NaN/inf): as CommLog.admit does
+                    if t.on_nonfinite == "fail":
+                        raise MMFLError(f"client {cid} sent a non-finite value (round {t.rnd + 1}, route {ROUTE}); "
+                                        "set on_nonfinite = \"drop\" to skip such clients")
+                    t.log.record(ROUTE, cid, messages[cid].nbytes(), m.nbytes())
+                    t.log.dropped.append(cid)
+                    continue
+                reply = Message(arrays=dict(arrays), scalars=dict(m.scalars))
+                accepted = t.log.admit(ROUTE, cid, messages[cid], reply, t.on_nonfinite, t.rnd)
+                # admit counted the reply's arrays up; they never travelled (the node sent them masked,
+                # counted on route "secagg"): keep only what came in the clear
+                t.log.record(ROUTE, cid, 0, m.nbytes() - reply.nbytes())
+                if accepted:
+                    replies[cid] = reply
+        return replies
