@@ -37,7 +37,7 @@ A config has top-level run settings and one table per component::
     [attack]                    # optional: malicious clients (off when absent; mmfl.engine.attack)
     kind = "sign_flip"
     fraction = 0.1
-    [dp]                        # optional: client-level differential privacy (off when absent)
+    [dp]                        # optional: client- or sample-level differential privacy (off when absent)
     mode = "central"
     [secure_aggregation]        # optional, Flower only: SecAgg+ for the train round's sum (off when absent)
     protocol = "secaggplus"
@@ -244,16 +244,27 @@ def resolve_dp(table, algo: Component) -> DPConfig | None:
     """Validate ``[dp]`` (None: the table is absent, no DP) against the algorithm: client-level DP
     covers the servers that only average the replies' models (``dp_capable``, the FedAvg family);
     central DP replaces the aggregation rule by DP-FedAvg's clipped uniform mean, so it takes only the
-    default averaging rules (local DP noises the updates on the clients and keeps any rule)."""
+    default averaging rules (local DP noises the updates on the clients and keeps any rule).
+    Sample-level DP-SGD (``mode = "sample"``) also needs the client's local training to be SGD on a
+    per-sample loss (``dpsgd_blocker`` of the client class); the model is checked when it is built."""
     if table is None:
         return None
     if not isinstance(table, dict):
         raise ConfigError("dp: must be a table, e.g. [dp] with mode = \"central\", noise_multiplier = 1.0")
     dp = build_params("dp", "settings", DPConfig, table)
     spec = ALGORITHMS.get(algo.name).factory
-    if spec.pooled or not getattr(spec.server, "dp_capable", False):
-        ok = [n for n in ALGORITHMS.names() if not ALGORITHMS.get(n).factory.pooled
-              and getattr(ALGORITHMS.get(n).factory.server, "dp_capable", False)]
+    capable = lambda s: not s.pooled and getattr(s.server, "dp_capable", False)  # noqa: E731
+    dpsgd_blocker = lambda s: getattr(s.client, "dpsgd_blocker",  # noqa: E731
+                                      lambda: f"{s.client.__name__} is not a FedAvg-family client")()
+    if dp.mode == "sample" and not (capable(spec) and dpsgd_blocker(spec) is None):
+        ok = [n for n in ALGORITHMS.names() if capable(ALGORITHMS.get(n).factory)
+              and dpsgd_blocker(ALGORITHMS.get(n).factory) is None]
+        why = "it trains on the pooled data" if spec.pooled else dpsgd_blocker(spec) or \
+            "its server uses more of the replies than averaged models"
+        raise ConfigError(f"dp: algorithm '{algo.name}' does not support sample-level DP-SGD (mode = \"sample\", "
+                          f"per-sample gradients of the FedAvg family's local loss; {why}); supported: {', '.join(ok)}")
+    if not capable(spec):
+        ok = [n for n in ALGORITHMS.names() if capable(ALGORITHMS.get(n).factory)]
         raise ConfigError(f"dp: algorithm '{algo.name}' does not support client-level DP (its server uses more "
                           f"of the replies than averaged models); supported: {', '.join(ok)}")
     rule = getattr(algo.params, "aggregation", None)

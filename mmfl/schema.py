@@ -250,31 +250,38 @@ class AttackConfig:
             raise ConfigError(f"attack.examples: must be an integer, got {self.examples!r}")
 
 
-DPMode = Literal["central", "local"]
+DPMode = Literal["central", "local", "sample"]
 
 
 @dataclass
 class DPConfig:
-    """The ``[dp]`` table: client-level differential privacy for the weight-averaging algorithms
-    (docs/dp.md). Absent table: no DP. Each client's update ``w_k - w^t`` is clipped to L2 norm
+    """The ``[dp]`` table: differential privacy for the weight-averaging algorithms (docs/dp.md).
+    Absent table: no DP. Client level: each client's update ``w_k - w^t`` is clipped to L2 norm
     ``clip_norm``; Gaussian noise of std ``noise_multiplier * clip_norm`` is added to the sum of the
     clipped updates on the server (``central``, DP-FedAvg of McMahan et al. 2018) or to each
-    clipped update before it leaves its client (``local``). Epsilon at ``delta`` is reported per
-    round (``dp/epsilon`` in metrics.jsonl) by Opacus's RDP accountant."""
+    clipped update before it leaves its client (``local``). Sample level (``sample``): DP-SGD in
+    each client's local training (Abadi et al. 2016, through Opacus), each sample's gradient
+    clipped to ``clip_norm`` and noise of std ``noise_multiplier * clip_norm`` added to their sum.
+    Epsilon at ``delta`` is reported per round (``dp/epsilon`` in metrics.jsonl) by Opacus's RDP
+    accountant."""
 
     mode: DPMode = field(default="central", metadata={
         "help": "central: the server clips every update and adds noise to their sum; local: each client "
-                "clips its own update and adds noise to it before sending"})
-    clip_norm: float = field(default=1.0, metadata={"help": "C: the L2 norm every update w_k - w^t is clipped to"})
+                "clips its own update and adds noise to it before sending; sample: DP-SGD in local training "
+                "(per-sample gradient clipping and noise, Opacus)"})
+    clip_norm: float = field(default=1.0, metadata={
+        "help": "C: the L2 norm every update w_k - w^t (central, local) or every sample's gradient (sample) is "
+                "clipped to"})
     noise_multiplier: float = field(default=1.0, metadata={
-        "help": "z: the Gaussian noise std is z * C (on the sum: central; on each update: local); 0: no noise"})
+        "help": "z: the Gaussian noise std is z * C (on the sum: central; on each update: local; on each step's "
+                "sum of clipped gradients: sample); 0: no noise"})
     delta: float = field(default=1e-5, metadata={"help": "the delta at which epsilon is reported, in (0, 1)"})
 
     def __post_init__(self):
         import math
 
-        if self.mode not in ("central", "local"):
-            raise ConfigError(f"dp.mode: must be \"central\" or \"local\", got {self.mode!r}")
+        if self.mode not in ("central", "local", "sample"):
+            raise ConfigError(f"dp.mode: must be \"central\", \"local\" or \"sample\", got {self.mode!r}")
         if isinstance(self.clip_norm, bool) or not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
             raise ConfigError(f"dp.clip_norm: must be a positive number, got {self.clip_norm}")
         if isinstance(self.noise_multiplier, bool) or not (math.isfinite(self.noise_multiplier)

@@ -181,6 +181,16 @@ def test_transport_with_state_and_several_clients_per_node_equals_simulator(tmp_
     assert_same_run(grid_run(tmp_path, algo, nodes, *over), simulator_run(tmp_path, algo, *over))
 
 
+def test_transport_dpsgd_client_accountant_in_node_state_equals_simulator(tmp_path):
+    # [dp] mode = "sample": each client's DP-SGD accountant lives in its node's context.state and its
+    # epsilon crosses Flower as a reply scalar; the run equals the simulator's (dp/epsilon included)
+    over = ["dp.mode=sample", "dp.noise_multiplier=1.0", "rounds=2"]
+    nodes = {11: {"partition-id": 0, "num-partitions": 2}, 22: {"partition-id": 1, "num-partitions": 2}}
+    flower = grid_run(tmp_path, "dpsgd", nodes, *over)
+    assert_same_run(flower, simulator_run(tmp_path, "dpsgd", *over))
+    assert rows(flower)[-1]["dp/epsilon"] > rows(flower)[0]["dp/epsilon"] > 0
+
+
 # CreamFL on mfeat_pair: a public share; client 0 holds image + features, client 1 only the
 # image, client 2 only the features; representations of the public set cross, not weights.
 CREAMFL = ["data.name=mfeat_pair", "data.public_fraction=0.3", "partition.num_clients=3",

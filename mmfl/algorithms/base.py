@@ -120,6 +120,7 @@ class ClientContext:
     modalities: tuple[str, ...] = ()  # the modalities this client holds (its data and models carry only these)
     public: ArrayDataset | None = None  # the public set known to server and clients (CreamFL), if any
     extra: dict[str, Any] = field(default_factory=dict)
+    dp: Any = None  # the run's [dp] (mmfl.schema.DPConfig); mode "sample": DP-SGD in local training
 
     def model(self, key: str = "local") -> nn.Module:
         return self.model_pool(key)

@@ -9,6 +9,9 @@ over the clients that replied (|D| = their total size). Subclasses change the
 local objective (:meth:`FedAvgClient.objective` / ``penalty`` / ``references``, written once
 for the sequential and the batched path) or the aggregation rule (``algorithm.aggregation``,
 a name in :data:`mmfl.core.aggregation.AGGREGATION_RULES`).
+
+With ``[dp] mode = "sample"`` the client's local training is DP-SGD (:mod:`mmfl.core.dpsgd`) on the
+same objective, per sample, and the server reports the clients' own epsilons (docs/dp.md).
 """
 
 from __future__ import annotations
@@ -25,12 +28,15 @@ from mmfl.algorithms.base import Server, TrainingClient
 from mmfl.core.aggregation import aggregate, check_rule, rule_kwargs, rule_params, weighted_mean
 from mmfl.core.batched import BatchedClient, BatchedTask
 from mmfl.core.dp import central_dp_mean
+from mmfl.core.dpsgd import Penalty, SampleLoss, dpsgd_train, history_epsilon, record_steps
 from mmfl.core.message import Message
+from mmfl.core.state import read, tensor, write
 from mmfl.core.streaming import CentralDPFold, make_fold
 from mmfl.core.training import LossFn, load_into, model_tensors, state_of
 from mmfl.seeds import derive_seed
 
 
+DPSGD_HISTORY = "dpsgd/history"  # client state: its RDP accountant's history [m, 3] (z, q, steps), float64
 MODULE_WEIGHT = "examples/"  # reply scalar "examples/<key prefix>": the data weight of that module
 
 
@@ -78,6 +84,10 @@ class FedAvgServer(Server):
     # [dp] applies: every reply array the server uses is a model entry that aggregate() combines
     # (servers reading other arrays of the replies, e.g. control variates, set False)
     dp_capable = True
+    # [dp] mode = "sample": each client's latest epsilon (its own accountant, reply scalar "dp/epsilon"),
+    # float64 [num_clients], 0 before a client's first training; None: not a DP-SGD run (nothing saved)
+    state_fields = {"dp_epsilon": tensor()}
+    dp_epsilon = None
 
     def configure_train(self, rnd: int, cohort: list[int]) -> dict[int, Message]:
         msg = Message(arrays=dict(self.model.state_dict()))  # one message object, counted per recipient
@@ -123,7 +133,32 @@ class FedAvgServer(Server):
             v = weighted_mean_scalar(replies, key)
             if v is not None:
                 out[key] = v
+        if self.ctx.dp is not None and self.ctx.dp.mode == "sample":
+            for cid in sorted(replies):
+                self.note_dpsgd_epsilon(cid, replies[cid])
+            out.update(self.dpsgd_metrics())
         return out
+
+    def note_dpsgd_epsilon(self, cid: int, reply: Message) -> None:
+        """[dp] mode = "sample": keep client ``cid``'s epsilon from its reply (``dp/epsilon``, from its
+        own RDP accountant over the rounds it trained)."""
+        if self.dp_epsilon is None:
+            self.dp_epsilon = torch.zeros(self.ctx.num_clients, dtype=torch.float64)
+        if "dp/epsilon" in reply.scalars:
+            self.dp_epsilon[cid] = float(reply.scalars["dp/epsilon"])
+
+    def dpsgd_metrics(self) -> dict[str, float]:
+        """DP-SGD's row entries: ``dp/epsilon``, the largest epsilon of any client so far,
+        ``dp/epsilon_mean``, their mean over the clients that have trained, and ``dp/delta``. With
+        ``noise_multiplier = 0`` epsilon is inf (clients send none: a reply's scalars must be finite)."""
+        dp = self.ctx.dp
+        trained = self.dp_epsilon[self.dp_epsilon > 0] if self.dp_epsilon is not None else torch.zeros(0)
+        if dp.noise_multiplier == 0:
+            eps = mean = float("inf")
+        else:
+            eps = float(trained.max()) if trained.numel() else 0.0
+            mean = float(trained.mean()) if trained.numel() else 0.0
+        return {"dp/epsilon": eps, "dp/epsilon_mean": mean, "dp/delta": dp.delta}
 
     def train_accumulator(self, rnd: int) -> "FedAvgAccumulator | None":
         """:meth:`aggregate_train` one reply at a time when the rule folds
@@ -158,6 +193,7 @@ class FedAvgAccumulator:
         self.own = set(model_tensors(server.model))
         self.item_keys = tuple(getattr(fold, "item_keys", ()))
         self.keys = ("train_loss", *server.reported_scalars())
+        self.dpsgd = server.ctx.dp is not None and server.ctx.dp.mode == "sample"
 
     def begin(self) -> None:
         self.sums = {key: [0, 0] for key in self.keys}  # key -> [sum v n, sum n] (weighted_mean_scalar)
@@ -177,10 +213,15 @@ class FedAvgAccumulator:
                 s[0] += reply.scalars[key] * n
                 s[1] += n
                 self.seen[key] = True
+        if self.dpsgd:
+            server.note_dpsgd_epsilon(cid, reply)
 
     def finish(self) -> dict[str, float]:
         self.server.model.load_state_dict(self.fold.finish())
-        return {key: float(s / n) for key, (s, n) in self.sums.items() if self.seen[key]}
+        out = {key: float(s / n) for key, (s, n) in self.sums.items() if self.seen[key]}
+        if self.dpsgd:
+            out.update(self.server.dpsgd_metrics())
+        return out
 
 
 class FedAvgClient(TrainingClient, BatchedClient):
@@ -211,12 +252,16 @@ class FedAvgClient(TrainingClient, BatchedClient):
         ``anchor`` the received values of the same names; None: none."""
         return None
 
+    def reference_models(self, arrays: dict[str, Tensor]) -> dict[str, torch.nn.Module]:
+        """:meth:`references` loaded into pooled models, in eval mode."""
+        refs = self.references(Message(arrays=arrays))
+        return {name: load_into(self.ctx.model(name), state).eval() for name, state in refs.items()}
+
     def loss_fn(self, msg: Message | dict[str, Tensor]) -> LossFn:
         """The sequential objective ``(model, inputs, labels) -> scalar`` for the received
         ``msg`` (or its arrays): :meth:`objective` (mean) + :meth:`penalty`."""
         arrays = msg.arrays if isinstance(msg, Message) else msg
-        refs = self.references(Message(arrays=arrays))
-        models = {name: load_into(self.ctx.model(name), state).eval() for name, state in refs.items()}
+        models = self.reference_models(arrays)
         has_penalty = type(self).penalty is not FedAvgClient.penalty
 
         def loss(model, inputs, labels):
@@ -234,13 +279,66 @@ class FedAvgClient(TrainingClient, BatchedClient):
 
         return loss
 
+    # --- sample-level DP-SGD ([dp] mode = "sample", mmfl.core.dpsgd) ---------------
+    @classmethod
+    def dpsgd_blocker(cls) -> str | None:
+        """Why this client's local training cannot be DP-SGD, or None. DP-SGD replaces the loop by
+        per-sample clipped, noised gradients of :meth:`objective` (per sample) plus the gradient of
+        :meth:`penalty`; a client that changes training through the other hooks (gradient
+        corrections, extra steps, its own loss) would bypass or break that."""
+        for klass in cls.__mro__:
+            if klass is FedAvgClient:
+                return None
+            changed = [m for m in ("train", "loss_fn", "loss", "begin", "on_epoch", "before_step", "after_step")
+                       if m in vars(klass)]
+            if changed:
+                return f"{klass.__name__} overrides {', '.join(changed)}"
+        return f"{cls.__name__} is not a FedAvg-family client"
+
+    def dpsgd_losses(self, arrays: dict[str, Tensor]) -> tuple[SampleLoss, Penalty | None]:
+        """DP-SGD's objective for the received ``arrays``: :meth:`objective` per sample (``[b]``; MOON's
+        term reads only the sample's own outputs under the frozen models, so it is per sample too) and
+        :meth:`penalty` (None without one), a term of the parameters that reads no data."""
+        models = self.reference_models(arrays)
+
+        def sample_loss(model, inputs, labels):
+            @torch.no_grad()
+            def ref(name):
+                return models[name](inputs) if name in models else None
+
+            return self.objective(model(inputs), labels, ref, reduction="none")
+
+        if type(self).penalty is FedAvgClient.penalty:
+            return sample_loss, None
+        return sample_loss, lambda model: self.penalty(
+            {n: p for n, p in model.named_parameters() if p.requires_grad}, arrays)
+
+    def train(self, msg: Message) -> Message:
+        dp = self.ctx.dp
+        if dp is None or dp.mode != "sample":
+            return super().train(msg)
+        model = self.load_model(msg)
+        self.begin(model, msg)
+        sample_loss, penalty = self.dpsgd_losses(msg.arrays)
+        noise = torch.Generator().manual_seed(derive_seed(self.ctx.seed, "dpsgd-noise"))
+        stats = dpsgd_train(model, self.ctx.data, self.ctx.train, dp.clip_norm, dp.noise_multiplier,
+                            self.ctx.generator(), noise, sample_loss, penalty)
+        # this client's accountant: Opacus's RDP history (z, q, steps), kept in its persistent state
+        history = record_steps(read(self.ctx.state, DPSGD_HISTORY, tensor()), dp.noise_multiplier,
+                               stats["sample_rate"], stats["steps"])
+        write(self.ctx.state, DPSGD_HISTORY, history, tensor())
+        if dp.noise_multiplier > 0:  # else inf: not sent (reply scalars are finite), the server knows
+            stats["dp/epsilon"] = history_epsilon(history, dp.delta)
+        return self.finish(model, msg, stats)
+
     # --- the reply ---------------------------------------------------------------
     def finish(self, model, msg: Message, stats: dict) -> Message:
         """The reply after local training ended at ``model`` (sequential or batched)."""
         self.after_train(model, msg, stats)
-        return Message(arrays=state_of(model),
-                       scalars={"num_examples": len(self.ctx.data), "train_loss": stats["train_loss"],
-                                "steps": stats["steps"]})
+        scalars = {"num_examples": len(self.ctx.data), "train_loss": stats["train_loss"], "steps": stats["steps"]}
+        if "dp/epsilon" in stats:  # DP-SGD: this client's epsilon so far, at dp.delta
+            scalars["dp/epsilon"] = stats["dp/epsilon"]
+        return Message(arrays=state_of(model), scalars=scalars)
 
     # --- batched training (mmfl.core.batched): the same objective for one client of a stack
     def batched_task(self, route: str, msg: Message) -> BatchedTask | None:

@@ -87,6 +87,9 @@ def send_batched(transport, route: str, messages: dict[int, Message]) -> tuple[d
 
 
 def _blocker(transport, route: str, messages) -> str | None:
+    dp = getattr(transport, "dp", None)
+    if dp is not None and dp.mode == "sample":
+        return "DP-SGD clients ([dp] mode = \"sample\") are trained one by one"
     attack = getattr(transport, "attack", None)
     if attack is not None and any(attack.is_malicious(c) for c in messages):
         return "malicious clients ([attack]) are simulated one by one"

@@ -67,6 +67,7 @@ def run_client(
     public: ArrayDataset | None = None,
     privacy=None,
     attack=None,
+    dp=None,
 ) -> tuple[Message, dict[str, Tensor]]:
     """Deliver ``msg`` on ``route`` to client ``cid``; return ``(reply, new_state)``.
 
@@ -88,6 +89,7 @@ def run_client(
     :class:`~mmfl.engine.privacy.PrivacyError`.
     ``attack``: the run's :class:`~mmfl.engine.attack.Attack` (None: none); a malicious
     client trains on its attacked data view and sends its attacked reply.
+    ``dp``: the run's ``[dp]`` (None: none); ``mode = "sample"`` makes the client train with DP-SGD.
     """
 
     everything = tuple(meta.modalities)
@@ -103,7 +105,7 @@ def run_client(
     ctx = ClientContext(
         cid=cid, rnd=rnd, seed=derive_seed(seed, rnd, cid, route, call),
         data=data, test_data=test_data, meta=meta, train=train_at_round(train, rnd),
-        state=state, model_pool=pool, init_model=init, modalities=held, public=public,
+        state=state, model_pool=pool, init_model=init, modalities=held, public=public, dp=dp,
     )
     seed_torch(ctx.seed)  # dropout and any other torch-global randomness (the CPU generator, cheaply)
     reply = spec.client(params, ctx).handle(route, msg)

@@ -2,6 +2,9 @@
 before it leaves the client (the simulation transport calls it), and the accountant's per-round
 ``dp/epsilon`` / ``dp/delta`` for metrics.jsonl. Central DP's noise is added by the server
 (:meth:`mmfl.algorithms.fedavg.FedAvgServer.aggregate`); the math is :mod:`mmfl.core.dp`.
+Sample-level DP-SGD (``mode = "sample"``) runs in the clients' local training
+(:mod:`mmfl.core.dpsgd`), each client keeping its own accountant; here only the check that the
+models allow per-sample gradients (:func:`check_dpsgd_models`).
 
 Every noise draw comes from a derived seed (run seed, round, client, "dp-local"), and epsilon is
 recomputed from the round index and the seeded cohorts, so a resumed run is bit-exact.
@@ -11,8 +14,12 @@ from __future__ import annotations
 
 from typing import Callable
 
+from torch import nn
+
 from mmfl.core.dp import central_epsilon, local_epsilon, local_privatize
+from mmfl.core.dpsgd import model_blocker
 from mmfl.core.message import Message
+from mmfl.errors import ConfigError
 from mmfl.schema import DPConfig
 from mmfl.seeds import derive_seed
 
@@ -49,6 +56,8 @@ class DPAccountant:
     def metrics(self, rnd: int) -> dict[str, float]:
         """The row entries after round ``rnd`` (0-based) has finished."""
         dp = self.dp
+        if dp.mode == "sample":  # each client's own accountant: the server reports them (FedAvgServer)
+            return {}
         if dp.mode == "central":
             eps = central_epsilon(self.q, dp.noise_multiplier, rnd + 1, dp.delta)
         else:
@@ -58,3 +67,15 @@ class DPAccountant:
                 self._counted += 1
             eps = local_epsilon(dp.noise_multiplier, max(self._counts.values(), default=0), dp.delta)
         return {"dp/epsilon": eps, "dp/delta": dp.delta}
+
+
+def check_dpsgd_models(models: list[tuple[str, nn.Module]]) -> None:
+    """``[dp] mode = "sample"``: a one-line ConfigError naming the first module of ``models`` ((model
+    table name, a built client model) pairs) that DP-SGD cannot train (:func:`mmfl.core.dpsgd.model_blocker`).
+    No automatic replacement (Opacus's ``ModuleValidator.fix``): the server's model would differ."""
+    for name, model in models:
+        why = model_blocker(model)
+        if why is not None:
+            hint = "a model without BatchNorm (resnet: model.norm = \"group\")" if "BatchNorm" in why else \
+                "a model without this module"
+            raise ConfigError(f"dp.mode: DP-SGD (mode = \"sample\") cannot train model '{name}': {why}; use {hint}")

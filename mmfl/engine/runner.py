@@ -38,7 +38,7 @@ from mmfl.core.system import WirelessSystem
 from mmfl.core.training import train_for_run
 from mmfl.data.federation import build_federation
 from mmfl.engine import checkpoint, runfolder
-from mmfl.engine.dp import DPAccountant, LocalDP
+from mmfl.engine.dp import DPAccountant, LocalDP, check_dpsgd_models
 from mmfl.engine.attack import make_attack
 from mmfl.engine.simulation import SimulationTransport
 from mmfl.engine.state import DiskClientStateStore, make_store
@@ -86,6 +86,11 @@ class Experiment:
             kinds = {(fed.modalities_of(c), fed.group_of(c), fed.source_of(c)) for c in range(fed.num_clients)}
             for held, group, src in kinds:
                 self.make_model(held, group, None if src is None else fed.sources[src].meta)
+        if cfg.dp is not None and cfg.dp.mode == "sample":  # DP-SGD needs per-sample gradients of each model
+            kinds = {(fed.modalities_of(c), fed.group_of(c), fed.source_of(c)) for c in range(fed.num_clients)}
+            check_dpsgd_models([((cfg.model if g is None else cfg.client_models[g].model).name, self.make_model(
+                h if h != tuple(fed.meta.modalities) else None, g, None if s is None else fed.sources[s].meta))
+                for h, g, s in sorted(kinds, key=repr)])
         self.system = None  # [system]: simulated latency per round (mmfl.core.system)
         if cfg.system is not None:
             self.system = WirelessSystem(cfg, fed, lambda cid: self.make_model(
@@ -116,7 +121,7 @@ class Experiment:
                 self.make_model, self.store, on_nonfinite=cfg.run.on_nonfinite,
                 batch_clients=cfg.run.batch_clients, privacy=cfg.privacy,
                 local_dp=LocalDP(cfg.dp, cfg.run.seed) if cfg.dp is not None and cfg.dp.mode == "local" else None,
-                attack=cfg.attack, stream=cfg.run.stream_aggregation)
+                attack=cfg.attack, stream=cfg.run.stream_aggregation, dp=cfg.dp)
         if cfg.dp is not None and cfg.dp.mode == "local" and getattr(self.transport, "local_dp", None) is None:
             raise ConfigError("dp.mode: local DP is applied by the in-process simulation only; this transport "
                               "has no client-side randomizer (use dp.mode = \"central\")")

@@ -110,13 +110,14 @@ class SimulationTransport:
     def __init__(self, spec: AlgorithmSpec, params, federation: Federation, train: TrainConfig,
                  seed: int, make_model: Callable[[], nn.Module], store: ClientStateStore,
                  on_nonfinite: str = "fail", batch_clients: bool = False, privacy=None, local_dp=None,
-                 attack=None, stream: str = "off"):
+                 attack=None, stream: str = "off", dp=None):
         """``privacy``: the run's ``[privacy]`` rules (``cfg.privacy``; None: none). Every
         reply is checked against its client's data before the server sees it; a breach
         fails the run (:class:`~mmfl.engine.privacy.PrivacyError`). A rule naming a
         modality the data set lacks is a ConfigError here. ``attack``: the run's ``[attack]``
         (``cfg.attack``; None: every client honest, :mod:`mmfl.engine.attack`). ``stream``: the
-        run's ``stream_aggregation`` ("auto", "on", "off"; :meth:`send_stream`)."""
+        run's ``stream_aggregation`` ("auto", "on", "off"; :meth:`send_stream`). ``dp``: the run's
+        ``[dp]``, handed to every client (mode "sample": DP-SGD in local training)."""
         self.spec = spec
         self.params = params
         self.federation = federation
@@ -128,6 +129,7 @@ class SimulationTransport:
         self.batch_clients = batch_clients  # train a send's clients together (mmfl.engine.batched)
         self.privacy = make_checker(privacy, federation_modalities(federation))  # None: no rules
         self.local_dp = local_dp  # [dp] mode = "local": mmfl.engine.dp.LocalDP, applied to train replies
+        self.dp = dp  # [dp] (cfg.dp; None: none): the clients read it (mode "sample": DP-SGD)
         self.batch_info: dict = {}  # this round: clients trained batched, or why not
         self.num_clients = federation.num_clients
         self.attack = make_attack(attack, federation.num_clients, seed)  # None: no [attack]
@@ -199,7 +201,7 @@ class SimulationTransport:
             data=fed.clients[cid], test_data=fed.test_of(cid), meta=fed.meta_of(cid), train=self.train,
             seed=self.seed, state=self.store.load(cid), model_pool=self._model, init_model=self.make_model,
             holds=fed.modalities_of(cid), group=fed.group_of(cid), source=fed.source_of(cid),
-            public=fed.public, privacy=self.privacy, attack=self.attack,
+            public=fed.public, privacy=self.privacy, attack=self.attack, dp=self.dp,
         )
         if not self.log.admit(route, cid, msg, reply, self.on_nonfinite, self.rnd):
             return None  # its state is not saved either: the round never happened for it

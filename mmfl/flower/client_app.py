@@ -195,7 +195,8 @@ def handle_plain(msg: FlowerMessage, context: Context, config_text: str | None =
             train=train_for_run(cfg.train, cfg.run.rounds),
             seed=cfg.run.seed, state=state, model_pool=run.model,
             init_model=run.make_model, holds=fed.modalities_of(cid), group=fed.group_of(cid),
-            source=fed.source_of(cid), public=fed.public, privacy=run.privacy, attack=run.attack)
+            source=fed.source_of(cid), public=fed.public, privacy=run.privacy, attack=run.attack,
+            dp=cfg.dp)
         if reply.nonfinite_key() is None:  # as in the simulator: a rejected reply keeps no state
             if disk is None:
                 save_state(context.state, cid, new_state)
