@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "mmfl"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("mmfl.errors", "mmfl.registry", "mmfl.schema", "mmfl.seeds", "mmfl.report")),
+    ("base", ("mmfl.errors", "mmfl.registry", "mmfl.schema", "mmfl.schema_trust", "mmfl.seeds", "mmfl.report")),
     ("data", ("mmfl.data",)),
     ("models", ("mmfl.models",)),
     ("core", ("mmfl.core",)),
