@@ -276,16 +276,7 @@ class SecureAggregation:
         from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key as WorkflowKey
 
         rnd = t.rnd
-        by_node: dict[int, list[int]] = defaultdict(list)
-        missing, calls = [], {}
-        for cid in sorted(messages):
-            calls[cid] = t._calls[cid]
-            t._calls[cid] += 1
-            node = t.node_of.get(cid)
-            if node is None or node in t.dead:
-                missing.append(cid)
-            else:
-                by_node[node].append(cid)
+        by_node, missing, calls = t.group_by_node(messages)
         cfg = self.cfg
         if len(by_node) < 2:
             raise MMFLError(f"secure aggregation (round {rnd + 1}): {len(by_node)} SuperNode(s) in the round; "

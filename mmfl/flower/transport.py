@@ -189,10 +189,9 @@ class FlowerTransport:
                                    "stateful": {str(c): r for c, r in sorted(self.stateful.items())}}))
         os.replace(tmp, self.state_file)
 
-    def send(self, route: str, messages: dict[int, Message]) -> dict[int, Message]:
-        if self.secure is not None and route == self.secure.route:
-            return self.secure.send(self, messages)
-        mtype = message_type(route)
+    def group_by_node(self, messages: dict) -> tuple[dict[int, list[int]], list[int], dict[int, int]]:
+        """The clients of ``messages`` by SuperNode (``{node: [cid]}``), those with no live node
+        (``missing``), and each client's call index for this send (``calls``, counted up here)."""
         by_node: dict[int, list[int]] = defaultdict(list)
         missing: list[int] = []
         calls: dict[int, int] = {}
@@ -204,6 +203,13 @@ class FlowerTransport:
                 missing.append(cid)
             else:
                 by_node[node].append(cid)
+        return by_node, missing, calls
+
+    def send(self, route: str, messages: dict[int, Message]) -> dict[int, Message]:
+        if self.secure is not None and route == self.secure.route:
+            return self.secure.send(self, messages)
+        mtype = message_type(route)
+        by_node, missing, calls = self.group_by_node(messages)
         out = []
         for node, cids in by_node.items():
             content = encode({c: messages[c] for c in cids}, route=route, rnd=self.rnd,
