@@ -324,3 +324,18 @@ def test_load_sibling_loads_a_spec_folders_module_once(tmp_path):
     g = _grid(tmp_path, 'tables = "tables.py"\n' + GRID)
     render(g)
     assert (tmp_path / "out.md").read_text() == "['sections']\n"
+
+
+BENCHMARK_GRIDS = sorted((Path(__file__).parent.parent / "benchmarks").glob("*/grid*.toml"))
+
+
+@pytest.mark.parametrize("grid", BENCHMARK_GRIDS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_planned_run_of_a_committed_benchmark_grid_resolves(grid):
+    """Each committed benchmark grid (and its quick variant) plans configs that mmfl accepts: a
+    renamed parameter, rule or attack kind fails here, not hours into `mmfl bench`."""
+    from mmfl.config import resolve
+
+    runs = load_grid(grid).runs()
+    assert runs
+    for r in runs:
+        resolve(r.raw)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from mmfl.bench import dotted_get, md_table
-from mmfl.bench.status import problem_lines, regenerate_line, run_status, runs_line
+from mmfl.bench.status import problem_lines, reading_lines, regenerate_line, run_status, runs_line
 
 CHANCE = 0.10  # both data sets have 10 balanced digit classes: a destroyed model's accuracy in the figures
 
@@ -243,4 +243,5 @@ def report(b) -> list[str]:
     dp_fig = dp_figure(b, out_dir / b.params["dp_fig"])
     out += ["## Client-level DP on the demo: accuracy against epsilon", "",
             f"![dp]({dp_fig})", "", *dp_table(b)]
-    return out
+    analysis = b.params.get("analysis")
+    return out + reading_lines(Path(b.grid.root) / analysis if analysis else None)
