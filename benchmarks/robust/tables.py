@@ -35,9 +35,11 @@ def cell(b, names: dict[int, str], key: str = "final_accuracy", scale: float = 1
     causes = [b.results.failed(n) or "" for s, n in names.items() if vals.get(s, 0) is None]
     n_div = sum(diverged(b, n) for s, n in names.items() if vals.get(s, 0) is None)
     stopped = len(causes) - n_div
+    done = len(ok) + len(causes)
     txt = f"{scale * np.mean(ok):.{digits}f} ± {scale * np.std(ok):.{digits}f}" if ok else "–"
-    notes = [f"{k} of {len(names)} {what}" for k, what in ((n_div, "diverged"), (stopped, "stopped")) if k]
-    return txt + (f" ({', '.join(notes)})" if notes else "")
+    notes = [f"{k} of {done} {what}" for k, what in ((n_div, "diverged"), (stopped, "stopped")) if k]
+    return txt + (f" ({', '.join(notes)})" if notes else "") + \
+        (f" [{done}/{len(names)} seeds]" if 0 < done < len(names) else "")
 
 
 def axes(b, group: str) -> tuple[dict[str, list[tuple[float, str]]], str | None]:
