@@ -217,8 +217,8 @@ def setting_lines(b) -> list[str]:
         "- **Rules** (docs/robust.md): parameters chosen for the grid's largest fraction, 30% (f = 3 of 10 "
         "updates, trimming 30% at each end); Bulyan needs n ≥ 4f + 3 updates, so with 10 it tolerates f = 1 "
         "only. Krum and Multi-Krum need n > 2f + 2 = 8 updates: a round where reply validation dropped more "
-        "than one reply stops such a run with one line (counted as *stopped*). The fixed clip M = 1 is the top "
-        "of the honest update norms on the demo (0.15–1.4 over its 10 rounds).",
+        "than one reply stops such a run with one line (counted as *stopped*). The fixed clip M = 1 is the rule's "
+        "default, not tuned; the adaptive rule sets M to each round's median update norm.",
         "- **CreamFL** (`mmfl/configs/creamfl_mfeat.toml`): mfeat image–features pairs, 4 image-features + 4 "
         "MNIST image clients, 6 a round, 8 rounds; malicious clients send their public-set representations "
         "shuffled (rows permuted) or random (Gaussian with the representation's std).",
