@@ -195,14 +195,17 @@ def test_corrupt_and_truncated_files_name_the_file(tmp_path):
 
 def test_unsupported_columns_and_cells_name_file_and_column(tmp_path):
     pq.write_table(pa.table({"label": [0, 1], "s": [{"a": 1}, {"a": 2}]}), tmp_path / "struct.parquet")
-    with pytest.raises(DataError, match=r"struct.parquet: column 's': unsupported column type struct<a: int64>"):
+    with pytest.raises(DataError, match=r"struct.parquet: row 1, column 's': unsupported column type struct<a: int64> .*\(leave"):
         load(root=str(tmp_path), manifest="struct.parquet")
+    pq.write_table(pa.table({"label": [0, 1] * 3, "s": [{"a": 1}] * 6, "v": [1.0, 2.0] * 3}), tmp_path / "unused.parquet")
+    b = load(root=str(tmp_path), manifest="unused.parquet", modalities=["v"], test_fraction=0.5)
+    assert b.meta.modalities == {"v": (1,)}  # an unsupported column that is not used is no error
     pq.write_table(pa.table({"label": [0, 1], "b": [b"\x00\x01junk", b"zz"]}), tmp_path / "bin.parquet")
-    with pytest.raises(DataError, match=r"bin.parquet: column 'b': binary cell is not an image"):
+    with pytest.raises(DataError, match=r"bin.parquet: row 1, column 'b': binary cell is not an image"):
         load(root=str(tmp_path), manifest="bin.parquet")
     pq.write_table(pa.table({"label": [0, 1], "a": [{"bytes": b"fLaC\x00\x00", "path": "x.flac"}] * 2}),
                    tmp_path / "flac.parquet")
-    with pytest.raises(DataError, match=r"flac.parquet: column 'a': audio bytes are FLAC; mmfl reads PCM WAV only"):
+    with pytest.raises(DataError, match=r"flac.parquet: row 1, column 'a': audio bytes are FLAC; mmfl reads PCM WAV only"):
         load(root=str(tmp_path), manifest="flac.parquet")
     bad = png(PIXELS[0])[:20]  # a PNG header, then nothing: fails when decoded, naming row and column
     pq.write_table(pa.table({"label": [0, 1], "img": [png(PIXELS[0]), bad]}), tmp_path / "img.parquet")
@@ -228,7 +231,7 @@ def test_a_parquet_manifest_runs_an_experiment(tmp_path):
     pq.write_table(arrow_table(), tmp_path / "d.parquet")
     raw = apply_overrides({}, ["data.name=manifest", f"data.root={tmp_path}", "data.manifest=d.parquet",
                                "partition.name=natural", "model.name=multimodal", "rounds=1", "threads=1",
-                               "train.batch_size=8", f"output_dir={tmp_path / 'runs'}", "name=tables"])
+                               "train.batch_size=8", "train.local_epochs=1", f"output_dir={tmp_path / 'runs'}", "name=tables"])
     exp = Experiment(resolve(raw), progress=False)
     exp.run()
     assert (exp.run_dir / "metrics.jsonl").read_text().strip()

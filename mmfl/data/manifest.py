@@ -38,7 +38,7 @@ from mmfl.data import DATASETS
 from mmfl.data.audio import read_wav as read_wav_any
 from mmfl.data.base import ArrayDataset, DatasetBundle, DatasetMeta
 from mmfl.data.split import check_fraction, stratified_split  # noqa: F401  (re-exported)
-from mmfl.data.tables import Blob
+from mmfl.data.tables import Blob, Unreadable
 from mmfl.errors import ConfigError, DataError
 
 
@@ -164,6 +164,8 @@ def read_cell(cell: Any, root: Path, p: ManifestParams, states: dict, col: str,
     A :class:`~mmfl.data.tables.Blob` (media bytes from a Parquet/Arrow/datasets table) is decoded
     by the same reader as a file of its kind; a numpy array (a table's nested list) is an array.
     """
+    if isinstance(cell, Unreadable):
+        raise DataError(cell.reason)
     if isinstance(cell, Blob):
         try:
             return cell.kind, READERS[cell.kind](io.BytesIO(cell.data), p, states.setdefault(col, {}))

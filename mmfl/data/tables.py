@@ -23,7 +23,8 @@ metadata that ``datasets`` writes into Parquet/Arrow files (``Dataset.to_parquet
 ``DatasetDict`` folder adds a column :data:`SPLIT_COLUMN` holding each row's split name
 (see :func:`split_value` for validation and other splits). pandas' index columns
 (``__index_level_0__``) are dropped. Dates and times become ISO strings. Other nested types
-(structs, maps, unions) are refused naming the file and column.
+(structs, maps, unions) and undecodable cells become :class:`Unreadable` cells: an error
+naming the file, row and column if the manifest uses them, ignored otherwise.
 
 ``datasets`` is imported only for folders, with ``HF_DATASETS_OFFLINE=1`` and
 ``HF_HUB_OFFLINE=1``: nothing is downloaded. pyarrow is imported on first use.
@@ -70,6 +71,14 @@ class Blob:
 def is_table(path: Path) -> bool:
     """Whether :func:`read_rows` reads ``path`` (a table suffix, or a folder)."""
     return path.suffix.lower() in SUFFIXES or path.is_dir()
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A cell that cannot be used (an unsupported column type, undecodable bytes): ``reason`` says
+    why. Reading a table never fails on it; the manifest raises ``reason`` if the cell is used."""
+
+    reason: str
 
 
 def is_hf_folder(path: Path) -> bool:
@@ -232,8 +241,8 @@ def _to_rows(table, features: dict, source: Path) -> tuple[list[str], list[dict[
     for n in names:
         try:
             columns[n] = _column_values(table.column(n), features.get(n) or {}, source)
-        except DataError as e:
-            raise DataError(f"{source}: column {n!r}: {e}") from None
+        except DataError as e:  # an error only if the column is used (a modality, the label, ...)
+            columns[n] = [Unreadable(f"{e} (leave the column out of data.modalities)")] * table.num_rows
     rows = [dict(zip(names, cells)) for cells in zip(*(columns[n] for n in names))] if names else []
     return names, rows
 
@@ -251,19 +260,18 @@ def _column_values(col, feature: dict, source: Path) -> list[Any]:
         names = feature["names"]
         return [names[v] if isinstance(v, int) and 0 <= v < len(names) else None for v in values]
     if ftype in ("Image", "Audio"):
-        return [_media(v, ftype.lower(), source) for v in values]
+        return [_cell(_media, v, ftype.lower(), source) for v in values]
     if pa.types.is_struct(typ):
         fields = {typ.field(i).name for i in range(typ.num_fields)}
         if {"bytes", "path"} <= fields:
-            return [_media(v, None, source) for v in values]
+            return [_cell(_media, v, None, source) for v in values]
         if {"array", "sampling_rate"} <= fields:
-            return [None if v is None else Blob("audio", _wav_bytes(v["array"], v["sampling_rate"]), v.get("path") or "")
-                    for v in values]
+            return [_cell(_decoded_audio, v) for v in values]
         raise DataError(f"unsupported column type {typ} (a struct that is neither an image/audio "
                         "{bytes, path} nor a decoded audio {array, sampling_rate})")
     if pa.types.is_binary(typ) or pa.types.is_large_binary(typ) or pa.types.is_fixed_size_binary(typ) \
             or getattr(pa.types, "is_binary_view", lambda t: False)(typ):
-        return [_media(v, None, source) for v in values]
+        return [_cell(_media, v, None, source) for v in values]
     if _is_list(typ):
         return [_numbers(v) for v in values]
     if pa.types.is_decimal(typ):
@@ -344,6 +352,18 @@ def _media(v: Any, kind: str | None, source: Path) -> Any:
         return Blob("image", data, name)
     raise DataError(f"binary cell{' ' + repr(name) if name else ''} is not an image (PNG/JPEG/GIF/BMP/WebP/TIFF), "
                     "a WAV or a .npy")
+
+
+def _cell(fn, v: Any, *args) -> Any:
+    """``fn(v, *args)``, or an :class:`Unreadable` cell saying why not."""
+    try:
+        return fn(v, *args)
+    except DataError as e:
+        return Unreadable(str(e))
+
+
+def _decoded_audio(v: Any) -> Blob | None:
+    return None if v is None else Blob("audio", _wav_bytes(v["array"], v["sampling_rate"]), v.get("path") or "")
 
 
 def _wav_bytes(array: Any, rate: Any) -> bytes:
