@@ -33,11 +33,13 @@ def read_wav(path: str | Path, sample_rate: int = 0) -> tuple[np.ndarray, int]:
 
     Channels are averaged. If ``sample_rate`` is given and the file's rate differs,
     the waveform is resampled by linear interpolation. A missing, non-wav or
-    truncated file raises :class:`DataError` ``"<path>: ..."``.
+    truncated file raises :class:`DataError` ``"<path>: ..."``. ``path`` may also be a binary
+    file object (``io.BytesIO``: a table's WAV bytes); messages then name its ``name`` attribute.
     """
-    path = Path(path)
+    src = path if hasattr(path, "read") else str(path)
+    path = getattr(path, "name", "WAV bytes") if hasattr(path, "read") else Path(path)
     try:
-        with wave.open(str(path), "rb") as w:
+        with wave.open(src, "rb") as w:
             channels, width, rate = w.getnchannels(), w.getsampwidth(), w.getframerate()
             n = w.getnframes()
             raw = w.readframes(n)

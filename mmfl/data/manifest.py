@@ -23,6 +23,7 @@ as ``meta.info["vocab"][modality]`` (token -> id). Rows are counted from 1
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
 from collections import Counter
@@ -37,6 +38,7 @@ from mmfl.data import DATASETS
 from mmfl.data.audio import read_wav as read_wav_any
 from mmfl.data.base import ArrayDataset, DatasetBundle, DatasetMeta
 from mmfl.data.split import check_fraction, stratified_split  # noqa: F401  (re-exported)
+from mmfl.data.tables import Blob, Unreadable
 from mmfl.errors import ConfigError, DataError
 
 
@@ -159,7 +161,18 @@ def read_cell(cell: Any, root: Path, p: ManifestParams, states: dict, col: str,
     """One modality cell -> (kind, value); raises DataError naming the problem (caller adds row).
 
     ``as_text``: the column holds inline text somewhere, so inline numbers are text too.
+    A :class:`~mmfl.data.tables.Blob` (media bytes from a Parquet/Arrow/datasets table) is decoded
+    by the same reader as a file of its kind; a numpy array (a table's nested list) is an array.
     """
+    if isinstance(cell, Unreadable):
+        raise DataError(cell.reason)
+    if isinstance(cell, Blob):
+        try:
+            return cell.kind, READERS[cell.kind](io.BytesIO(cell.data), p, states.setdefault(col, {}))
+        except Exception as e:  # noqa: BLE001 - any decoder failure is a data problem
+            raise DataError(f"cannot read {cell.name or 'the stored bytes'} as {cell.kind}: {e}") from None
+    if isinstance(cell, np.ndarray):
+        return "array", np.asarray(cell, dtype=np.float32)
     if isinstance(cell, str):
         kind = _file_kind(cell)
         if kind is not None:
@@ -202,7 +215,15 @@ def encode_texts(texts: list[str], vocab: dict[str, int], max_tokens: int) -> to
 
 
 def _read_rows(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
-    """Manifest -> (columns in order, rows as dicts)."""
+    """Manifest -> (columns in order, rows as dicts); Parquet/Arrow/Feather files and Hugging Face
+    ``datasets`` folders are read by :func:`mmfl.data.tables.read_rows`."""
+    from mmfl.data import tables
+
+    if tables.is_table(path):
+        return tables.read_rows(path)
+    if not path.exists() and tables.is_hf_folder(path.parent):
+        raise DataError(f"{path}: manifest not found ({path.parent} is a Hugging Face datasets folder: "
+                        "set data.manifest = \".\" to read it)")
     if not path.is_file():
         raise DataError(f"{path}: manifest not found")
     try:
