@@ -46,8 +46,10 @@ def cells(b: Bench, metrics: list[str]) -> list[dict]:
     return out
 
 
-def _fmt(vals: dict, n: int, key: str) -> str:
-    return ms(list(vals.values()), n, digits=2, scale=KNOWN.get(key, ("", 1.0))[1])
+def _fmt(c: dict, key: str) -> str:
+    """A cell: mean ± std (n/N) of the metric, with how many of its runs failed."""
+    txt = ms(list(c["values"][key].values()), len(c["names"]), digits=2, scale=KNOWN.get(key, ("", 1.0))[1])
+    return txt + (f" [{c['failed']} failed]" if c["failed"] else "")
 
 
 def markdown(b: Bench, cs: list[dict], metrics: list[str]) -> list[str]:
@@ -66,14 +68,14 @@ def markdown(b: Bench, cs: list[dict], metrics: list[str]) -> list[str]:
                 rows = []
                 for s in settings:
                     by_m = {c["method"]: c for c in mine if c["setting"] == s}
-                    rows.append([s, *[_fmt(by_m[m]["values"][key], len(by_m[m]["names"]), key) if m in by_m else ""
+                    rows.append([s, *[_fmt(by_m[m], key) if m in by_m else ""
                                       for m in methods]])
                 out += [*md_table(["setting", *methods], rows), ""]
         else:
             head = [h for h, many in (("setting", len(settings) > 1), ("method", len(methods) > 1)) if many] or ["run"]
             rows = [[*([c["setting"]] if len(settings) > 1 else []), *([c["method"]] if len(methods) > 1 else []),
                      *([] if len(settings) > 1 or len(methods) > 1 else [c["method"]]),
-                     *[_fmt(c["values"][k], len(c["names"]), k) for k in metrics]] for c in mine]
+                     *[_fmt(c, k) for k in metrics]] for c in mine]
             out += [*md_table([*head, *[f"{KNOWN.get(k, (k,))[0]}" for k in metrics]], rows), ""]
     n_seeds = max((len(c["names"]) for c in cs), default=0)
     out.append(f"Mean ± std (population std) over {n_seeds} seed{'s' * (n_seeds != 1)} of each cell's final "
@@ -140,7 +142,10 @@ def plot(b: Bench, cs: list[dict], key: str, path: Path) -> Path | None:
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.lines:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "no finished run", ha="center", va="center", transform=ax.transAxes)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
     for ax in axes[:, 0]:
