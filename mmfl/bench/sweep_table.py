@@ -132,11 +132,14 @@ def plot(b: Bench, cs: list[dict], key: str, path: Path) -> Path | None:
     fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows), squeeze=False, sharey=True)
     label, scale = KNOWN.get(key, (key, 1.0))
     label = label.replace("final ", "")
+    methods = list(dict.fromkeys(m for _, _, m in series))
     for ax, (gk, s) in zip(axes.flat, panels):
         for (g2, s2, m), (xs, mean, std) in series.items():
             if (g2, s2) != (gk, s) or not xs:
                 continue
-            line, = ax.plot(xs, mean * scale, marker="o" if len(xs) <= 30 else None, markersize=3, label=m)
+            i = methods.index(m)  # a style per method, so that equal curves stay visible
+            line, = ax.plot(xs, mean * scale, linestyle=("-", "--", "-.", ":")[i % 4], label=m,
+                            marker="osd^v<>"[i % 7] if len(xs) <= 30 else None, markersize=4, markerfacecolor="none")
             ax.fill_between(xs, (mean - std) * scale, (mean + std) * scale, color=line.get_color(), alpha=0.2)
         ax.set_title(s or b.grid.name, fontsize=9)
         ax.set_xlabel("round")
