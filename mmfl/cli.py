@@ -11,6 +11,8 @@
     mmfl vqa RUN --root DIR        VQA accuracy of a finished CreamFL-style run's server model (docs/vqa.md)
     mmfl bench GRID.toml           run a benchmark grid's missing runs in parallel, write its tables
                                    (--tables-only, --workers N, --seeds ...; docs/benchmarks.md)
+    mmfl sweep GRID.toml           a grid of methods x settings x seeds (parallel, resumable) and
+                                   its mean ± std table and plot (--workers N, --dry-run; docs/sweep.md)
 
 A user error (bad path, unknown name, invalid value, corrupt file) and a file
 system error (full disk, unwritable output_dir) print one line ``mmfl: error: ...``
@@ -119,6 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
                                      "written there too)")
     p.add_argument("--grid-set", action="append", default=[], metavar="KEY=VALUE",
                    help="a grid file value, e.g. 'groups.fig4.seeds=[0, 1, 2]' (repeatable)")
+    p = sub.add_parser("sweep", help="a grid of methods x settings x seeds: parallel, resumable, mean ± std table",
+                       description="Run the runs of a sweep file that are not finished (worker processes, one "
+                                   "torch thread each), then write a mean ± std table over seeds (results.md, "
+                                   "results.csv) and a plot (results.png) next to the runs. Format: docs/sweep.md.")
+    p.add_argument("grid", help="sweep file (TOML): base, seeds, [axes]; or a benchmark grid")
+    p.add_argument("--workers", type=int, help="worker processes (default: the file's workers, else 1)")
+    p.add_argument("--out", help="folder of the runs and tables (default: <grid stem>/ next to the grid file)")
+    p.add_argument("--dry-run", action="store_true", help="list the planned runs (every config checked), run nothing")
+    p.add_argument("--tables-only", action="store_true", help="run nothing; rebuild the tables from finished runs")
     return parser
 
 
@@ -244,11 +255,17 @@ def cmd_bench(args) -> int:
     return bench_main(args)
 
 
+def cmd_sweep(args) -> int:
+    from mmfl.bench.sweep_cmd import cmd_sweep as sweep_main
+
+    return sweep_main(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"run": cmd_run, "demo": cmd_demo, "list": cmd_list, "partition": cmd_partition,
                "report": cmd_report, "flower": cmd_flower, "vqa": cmd_vqa,
-               "bench": cmd_bench}[args.command]
+               "bench": cmd_bench, "sweep": cmd_sweep}[args.command]
     try:
         return handler(args)
     except MMFLError as e:

@@ -66,24 +66,45 @@ def run_missing(label: str, runs: list[tuple[str, dict]], raw_dir: Path, workers
 
 
 def run_pool(todo: list[tuple[str, dict]], run_one: Callable[[str, dict, str], tuple[str, float, str | None]],
-             raw_dir: Path, workers: int) -> int:
+             raw_dir: Path, workers: int, progress: bool = False) -> int:
     """Run ``run_one(name, raw_config, raw_dir) -> (name, seconds, error or None)`` for every
     ``(name, raw_config)`` of ``todo`` in ``workers`` spawned processes (``run_one`` must be a
-    module-level function); print each result as it finishes and write
-    ``raw_dir/last_invocation.json`` (runs, wall and summed run seconds, load). Returns the
-    number of runs."""
+    module-level function); print each result as it finishes (``progress``: a bar over the runs,
+    done/total and ETA, with a line per failure) and write ``raw_dir/last_invocation.json``
+    (runs, wall and summed run seconds, load). Ctrl-C stops the workers (finished runs stay,
+    an unfinished one is run again next time) and re-raises. Returns the number of runs."""
     t0 = time.perf_counter()
     secs: list[float] = []
     load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(todo), unit="run", desc="runs", dynamic_ncols=True)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
         futures = [pool.submit(run_one, name, raw, str(raw_dir)) for name, raw in todo]
         for i, fut in enumerate(as_completed(futures), 1):
             name, sec, err = fut.result()
             secs.append(sec)
             el = time.perf_counter() - t0
+            if bar is not None:
+                bar.update(1)
+                if err:
+                    bar.write(f"{name}: FAILED {err}")
+                continue
             status = f"FAILED {err}" if err else f"{sec:.1f}s"
             print(f"[{i}/{len(todo)}] {name}: {status} (elapsed {el / 60:.1f} min, "
                   f"~{el / i * (len(todo) - i) / 60:.1f} min left)", flush=True)
+    except BaseException:  # Ctrl-C (or a worker lost): no new runs, the running ones stopped
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            proc.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    pool.shutdown()
     (Path(raw_dir) / "last_invocation.json").write_text(json.dumps(
         {"runs": len(todo), "wall_s": time.perf_counter() - t0, "workers": workers, "run_s_sum": sum(secs),
          "load_average_at_start": load, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=2))

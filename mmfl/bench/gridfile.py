@@ -155,6 +155,12 @@ def load_grid(path: str | Path, sets: list[str] | tuple = ()) -> Grid:
     for item in sets:
         keys, value = parse_override(item)
         _parent(t, ".".join(keys), f"--grid-set {item!r}", create=True)[0][keys[-1]] = value
+    return grid_from_table(t, path)
+
+
+def grid_from_table(t: dict, path: Path) -> Grid:
+    """A grid file's table (``extends`` resolved, ``root`` absolute: :func:`_read`) checked into
+    a :class:`Grid` (``path``: the file, named in errors). ``mmfl sweep`` builds its table so."""
     _check_keys(t, GRID_KEYS, str(path))
     root = Path(t["root"])
     for k in ("raw_dir",):
