@@ -35,15 +35,9 @@ _HEADINGS = {"algorithm": ("algorithms", "algorithm"), "dataset": ("datasets", "
 
 
 def _registries():
-    from mmfl.algorithms import ALGORITHMS
-    from mmfl.data import DATASETS, PARTITIONERS
-    from mmfl.data.modality import MODALITY_ASSIGNERS
-    from mmfl.models import MODELS
+    from mmfl.api import registries
 
-    from mmfl.core.aggregation import AGGREGATION_RULES
-
-    return {"algorithm": ALGORITHMS, "dataset": DATASETS, "partition": PARTITIONERS,
-            "modality": MODALITY_ASSIGNERS, "model": MODELS, "aggregation": AGGREGATION_RULES}
+    return registries()
 
 
 def _case_lines() -> list[str]:
@@ -71,6 +65,7 @@ def _add_config_args(p: argparse.ArgumentParser, required: bool = True):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmfl", description="Multimodal federated learning.")
+    parser.add_argument("--version", action="version", version=f"mmfl {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run an experiment from a TOML config",
@@ -122,28 +117,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    """The installed distribution's version (mmfl.__version__ where it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mmfl")
+    except PackageNotFoundError:
+        from mmfl import __version__
+
+        return __version__
+
+
 def summary_json(summary: dict) -> str:
     """The run summary as JSON, one key per line (class-wise lists stay on their line)."""
     return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in summary.items()) + "\n}"
 
 
 def cmd_run(args) -> int:
-    from mmfl.config import load_config
-    from mmfl.engine.runner import Experiment
+    from mmfl import api
 
-    cfg = load_config(args.config, args.overrides)
-    summary = Experiment(cfg, progress=not args.no_progress).run(resume=args.resume, overwrite=args.overwrite)
-    print(summary_json(summary))
-    print(f"results: {cfg.run_dir}")
+    res = api.run(args.config, set=args.overrides, resume=args.resume, overwrite=args.overwrite,
+                  progress=not args.no_progress)
+    print(summary_json(res.summary))
+    print(f"results: {res.run_dir}")
     return 0
 
 
 def cmd_demo(args) -> int:
-    args.config = str(demo_config_path())
-    args.resume = False
-    args.overwrite = True
-    from mmfl.config import load_config
-    from mmfl.engine.runner import Experiment
+    from mmfl import api
     from mmfl.report import compare
 
     dirs = []
@@ -151,9 +153,7 @@ def cmd_demo(args) -> int:
         overrides = [f"algorithm.name={algo}", f"name=demo-{algo}", *args.overrides]
         if algo == "moon":
             overrides.insert(1, "algorithm.mu=1.0")
-        cfg = load_config(args.config, overrides)
-        Experiment(cfg, progress=not args.no_progress).run(overwrite=True)
-        dirs.append(cfg.run_dir)
+        dirs.append(api.run(demo_config_path(), set=overrides, overwrite=True, progress=not args.no_progress).run_dir)
     plot = dirs[0].parent / "demo.png"
     print(compare(dirs, plot_path=plot))
     print(f"results: {', '.join(map(str, dirs))}; plot: {plot}")
@@ -190,11 +190,12 @@ def cmd_list(args) -> int:
 
 
 def cmd_partition(args) -> int:
-    from mmfl.config import load_config
+    from mmfl.api import configure
+
+    cfg = configure(args.config or demo_config_path(), args.overrides)  # a missing file: before any import
     from mmfl.data.partition import partition_summary, plot_partition
     from mmfl.data.federation import build_federation
 
-    cfg = load_config(args.config or demo_config_path(), args.overrides)
     fed = build_federation(cfg)
     counts = fed.class_counts()
     print(f"{cfg.data.name}: {cfg.partition.name} partition over {fed.num_clients} clients")
