@@ -140,6 +140,16 @@ def test_import_mmfl_version_and_missing_config_import_no_torch():
     assert not {m for m in mods if m.split(".")[0] in ("torch", "numpy", "pandas")}
 
 
+def test_missing_files_of_other_commands_are_said_without_torch_or_flower():
+    mods = _modules_after(
+        "import contextlib, io, mmfl.cli\n"
+        "with contextlib.redirect_stderr(io.StringIO()) as e:\n"
+        "    for argv in (['flower', 'simulate', 'nope.toml'], ['vqa', 'nope', '--emoji'], ['bench', 'nope.toml']):\n"
+        "        assert mmfl.cli.main(argv) == 2\n"
+        "assert e.getvalue().count('mmfl: error: ') == 3, e.getvalue()\n")
+    assert not {m.split(".")[0] for m in mods} & {"torch", "flwr"}
+
+
 def test_list_imports_no_flower_transformers_sklearn_pandas():
     mods = _modules_after("import contextlib, io, mmfl.cli\n"
                           "with contextlib.redirect_stdout(io.StringIO()): mmfl.cli.main(['list'])\n")
