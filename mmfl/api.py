@@ -293,10 +293,19 @@ class Result:
                             f"({str(e).splitlines()[0]})") from None
         return model.eval()
 
-    def evaluate(self, model: "torch.nn.Module | None" = None) -> dict:
+    def evaluate(self, model: "torch.nn.Module | None" = None, client: int | None = None) -> dict:
         """``model`` (default: :meth:`model`) on the run's shared test set: accuracy, test_loss
-        (and per-modality numbers for a multimodal model), as the run's ``global`` evaluation."""
+        (and per-modality numbers for a multimodal model), as the run's ``global`` evaluation.
+        ``client=c``: on client ``c``'s personalized test rows (its label distribution, its
+        modalities; :mod:`mmfl.core.personal`), default model ``model(client=c)``: the number
+        the run logged in ``client_accuracy[c]``."""
         from mmfl.core.evaluation import global_metrics
 
         fed = self.federation()
-        return global_metrics(self.model() if model is None else model, fed.test, fed.meta.num_classes)
+        if client is None:
+            return global_metrics(self.model() if model is None else model, fed.test, fed.meta.num_classes)
+        from mmfl.core.personal import device_metrics, held_test_set, personal_test_indices
+
+        model = self.model(client=client) if model is None else model
+        rows = personal_test_indices(fed, fed.test, self.config.run.seed, fed.meta.num_classes)[client]
+        return device_metrics(model, held_test_set(fed.test, fed.modalities_of(client), rows), fed.meta.num_classes)

@@ -56,6 +56,15 @@ def test_load_run_round_trip(demo_run):
     assert back.client_accuracy is None  # a FedAvg run reports no per-client accuracy
 
 
+def test_personalized_run_client_models_score_the_logged_client_accuracy(tmp_path):
+    res = mmfl.run(DEMO, rounds=1, threads=1, output_dir=str(tmp_path), algorithm__name="fedfomo", progress=False)
+    per = res.client_accuracy
+    assert per.shape == (1, 10) and list(per.index) == [1]
+    assert per.loc[1].tolist() == res.metrics["client_accuracy"].iloc[-1]
+    for c in (0, 7):  # client c's own model on its personalized test rows: the logged number
+        assert res.evaluate(client=c)["accuracy"] == per.loc[1, c]
+
+
 def test_overrides_keywords_dict_and_cli_strings_agree():
     by_kw = mmfl.configure(DEMO, rounds=3, algorithm__name="fedprox", algorithm__mu=0.1, train__lr=0.05)
     by_dict = mmfl.configure(DEMO, set={"rounds": 3, "algorithm.name": "fedprox", "algorithm.mu": 0.1,
