@@ -1,5 +1,6 @@
 """The ``mmfl`` command.
 
+    mmfl --version                 the installed version
     mmfl demo                      the default demo (real data, a few seconds)
     mmfl run CONFIG [--set k=v]    run an experiment (--resume, --overwrite)
     mmfl list [KIND]               algorithms, datasets, partitioners, modality assigners,
@@ -11,6 +12,11 @@
     mmfl vqa RUN --root DIR        VQA accuracy of a finished CreamFL-style run's server model (docs/vqa.md)
     mmfl bench GRID.toml           run a benchmark grid's missing runs in parallel, write its tables
                                    (--tables-only, --workers N, --seeds ...; docs/benchmarks.md)
+
+``mmfl run`` and ``mmfl demo`` are a thin layer over the Python API (:mod:`mmfl.api`,
+docs/api.md). Heavy modules (torch, Flower, ...) are imported by the command that needs
+them, after its arguments and files are checked: ``--help``, ``--version`` and a missing
+file answer at once.
 
 A user error (bad path, unknown name, invalid value, corrupt file) and a file
 system error (full disk, unwritable output_dir) print one line ``mmfl: error: ...``
