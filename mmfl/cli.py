@@ -71,7 +71,7 @@ def _add_config_args(p: argparse.ArgumentParser, required: bool = True):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmfl", description="Multimodal federated learning.")
-    parser.add_argument("--version", action="version", version=f"mmfl {_version()}")
+    parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run an experiment from a TOML config",
@@ -121,6 +121,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grid-set", action="append", default=[], metavar="KEY=VALUE",
                    help="a grid file value, e.g. 'groups.fig4.seeds=[0, 1, 2]' (repeatable)")
     return parser
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the version is looked up only when asked for (importlib.metadata: ~0.1 s)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"mmfl {_version()}")
+        parser.exit()
 
 
 def _version() -> str:
