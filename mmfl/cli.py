@@ -1,5 +1,6 @@
 """The ``mmfl`` command.
 
+    mmfl --version                 the installed version
     mmfl demo                      the default demo (real data, a few seconds)
     mmfl run CONFIG [--set k=v]    run an experiment (--resume, --overwrite)
     mmfl list [KIND]               algorithms, datasets, partitioners, modality assigners,
@@ -13,6 +14,11 @@
                                    (--tables-only, --workers N, --seeds ...; docs/benchmarks.md)
     mmfl sweep GRID.toml           a grid of methods x settings x seeds (parallel, resumable) and
                                    its mean ± std table and plot (--workers N, --dry-run; docs/sweep.md)
+
+``mmfl run`` and ``mmfl demo`` are a thin layer over the Python API (:mod:`mmfl.api`,
+docs/api.md). Heavy modules (torch, Flower, ...) are imported by the command that needs
+them, after its arguments and files are checked: ``--help``, ``--version`` and a missing
+file answer at once.
 
 A user error (bad path, unknown name, invalid value, corrupt file) and a file
 system error (full disk, unwritable output_dir) print one line ``mmfl: error: ...``
@@ -37,15 +43,9 @@ _HEADINGS = {"algorithm": ("algorithms", "algorithm"), "dataset": ("datasets", "
 
 
 def _registries():
-    from mmfl.algorithms import ALGORITHMS
-    from mmfl.data import DATASETS, PARTITIONERS
-    from mmfl.data.modality import MODALITY_ASSIGNERS
-    from mmfl.models import MODELS
+    from mmfl.api import registries
 
-    from mmfl.core.aggregation import AGGREGATION_RULES
-
-    return {"algorithm": ALGORITHMS, "dataset": DATASETS, "partition": PARTITIONERS,
-            "modality": MODALITY_ASSIGNERS, "model": MODELS, "aggregation": AGGREGATION_RULES}
+    return registries()
 
 
 def _case_lines() -> list[str]:
@@ -73,6 +73,7 @@ def _add_config_args(p: argparse.ArgumentParser, required: bool = True):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmfl", description="Multimodal federated learning.")
+    parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run an experiment from a TOML config",
@@ -133,28 +134,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: the version is looked up only when asked for (importlib.metadata: ~0.1 s)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"mmfl {_version()}")
+        parser.exit()
+
+
+def _version() -> str:
+    """The installed distribution's version (mmfl.__version__ where it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mmfl")
+    except PackageNotFoundError:
+        from mmfl import __version__
+
+        return __version__
+
+
 def summary_json(summary: dict) -> str:
     """The run summary as JSON, one key per line (class-wise lists stay on their line)."""
     return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in summary.items()) + "\n}"
 
 
 def cmd_run(args) -> int:
-    from mmfl.config import load_config
-    from mmfl.engine.runner import Experiment
+    from mmfl import api
 
-    cfg = load_config(args.config, args.overrides)
-    summary = Experiment(cfg, progress=not args.no_progress).run(resume=args.resume, overwrite=args.overwrite)
-    print(summary_json(summary))
-    print(f"results: {cfg.run_dir}")
+    res = api.run(args.config, set=args.overrides, resume=args.resume, overwrite=args.overwrite,
+                  progress=not args.no_progress)
+    print(summary_json(res.summary))
+    print(f"results: {res.run_dir}")
     return 0
 
 
 def cmd_demo(args) -> int:
-    args.config = str(demo_config_path())
-    args.resume = False
-    args.overwrite = True
-    from mmfl.config import load_config
-    from mmfl.engine.runner import Experiment
+    from mmfl import api
     from mmfl.report import compare
 
     dirs = []
@@ -162,9 +181,7 @@ def cmd_demo(args) -> int:
         overrides = [f"algorithm.name={algo}", f"name=demo-{algo}", *args.overrides]
         if algo == "moon":
             overrides.insert(1, "algorithm.mu=1.0")
-        cfg = load_config(args.config, overrides)
-        Experiment(cfg, progress=not args.no_progress).run(overwrite=True)
-        dirs.append(cfg.run_dir)
+        dirs.append(api.run(demo_config_path(), set=overrides, overwrite=True, progress=not args.no_progress).run_dir)
     plot = dirs[0].parent / "demo.png"
     print(compare(dirs, plot_path=plot))
     print(f"results: {', '.join(map(str, dirs))}; plot: {plot}")
@@ -201,11 +218,12 @@ def cmd_list(args) -> int:
 
 
 def cmd_partition(args) -> int:
-    from mmfl.config import load_config
+    from mmfl.api import configure
+
+    cfg = configure(args.config or demo_config_path(), args.overrides)  # a missing file: before any import
     from mmfl.data.partition import partition_summary, plot_partition
     from mmfl.data.federation import build_federation
 
-    cfg = load_config(args.config or demo_config_path(), args.overrides)
     fed = build_federation(cfg)
     counts = fed.class_counts()
     print(f"{cfg.data.name}: {cfg.partition.name} partition over {fed.num_clients} clients")

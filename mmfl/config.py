@@ -49,7 +49,6 @@ the named entry, so a misspelt key is an error naming it.
 from __future__ import annotations
 
 import copy
-import tomllib
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -58,6 +57,7 @@ from mmfl.algorithms import ALGORITHMS
 from mmfl.core.aggregation import AGGREGATION_RULES, check_cohort
 from mmfl.data import DATASETS, PARTITIONERS
 from mmfl.data.modality import CASES, MODALITY_ASSIGNERS
+from mmfl.config_raw import apply_overrides, load_raw, parse_override  # noqa: F401  (their home before)
 from mmfl.errors import ConfigError
 from mmfl.models import MODELS
 from mmfl.registry import build_params
@@ -74,47 +74,6 @@ DEFAULTS: dict[str, Any] = {
     "algorithm": {"name": "fedavg"},
     "train": {},
 }
-
-
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """``"algorithm.mu=5"`` -> (["algorithm", "mu"], 5). Values are TOML literals,
-    falling back to a plain string (``data.name=mfeat``)."""
-    if "=" not in item:
-        raise ConfigError(f"--set {item!r}: expected key=value")
-    key, raw = item.split("=", 1)
-    key = key.strip()
-    if not key:
-        raise ConfigError(f"--set {item!r}: empty key")
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw
-    return key.split("."), value
-
-
-def load_raw(path: str | Path | None) -> dict:
-    if path is None:
-        return {}
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{p}: config file not found")
-    try:
-        return tomllib.loads(p.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{p}: not valid TOML ({e})") from None
-
-
-def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    raw = copy.deepcopy(raw)
-    for item in overrides:
-        keys, value = parse_override(item)
-        node = raw
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {item!r}: {k} is not a table")
-        node[keys[-1]] = value
-    return raw
 
 
 def apply_case(raw: dict) -> dict:

@@ -109,15 +109,17 @@ def vqa_of_run(run_dir: str | Path, root: str | Path | None = None, emoji: bool 
     ``emoji_pairs`` split (:func:`mmfl.data.vqa_emoji.emoji_vqa_dir`). ``settings``: fields of
     :class:`~mmfl.data.vqa.VQADataParams` (answers, max_train_images, ...) and
     :class:`~mmfl.core.vqa.VQATrainParams` (epochs, encoders, lr, ...)."""
+    if (root is None) == (not emoji):
+        raise ConfigError("vqa: give either --root DIR (a VQA v2 copy) or --emoji (the emoji VQA set)")
+    run = Path(run_dir).expanduser()
+    if not (run / "config.toml").is_file():  # before importing torch: a mistyped path is said at once
+        raise MMFLError(f"{run}: not a run folder (no config.toml)")
     import torch
 
     from mmfl.algorithms.creamfl_terms import reps_of
     from mmfl.data.vqa import VQADataParams, load_vqa
     from mmfl.core.vqa import finetune_vqa
 
-    if (root is None) == (not emoji):
-        raise ConfigError("vqa: give either --root DIR (a VQA v2 copy) or --emoji (the emoji VQA set)")
-    run = Path(run_dir).expanduser()
     data_values, train = split_settings(dict(settings or {}))
     cfg, model, ckpt = load_server(run, weights)
     if cfg.run.threads:
@@ -196,7 +198,7 @@ def add_vqa_parser(sub) -> None:
 
 
 def cmd_vqa(args) -> int:
-    from mmfl.config import parse_override
+    from mmfl.config_raw import parse_override
 
     settings = {}
     for item in args.overrides:

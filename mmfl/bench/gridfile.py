@@ -148,7 +148,7 @@ def _when(rules, path: Path, groups: dict) -> list[When]:
 def load_grid(path: str | Path, sets: list[str] | tuple = ()) -> Grid:
     """Read and check a grid file (any error: :class:`ConfigError` naming the file and field).
     ``sets``: ``"groups.fig4.seeds=[0, 1, 2]"`` values laid over the file (``--grid-set``)."""
-    from mmfl.config import parse_override
+    from mmfl.config_raw import parse_override
 
     path = Path(path)
     t = _read(path)

@@ -79,9 +79,9 @@ def add_flower_parser(sub) -> None:
 
 
 def _cfg(args):
-    from mmfl.config import load_config
+    from mmfl.api import configure
 
-    return load_config(args.config, args.overrides)
+    return configure(args.config, args.overrides)
 
 
 def _check_fresh(cfg, overwrite: bool) -> None:
@@ -93,14 +93,14 @@ def _check_fresh(cfg, overwrite: bool) -> None:
 def main(args) -> int:
     import mmfl.flower  # noqa: F401  (Flower's telemetry off unless asked for)
 
-    try:
-        import flwr  # noqa: F401
-    except ImportError:
-        raise MMFLError('Flower is not installed: pip install -e ".[flower]" (flwr[simulation]==1.41.0)') from None
-    from mmfl.flower import deploy
+    import importlib.util
 
+    if importlib.util.find_spec("flwr") is None:  # without importing it (seconds): errors below come fast
+        raise MMFLError('Flower is not installed: pip install -e ".[flower]" (flwr[simulation]==1.41.0)')
     cmd = args.flower_command
     if cmd == "app":
+        from mmfl.flower import deploy
+
         print(deploy.APP_DIR)
         return 0
     if cmd == "superlink":
@@ -108,7 +108,9 @@ def main(args) -> int:
 
         run_superlink(args.flower_args, args.operator_address)
         return 0
-    cfg = _cfg(args)
+    cfg = _cfg(args)  # a missing config file is said before Flower is imported
+    from mmfl.flower import deploy
+
     if cmd == "run-config":
         deploy.write_run_config(cfg, Path(args.output), args.overwrite)
         print(f"run config: {args.output}\nsubmit: flwr run {deploy.APP_DIR} <connection> --run-config {args.output}")
