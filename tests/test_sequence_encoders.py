@@ -172,8 +172,8 @@ def test_fedcmi_runs_on_two_variable_length_sensor_modalities(tmp_path, monkeypa
     from mmfl.engine.runner import Experiment
 
     def factory(p):
-        meta = DatasetMeta("seq_test", 3, {"acc": (3, 24), "gyro": (3, 24)}, class_names=["a", "b", "c"])
-        return DatasetBundle(train=_seq_set(160, 24, p.seed), test=_seq_set(60, 24, p.seed + 1), meta=meta)
+        meta = DatasetMeta("seq_test", 3, {"acc": (3, 16), "gyro": (3, 16)}, class_names=["a", "b", "c"])
+        return DatasetBundle(train=_seq_set(96, 16, p.seed), test=_seq_set(48, 16, p.seed + 1), meta=meta)
 
     monkeypatch.setitem(DATASETS._entries, "seq_test", Entry("seq_test", factory, _SeqParams, "test"))
     cfg = load_config(None, ["data.name=seq_test", "partition.num_clients=4", "case=D", "model.name=multimodal",

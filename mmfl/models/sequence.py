@@ -86,8 +86,8 @@ class Conv1dEncoder(nn.Module):
 
 class GRUEncoder(nn.Module):
     """``[B, C, T]`` (or ``[B, T]``) -> a unidirectional GRU over time (input size C, ``hidden``
-    units, ``layers`` layers) -> its hidden state at the last valid step (``lengths - 1``; a
-    causal GRU's state there does not depend on later, padded steps) -> Linear(hidden,
+    units, ``layers`` layers) -> its last layer's hidden state at the last valid step (with
+    ``lengths``, ``pack_padded_sequence``: the padded steps are never computed) -> Linear(hidden,
     feat_dim) -> ReLU."""
 
     def __init__(self, shape: tuple[int, ...], hidden: int, feat_dim: int, layers: int = 1):
@@ -102,13 +102,12 @@ class GRUEncoder(nn.Module):
         if x.dim() == 2:
             x = x.unsqueeze(1)
         b, _, t = x.shape
-        h, _ = self.gru(x.transpose(1, 2))  # [B, T, hidden]
-        if lengths is None:
-            last = h[:, -1]
-        else:
-            idx = lengths.to(device=x.device, dtype=torch.long).reshape(b).clamp(1, t) - 1
-            last = h[torch.arange(b, device=x.device), idx]
-        return torch.relu(self.out(last))
+        seq = x.transpose(1, 2)  # [B, T, C]
+        if lengths is not None:  # packed: the GRU runs over the valid steps only
+            n = lengths.detach().to(device="cpu", dtype=torch.long).reshape(b).clamp(1, t)
+            seq = nn.utils.rnn.pack_padded_sequence(seq, n, batch_first=True, enforce_sorted=False)
+        _, h = self.gru(seq)  # h: [layers, B, hidden], the state after each row's last (valid) step
+        return torch.relu(self.out(h[-1]))
 
 
 class TokenEncoder(nn.Module):
