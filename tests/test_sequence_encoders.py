@@ -173,13 +173,13 @@ def test_fedcmi_runs_on_two_variable_length_sensor_modalities(tmp_path, monkeypa
 
     def factory(p):
         meta = DatasetMeta("seq_test", 3, {"acc": (3, 16), "gyro": (3, 16)}, class_names=["a", "b", "c"])
-        return DatasetBundle(train=_seq_set(96, 16, p.seed), test=_seq_set(48, 16, p.seed + 1), meta=meta)
+        return DatasetBundle(train=_seq_set(128, 16, p.seed), test=_seq_set(60, 16, p.seed + 1), meta=meta)
 
     monkeypatch.setitem(DATASETS._entries, "seq_test", Entry("seq_test", factory, _SeqParams, "test"))
     cfg = load_config(None, ["data.name=seq_test", "partition.num_clients=4", "case=D", "model.name=multimodal",
                              "model.two_projector=true", "model.feat_dim=16", "model.conv1d_channels=[8]",
                              "model.encoders={gyro = \"gru\"}", "model.gru_hidden=8", "algorithm.name=fedcmi",
-                             "train.local_epochs=2", "train.batch_size=16", "train.lr=0.05", "threads=1",
+                             "train.local_epochs=3", "train.batch_size=16", "train.lr=0.05", "threads=1",
                              "rounds=2", f"output_dir={tmp_path}", "name=seq"])
     exp = Experiment(cfg, progress=False)
     exp.run()
