@@ -48,7 +48,7 @@ class CreamFLClient(TrainingClient):
             z = reps_of(model, inputs, held) if self.params.multimodal_loss == "infonce" else None
             return pair_loss(model, inputs, z, held, self.params)
         m = held[0] if held else next(m for m in model.holds if m in inputs)
-        return F.cross_entropy(model.heads[m](model.proj[m](model.encoders[m](inputs[m]))), labels)
+        return F.cross_entropy(model.heads[m](model.proj[m](model.encode(m, inputs))), labels)
 
     def train(self, msg: Message) -> Message:
         p, ctx = self.params, self.ctx

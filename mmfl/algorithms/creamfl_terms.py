@@ -27,7 +27,7 @@ def reps_of(model: nn.Module, inputs: dict[str, Tensor], modalities) -> dict[str
     out = {}
     for m in modalities:
         if m in inputs and m in model.holds:
-            out[m] = F.normalize(model.proj[m](model.encoders[m](inputs[m])), dim=-1)
+            out[m] = F.normalize(model.proj[m](model.encode(m, inputs)), dim=-1)
     return out
 
 

@@ -214,7 +214,7 @@ class FedCMIClient(MultimodalClient):
         self.rhos.append(rho)
         with torch.no_grad():  # the global model's dominant branch, SP output
             t = self.teacher
-            teacher = t.heads[dom](t.proj[dom](t.encoders[dom](inputs[dom][both])))
+            teacher = t.heads[dom](t.proj[dom](t.encode(dom, inputs, both)))
         student = (out["ip_logits"] if p.projector == "two" else out["mod_logits"])[weak][both]
         t_student = self.t_class[y] if (self.t_class is not None and weak == self.weak) else p.temperature
         rd = response_distillation(teacher, student, p.temperature, t_student)  # eq. 5 / 10

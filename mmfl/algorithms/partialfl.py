@@ -53,6 +53,7 @@ from mmfl.core.message import Message
 from mmfl.core.replies import ReplySchema
 from mmfl.core.state import module, optimizer, per_client, read, scalar, tensor, write
 from mmfl.core.training import evaluate_model, load_into, make_optimizer, shuffled_batches, state_of
+from mmfl.data.base import LENGTH, is_modality
 from mmfl.errors import ConfigError
 from mmfl.seeds import derive_seed
 
@@ -125,9 +126,9 @@ def global_keys(model: nn.Module, private: str, variant: str, holds) -> list[str
     return list(only_held(model.state_dict(), (private,) if variant == "private" else tuple(holds)))
 
 
-def branch_embed(model: nn.Module, m: str, x: Tensor) -> Tensor:
-    """``proj[m](encoders[m](x))`` (unnormalised)."""
-    return model.proj[m](model.encoders[m](x))
+def branch_embed(model: nn.Module, m: str, x: Tensor, lengths: Tensor | None = None) -> Tensor:
+    """``proj[m](encoders[m](x))`` (unnormalised); ``lengths``: a padded sequence's valid lengths."""
+    return model.proj[m](model.encoders[m](x, lengths))
 
 
 def require_model(model: nn.Module, variant: str) -> None:
@@ -162,6 +163,7 @@ class PartialFLServer(Server):
         self.fs = ctx.make_model() if params.align else None  # F_s: its encoders[S] + proj[S]
         self.fs_opt = torch.optim.Adam(self.fs.parameters(), lr=params.server_lr) if self.fs is not None else None
         self.xs: dict[int, Tensor] = {}  # the shareable data each client uploaded once
+        self.lens: dict[int, Tensor] = {}  # and its valid lengths, where S is a padded sequence
         self.uploaded = False
 
     def collect_shareable(self, transport) -> None:
@@ -169,12 +171,15 @@ class PartialFLServer(Server):
         holders = [c for c in range(transport.num_clients) if self.s in self.ctx.modalities_of(c)]
         replies = transport.send("upload", {c: Message() for c in holders})
         self.xs.update({c: r.arrays[X + self.s] for c, r in replies.items() if X + self.s in r.arrays})
+        self.lens.update({c: r.arrays[X + LENGTH + self.s] for c, r in replies.items()
+                          if X + LENGTH + self.s in r.arrays})
         self.uploaded = True
 
     @torch.no_grad()
-    def server_embeddings(self, x: Tensor) -> Tensor:
+    def server_embeddings(self, x: Tensor, lengths: Tensor | None = None) -> Tensor:
         self.fs.eval()
-        out = torch.cat([F.normalize(branch_embed(self.fs, self.s, x[i:i + 1024]), dim=-1)
+        out = torch.cat([F.normalize(branch_embed(self.fs, self.s, x[i:i + 1024],
+                                                  None if lengths is None else lengths[i:i + 1024]), dim=-1)
                          for i in range(0, x.shape[0], 1024)])
         self.fs.train()
         return out
@@ -190,13 +195,13 @@ class PartialFLServer(Server):
             holds = self.ctx.modalities_of(cid)
             arrays = {k: full[k] for k in global_keys(self.model, self.p, p.global_model, holds)}
             if p.align and cid in self.xs:
-                arrays[ZT] = self.server_embeddings(self.xs[cid])  # lines 8/25, for the sampled clients
+                arrays[ZT] = self.server_embeddings(self.xs[cid], self.lens.get(cid))  # lines 8/25, sampled clients
             msgs[cid] = Message(arrays=arrays)
         replies = transport.send("train", msgs)
         if not replies:
             return {"clients_replied": 0}
         if p.align:  # step 4.1: F_s against each client's z'_T (eq. 2), the clients' side fixed
-            losses = [self.train_server(self.xs[c], replies[c].arrays[ZPRIME], rnd, c)
+            losses = [self.train_server(self.xs[c], replies[c].arrays[ZPRIME], rnd, c, self.lens.get(c))
                       for c in sorted(replies) if ZPRIME in replies[c].arrays and c in self.xs]
             if losses:
                 metrics["server_align_loss"] = float(np.mean(losses))
@@ -210,14 +215,14 @@ class PartialFLServer(Server):
         metrics["clients_replied"] = len(replies)
         return metrics
 
-    def train_server(self, x: Tensor, zprime: Tensor, rnd: int, cid: int) -> float:
+    def train_server(self, x: Tensor, zprime: Tensor, rnd: int, cid: int, lengths: Tensor | None = None) -> float:
         """ServerTrain (Alg. 1 line 40): L^{L->S} (eq. 2), anchor z_T = F_s(X_T), positive z'_T."""
 
         gen = torch.Generator().manual_seed(derive_seed(self.ctx.seed, rnd, "server-train", cid))
         total, steps = 0.0, 0
         bs = self.params.server_batch_size
         for rows in shuffled_batches(x.shape[0], bs, gen, self.params.server_epochs):
-            zt = F.normalize(branch_embed(self.fs, self.s, x[rows]), dim=-1)
+            zt = F.normalize(branch_embed(self.fs, self.s, x[rows], None if lengths is None else lengths[rows]), dim=-1)
             loss = anchored_contrastive(zt, zprime[rows], self.params.tau)
             self.fs_opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -243,7 +248,10 @@ class PartialFLClient(Client):
         """Alg. 1 line 4: the shareable modality's data, rows in the client's order; no labels."""
         s, _ = self._modalities()
         feats, _ = self.ctx.data.get()
-        return Message(arrays={X + s: feats[s].contiguous()})
+        arrays = {X + s: feats[s].contiguous()}
+        if LENGTH + s in feats:  # a padded sequence: its valid lengths go with it
+            arrays[X + LENGTH + s] = feats[LENGTH + s].contiguous()
+        return Message(arrays=arrays)
 
     def train(self, msg: Message) -> Message:
         p, ctx = self.params, self.ctx
@@ -279,7 +287,7 @@ class PartialFLClient(Client):
             inputs, labels = ctx.data.get(rows)
             # eq. 3: F_g, CE + beta * L^{T->A} (eq. 1) against the server's z_T
             out = gmodel({m: inputs[m] for m in view if m in inputs} | {
-                k: v for k, v in inputs.items() if k.startswith("present/")})
+                k: v for k, v in inputs.items() if not is_modality(k)})  # present/ masks, length/ lengths
             loss_g = F.cross_entropy(out["logits"], labels)
             for m, z in out["mod_reps"].items():  # per-modality heads as linear probes on detached
                 loss_g = loss_g + F.cross_entropy(gmodel.heads[m](z.detach()), labels)  # reps (accuracy/<m>)
@@ -298,7 +306,7 @@ class PartialFLClient(Client):
             stats["global"][0] += float(loss_g.detach())
             stats["global"][1] += 1
             if lmodel is not None:  # eq. 4: F_k, CE + beta * L^{S->L} against z_T
-                z = branch_embed(lmodel, s, inputs[s])
+                z = branch_embed(lmodel, s, inputs[s], inputs.get(LENGTH + s))
                 loss_l = F.cross_entropy(lmodel.heads[s](z), labels)
                 if p.beta:
                     loss_l = loss_l + p.beta * anchored_contrastive(F.normalize(z, dim=-1), zt[rows], p.tau)
@@ -317,7 +325,7 @@ class PartialFLClient(Client):
             lmodel.eval()
             with torch.no_grad():  # line 17: z'_T of all the client's S data
                 feats, _ = ctx.data.get()
-                arrays[ZPRIME] = F.normalize(branch_embed(lmodel, s, feats[s]), dim=-1)
+                arrays[ZPRIME] = F.normalize(branch_embed(lmodel, s, feats[s], feats.get(LENGTH + s)), dim=-1)
             scalars["local_loss"] = mean["local"]
             if stats["align"][1]:
                 scalars["align_loss"] = mean["align"]

@@ -140,7 +140,7 @@ def pcme_pair_loss(model: nn.Module, inputs: dict[str, Tensor], pair, samples: i
                           "that does not set it)")
     mu, logvar = {}, {}
     for m in pair:
-        f = model.encoders[m](inputs[m])
+        f = model.encode(m, inputs)
         mu[m] = F.normalize(model.proj[m](f), dim=-1)
         logvar[m] = heads.logvar[m](f)
     x, y = pair

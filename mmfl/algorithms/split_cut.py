@@ -52,10 +52,11 @@ def batch_schedule(n: int, batch_size: int, epochs: int) -> list[tuple[int, int,
 
 def client_forward(model: nn.Module, inputs: dict[str, Tensor], u_shaped: bool = False) -> dict[str, Tensor]:
     """The cut-layer activations of the held modalities: ``proj[m](encoders[m](x_m))`` ``[B, d]``,
-    or U-shaped the encoder outputs ``encoders[m](x_m)``."""
+    or U-shaped the encoder outputs ``encoders[m](x_m)`` (a padded sequence's ``length/<m>`` masks
+    its encoder, :meth:`~mmfl.models.multimodal.MultimodalModel.encode`)."""
     if u_shaped:
-        return {m: model.encoders[m](inputs[m]) for m in model.holds if m in inputs}
-    return {m: model.proj[m](model.encoders[m](inputs[m])) for m in model.holds if m in inputs}
+        return {m: model.encode(m, inputs) for m in model.holds if m in inputs}
+    return {m: model.proj[m](model.encode(m, inputs)) for m in model.holds if m in inputs}
 
 
 def middle_forward(model: nn.Module, acts: dict[str, Tensor], present: dict[str, Tensor | None],

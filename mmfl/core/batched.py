@@ -122,6 +122,8 @@ def model_blocker(model: nn.Module, train) -> str | None:
     for m in model.modules():
         if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
             return "the model uses dropout (its random masks would differ from sequential training)"
+        if isinstance(m, nn.RNNBase):
+            return "the model has a recurrent (GRU) encoder (torch.func.vmap has no rule for it)"
     return None
 
 

@@ -113,7 +113,8 @@ def device_test_set(federation, test: ArrayDataset, cid: int, indices: np.ndarra
 
 
 def held_test_set(test: ArrayDataset, holds, indices: np.ndarray) -> ArrayDataset:
-    """Rows ``indices`` of ``test`` with only the modalities ``holds`` (and their ``present/`` masks)."""
+    """Rows ``indices`` of ``test`` with only the modalities ``holds`` (and their ``present/`` masks;
+    :meth:`~mmfl.data.base.ArrayDataset.with_features` keeps their ``length/`` keys)."""
     keys = [m for m in holds if m in test.features] + [PRESENT + m for m in holds if PRESENT + m in test.features]
     return test.subset(indices).with_features(keys)
 

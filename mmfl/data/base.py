@@ -51,11 +51,15 @@ class ArrayDataset:
 
     @property
     def modalities(self) -> list[str]:
-        """The modalities this set holds (mask keys ``present/<m>`` excluded)."""
+        """The modalities this set holds (aux keys ``present/<m>``, ``length/<m>`` excluded)."""
         return [k for k in self.features if is_modality(k)]
 
     def with_features(self, keys) -> "ArrayDataset":
-        """The same rows with only the feature tensors named in ``keys`` (no copy)."""
+        """The same rows with only the feature tensors named in ``keys`` (no copy), plus the
+        ``length/<m>`` of every kept modality ``m`` that has one (a padded sequence keeps its
+        valid lengths; ``present/<m>`` masks are kept only where ``keys`` names them)."""
+        keys = list(keys)
+        keys += [LENGTH + k for k in keys if is_modality(k) and LENGTH + k in self.features and LENGTH + k not in keys]
         return ArrayDataset({k: self.features[k] for k in keys}, self.labels, self.indices)
 
     def subset(self, idx) -> "ArrayDataset":

@@ -4,7 +4,8 @@ module and a joint classifier (FedCMI, Fan et al., section 3.2, and its baseline
 Submodules (their names are the state-dict prefixes module-wise aggregation and
 the algorithms rely on; see :func:`module_of` / :func:`branch_of`):
 
-- ``encoders[m]``: modality ``m`` -> ``[B, feat_dim]`` (CNN or MLP, ReLU at the output)
+- ``encoders[m]``: modality ``m`` -> ``[B, feat_dim]`` (CNN, MLP, 1-D conv, GRU or token
+                   embedding, ReLU at the output; see :func:`default_encoder`)
 - ``proj[m]``:     self projector (SP), ``[B, feat_dim] -> [B, feat_dim]``
 - ``infil[m]``:    infiltration projector (IP), only with ``two_projector``
 - ``heads[m]``:    per-modality classifier ``Linear(feat_dim, num_classes)``, shared
@@ -31,21 +32,26 @@ from mmfl.errors import ConfigError
 from mmfl.models import MODELS
 from mmfl.models.uncertainty import INIT_A, INIT_NOISE, UncertaintyHeads
 from mmfl.models.fusion import FUSIONS, ConcatFusion, FiLMFusion, GatedFusion, SumFusion  # noqa: F401  (in __all__)
+from mmfl.models.sequence import Conv1dEncoder, GRUEncoder, TokenEncoder
 
 try:
     from mmfl.data.base import PRESENT
 except ImportError:  # pragma: no cover - older mmfl.data.base
     PRESENT = "present/"
+try:
+    from mmfl.data.base import LENGTH
+except ImportError:  # pragma: no cover - older mmfl.data.base
+    LENGTH = "length/"
 
 BRANCH_MODULES = ("encoders", "proj", "infil", "heads")
-ENCODER_KINDS = ("cnn", "mlp")
+ENCODER_KINDS = ("cnn", "mlp", "conv1d", "gru", "tokens")
 PROJECTOR_KINDS = ("mlp", "linear", "none")
 FUSION_KINDS = ("concat", "sum", "film", "gated")
 
 __all__ = [
-    "BRANCH_MODULES", "CNNEncoder", "ConcatFusion", "FiLMFusion", "GatedFusion", "MLPEncoder",
-    "MultimodalModel", "MultimodalParams", "SumFusion", "branch_of", "make_projector", "module_of",
-    "multimodal",
+    "BRANCH_MODULES", "CNNEncoder", "ConcatFusion", "Conv1dEncoder", "FiLMFusion", "GRUEncoder", "GatedFusion",
+    "MLPEncoder", "MultimodalModel", "MultimodalParams", "SumFusion", "TokenEncoder", "branch_of",
+    "default_encoder", "make_projector", "module_of", "multimodal",
 ]
 
 
@@ -99,7 +105,7 @@ class CNNEncoder(nn.Module):
         self.net = nn.Sequential(*layers)
         relu_init(self.net)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, lengths: Tensor | None = None) -> Tensor:  # lengths: unused
         x = x.float()
         return self.net(x.unsqueeze(1) if x.dim() == 3 else x)
 
@@ -117,7 +123,7 @@ class MLPEncoder(nn.Module):
         self.net = nn.Sequential(*layers)
         relu_init(self.net)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, lengths: Tensor | None = None) -> Tensor:  # lengths: unused (pad zeros are inputs)
         return self.net(x.float())
 
 
@@ -132,6 +138,17 @@ def relu_init(module: nn.Module) -> nn.Module:
             nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
             nn.init.zeros_(m.bias)
     return module
+
+
+def default_encoder(shape: tuple[int, ...], tokens: bool = False) -> str:
+    """The encoder kind a modality gets unless ``model.encoders`` names one: ``"tokens"`` for
+    token ids (the data set's ``meta.info["token_vocab_size"]`` has the modality), ``"cnn"`` for
+    ``(C, H, W)``, ``"conv1d"`` for ``(C, T)`` (channels, time: the last axis is the padded one),
+    else (vectors) ``"mlp"``. Before the sequence encoders a (C, T) shape got ``"mlp"``; no
+    packaged data set has one (its images are (C, H, W), its audio (1, n_mels, frames))."""
+    if tokens:
+        return "tokens"
+    return {3: "cnn", 2: "conv1d"}.get(len(shape), "mlp")
 
 
 def make_projector(kind: str, dim: int) -> nn.Module:
@@ -161,7 +178,9 @@ class MultimodalModel(nn.Module):
                  encoders: dict[str, str] | None = None, cnn_channels: list[int] | None = None,
                  mlp_hidden: list[int] | None = None, projector: str = "mlp", two_projector: bool = False,
                  fusion: str = "concat", dropout: float = 0.0, uncertainty: bool = False,
-                 uncertainty_init_noise: float = INIT_NOISE, uncertainty_init_ab: float = INIT_A):
+                 uncertainty_init_noise: float = INIT_NOISE, uncertainty_init_ab: float = INIT_A,
+                 conv1d_channels: list[int] | None = None, conv1d_kernel: int = 5, gru_hidden: int = 128,
+                 gru_layers: int = 1, token_dim: int = 64, vocab_sizes: dict[str, int] | None = None):
         super().__init__()
         self.modalities = sorted(shapes)
         if not self.modalities:
@@ -181,12 +200,30 @@ class MultimodalModel(nn.Module):
                               f"(has: {', '.join(self.modalities)})")
         channels = [32, 64] if cnn_channels is None else list(cnn_channels)
         hidden = [256] if mlp_hidden is None else list(mlp_hidden)
+        vocab = {m: int(v) for m, v in (vocab_sizes or {}).items() if m in self.shapes}
+        seq_channels = [64, 64] if conv1d_channels is None else list(conv1d_channels)
 
         self.encoders = nn.ModuleDict()
+        self.encoder_kinds: dict[str, str] = {}
         for m in self.modalities:
             shape = self.shapes[m]
-            kind = kinds.get(m, "cnn" if len(shape) == 3 else "mlp")
-            if kind == "cnn":
+            kind = kinds.get(m) or default_encoder(shape, m in vocab)
+            self.encoder_kinds[m] = kind
+            if kind in ("conv1d", "gru") and len(shape) not in (1, 2):
+                raise ConfigError(f"model.encoders: modality {m!r} has shape {shape}; "
+                                  f"{kind!r} needs (channels, time) or (time,)")
+            if kind == "conv1d":
+                self.encoders[m] = Conv1dEncoder(shape, seq_channels, self.feat_dim, conv1d_kernel)
+            elif kind == "gru":
+                self.encoders[m] = GRUEncoder(shape, gru_hidden, self.feat_dim, gru_layers)
+            elif kind == "tokens":
+                if m not in vocab:
+                    raise ConfigError(f"model.encoders: {m} = 'tokens' needs token ids, but the data set gives "
+                                      f"no vocabulary size for {m!r} (meta.info['token_vocab_size'])")
+                if vocab[m] < 2:
+                    raise ConfigError(f"model.encoders: {m}: vocabulary size {vocab[m]} (needs >= 2: pad, unknown)")
+                self.encoders[m] = TokenEncoder(vocab[m], token_dim, self.feat_dim)
+            elif kind == "cnn":
                 if len(shape) not in (2, 3):
                     raise ConfigError(f"model.encoders: modality {m!r} has shape {shape}; "
                                       f"'cnn' needs (C, H, W) or (H, W)")
@@ -235,6 +272,15 @@ class MultimodalModel(nn.Module):
         self.holds = [m for m in self.modalities if m in holds]
         return self
 
+    def encode(self, m: str, inputs: dict[str, Tensor], rows: Tensor | None = None) -> Tensor:
+        """``encoders[m]`` on ``inputs[m]`` ``[B, *shape]`` with the padded sequence's valid lengths
+        ``inputs["length/<m>"]`` (int64 ``[B]``; absent: every step valid) -> ``[B, feat_dim]``;
+        ``rows`` (optional index or bool mask) selects rows of both first."""
+        x, n = inputs[m], inputs.get(LENGTH + m)
+        if rows is not None:
+            x, n = x[rows], (None if n is None else n[rows])
+        return self.encoders[m](x, n)
+
     def fuse(self, slots: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """``(rep, logits)`` of the fusion + joint classifier over ``slots`` (modality ->
         ``[B, feat_dim]``); a modality without a slot gets zeros."""
@@ -244,8 +290,9 @@ class MultimodalModel(nn.Module):
         return rep, self.classifier(self.dropout(rep))
 
     def forward(self, inputs: dict[str, Tensor]) -> dict:
-        """See the module doc; ``inputs``: modality -> ``[B, *shape]`` (any subset) and optional
-        per-sample masks ``"present/<m>"`` (bool ``[B]``)."""
+        """See the module doc; ``inputs``: modality -> ``[B, *shape]`` (any subset), optional
+        per-sample masks ``"present/<m>"`` (bool ``[B]``) and valid lengths of padded sequences
+        ``"length/<m>"`` (int64 ``[B]``)."""
         ref = next((inputs[m] for m in self.holds if m in inputs), None)
         if ref is None:
             ref = next((t for t in inputs.values() if isinstance(t, Tensor)), None)
@@ -262,7 +309,7 @@ class MultimodalModel(nn.Module):
         for m in self.holds:
             if m not in inputs:
                 continue
-            f = self.encoders[m](inputs[m])
+            f = self.encode(m, inputs)
             z = self.proj[m](f)
             feats[m], reps[m], mod_logits[m] = f, z, self.heads[m](z)
             if self.infil is not None:
@@ -301,11 +348,19 @@ class MultimodalModel(nn.Module):
 class MultimodalParams:
     feat_dim: int = field(default=128, metadata={"help": "encoder / projector output size per modality"})
     encoders: dict[str, str] = field(default_factory=dict, metadata={
-        "help": "modality -> 'cnn' | 'mlp'; default: 'cnn' for (C, H, W) shapes, else 'mlp'"})
+        "help": "modality -> 'cnn' | 'mlp' | 'conv1d' | 'gru' | 'tokens'; default: 'tokens' for token ids "
+                "(the data set gives a vocabulary size), 'cnn' for (C, H, W) shapes, 'conv1d' for "
+                "(channels, time), else 'mlp'"})
     cnn_channels: list[int] = field(default_factory=lambda: [32, 64], metadata={
         "help": "CNN encoder: channels of the conv3x3-BN-ReLU-maxpool blocks"})
     mlp_hidden: list[int] = field(default_factory=lambda: [256], metadata={
         "help": "MLP encoder: hidden layer sizes"})
+    conv1d_channels: list[int] = field(default_factory=lambda: [64, 64], metadata={
+        "help": "1-D conv encoder: channels of the conv-ReLU-maxpool2 blocks (masked mean+max pooling at the end)"})
+    conv1d_kernel: int = field(default=5, metadata={"help": "1-D conv encoder: kernel size (odd)"})
+    gru_hidden: int = field(default=128, metadata={"help": "GRU encoder: hidden units"})
+    gru_layers: int = field(default=1, metadata={"help": "GRU encoder: stacked layers"})
+    token_dim: int = field(default=64, metadata={"help": "token encoder: embedding size"})
     projector: str = field(default="mlp", metadata={
         "help": "projector kind: 'mlp' (2 layers, the paper's), 'linear' or 'none'"})
     two_projector: bool = field(default=False, metadata={
@@ -335,6 +390,16 @@ class MultimodalParams:
             raise ConfigError(f"model.cnn_channels: need one or more sizes >= 1, got {self.cnn_channels!r}")
         if any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in self.mlp_hidden):
             raise ConfigError(f"model.mlp_hidden: sizes must be >= 1, got {self.mlp_hidden!r}")
+        if not self.conv1d_channels or any(isinstance(c, bool) or not isinstance(c, int) or c < 1
+                                           for c in self.conv1d_channels):
+            raise ConfigError(f"model.conv1d_channels: need one or more sizes >= 1, got {self.conv1d_channels!r}")
+        k = self.conv1d_kernel
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1 or k % 2 == 0:
+            raise ConfigError(f"model.conv1d_kernel: must be an odd integer >= 1, got {k!r}")
+        for name in ("gru_hidden", "gru_layers", "token_dim"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"model.{name}: must be an integer >= 1, got {v!r}")
         if self.projector not in PROJECTOR_KINDS:
             raise ConfigError(f"model.projector: must be one of {list(PROJECTOR_KINDS)}, got {self.projector!r}")
         if not isinstance(self.two_projector, bool):
@@ -361,7 +426,9 @@ def multimodal(params: MultimodalParams, meta: DatasetMeta, holds=None) -> Multi
     model = MultimodalModel(dict(meta.modalities), meta.num_classes, params.feat_dim, params.encoders,
                             params.cnn_channels, params.mlp_hidden, params.projector, params.two_projector,
                             params.fusion, params.dropout, params.uncertainty, params.uncertainty_init_noise,
-                            params.uncertainty_init_ab)
+                            params.uncertainty_init_ab, params.conv1d_channels, params.conv1d_kernel,
+                            params.gru_hidden, params.gru_layers, params.token_dim,
+                            dict((meta.info or {}).get("token_vocab_size") or {}))
     if holds is not None:
         model.keep_only(holds)
     return model
