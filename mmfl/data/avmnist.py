@@ -154,7 +154,11 @@ def fsdd_log_mels(paths: list[Path], root: Path, n_mels: int, frames: int, n_fft
                 "noise_seed": seed if noise else None, "files": stat_fingerprint(paths, root)}
 
     def compute():
-        waves = np.stack([fit_window(read_wav_mono(p, FSDD_RATE), WINDOW) for p in paths])
+        from mmfl.data.cache import announce, progress
+
+        announce(f"computing log-mel spectrograms of {len(paths):,} FSDD recordings", "fsdd-logmel")
+        waves = np.stack([fit_window(read_wav_mono(p, FSDD_RATE), WINDOW)
+                          for p in progress(paths, len(paths), "file", "FSDD")])
         if noise:
             waves = waves + np.random.default_rng([seed, 2]).normal(0.0, noise, waves.shape).astype(np.float32)
         feats = [log_mel(torch.from_numpy(w), FSDD_RATE, n_mels, frames, n_fft)

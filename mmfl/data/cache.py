@@ -102,3 +102,35 @@ def cached(namespace: str, files: list[str | Path], settings: dict, compute: Cal
     except OSError:
         pass
     return tensors
+
+
+# ----------------------------------------------------------------------------- first-run notices
+
+def _tilde(path: Path) -> str:
+    """``path`` with the home folder written as ``~``."""
+    try:
+        return "~/" + str(path.relative_to(Path.home()))
+    except ValueError:
+        return str(path)
+
+
+def announce(what: str, namespace: str, root: str | Path | None = None) -> None:
+    """One line on stderr before a slow preprocessing step that runs on a cache miss only:
+    ``mmfl: <what> (first run only; cached in <cache folder>/<namespace>)``. Call it inside
+    :func:`cached`'s ``compute``, so a cache hit prints nothing. ``$MMFL_QUIET=1`` silences it."""
+    import sys
+
+    if os.environ.get("MMFL_QUIET"):
+        return
+    folder = (Path(root) if root is not None else cache_dir()) / namespace
+    print(f"mmfl: {what} (first run only; cached in {_tilde(folder)})", file=sys.stderr, flush=True)
+
+
+def progress(iterable, total: int, unit: str, desc: str):
+    """``iterable`` with a tqdm bar on stderr when stderr is a terminal (``disable=None``: no bar
+    in a log file or a pipe, and none under ``$MMFL_QUIET``)."""
+    if os.environ.get("MMFL_QUIET"):
+        return iterable
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, total=total, unit=unit, desc=desc, disable=None, leave=False, dynamic_ncols=True)

@@ -165,11 +165,16 @@ def decode_clips(wavs: list[Path], frames: list[list[Path]], root: Path, p: Crem
                 "files": stat_fingerprint(files, root)}
 
     def compute():
+        from mmfl.data.cache import announce, progress
+
+        announce(f"computing log-mel spectrograms and face frames of {len(wavs):,} CREMA-D clips", "crema_d")
         mels = []
-        for s in range(0, len(wavs), CHUNK):
+        starts = range(0, len(wavs), CHUNK)
+        for s in progress(starts, len(starts), f"chunk of {CHUNK} clips", "CREMA-D audio"):
             w = np.stack([fit_window(read_wav_mono(path, p.sample_rate), p.window) for path in wavs[s:s + CHUNK]])
             mels.append(log_mel(torch.from_numpy(w), p.sample_rate, p.n_mels, p.frames, p.n_fft))
-        images = np.stack([read_frames(fs, p.channels, p.image_size) for fs in frames]) if frames else \
+        images = np.stack([read_frames(fs, p.channels, p.image_size)
+                           for fs in progress(frames, len(frames), "clip", "CREMA-D frames")]) if frames else \
             np.zeros((0, p.channels, p.image_size, p.image_size), dtype=np.float32)
         audio = torch.cat(mels) if mels else torch.zeros(0, p.n_mels, p.frames)
         return {"audio": audio, "image": torch.from_numpy(images)}

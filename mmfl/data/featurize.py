@@ -45,6 +45,7 @@ from torch import Tensor
 
 from mmfl.data import DATASETS
 from mmfl.data.base import ArrayDataset, DatasetBundle, DatasetMeta
+from mmfl.data.cache import announce, progress
 from mmfl.errors import ConfigError, DataError
 
 MINILM_DIM = 384
@@ -187,8 +188,9 @@ def _minilm_text(texts: list[str], batch_size: int = 32) -> Tensor:
     tok, model = _minilm()
     out = torch.empty(len(texts), MINILM_DIM)
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # similar lengths share a batch
+    starts = range(0, len(order), batch_size)
     with torch.inference_mode():
-        for s in range(0, len(order), batch_size):
+        for s in progress(starts, len(starts), "batch", "MiniLM"):
             rows = order[s : s + batch_size]
             enc = tok([texts[i] for i in rows], padding=True, truncation=True,
                       max_length=MINILM_MAX_TOKENS, return_tensors="pt")
@@ -218,6 +220,8 @@ def text_features(texts: list[str], encoder: str = "minilm", *, cache: bool = Tr
         return torch.zeros(0, dim)
 
     def compute():
+        if kind == "minilm" and cache:  # the slow one: say what runs and that it runs once
+            announce(f"embedding {len(texts):,} texts with MiniLM", "text-features", cache_root)
         return {"x": _encode_text(kind, dim, texts).to(torch.float32).contiguous()}
 
     if not cache:
@@ -298,8 +302,9 @@ def _mobilenet_image(arr: np.ndarray, size: int, batch_size: int = 64) -> Tensor
     mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
     out = torch.empty(len(arr), MOBILENET_DIM)
+    starts = range(0, len(arr), batch_size)
     with torch.inference_mode():
-        for i in range(0, len(arr), batch_size):
+        for i in progress(starts, len(starts), "batch", "MobileNetV2"):
             x = (_resize(composite_rgb(arr[i : i + batch_size]), size) - mean) / std
             out[i : i + len(x)] = model.features_pooled(x.contiguous(memory_format=torch.channels_last))
     return out
@@ -328,6 +333,9 @@ def image_features(images, encoder: str = "mobilenet_v2", *, size: int = 224, ca
         return torch.zeros(0, dim)
 
     def compute():
+        if kind == "mobilenet_v2" and cache:  # the slow one: say what runs and that it runs once
+            announce(f"embedding {len(arr):,} images with MobileNetV2 at {size}x{size}", "image-features",
+                     cache_root)
         return {"x": _encode_image(kind, arg, arr, size).to(torch.float32).contiguous()}
 
     if not cache:

@@ -65,6 +65,8 @@ def send_batched(transport, route: str, messages: dict[int, Message]) -> tuple[d
                              train)
         for j, o in zip(members, outs):
             results[j] = o
+        if getattr(transport, "progress", None) is not None:  # the runner's clients bar
+            transport.progress.advance(len(members))
     for cid, call in zip(cids, calls):
         transport._calls[cid] = call + 1
     replies: dict[int, Message] = {}

@@ -39,6 +39,7 @@ from mmfl.core.training import train_for_run
 from mmfl.data.federation import build_federation
 from mmfl.engine import checkpoint, runfolder
 from mmfl.engine.dp import DPAccountant, LocalDP, check_dpsgd_models
+from mmfl.engine.progress import RunProgress
 from mmfl.engine.attack import make_attack
 from mmfl.engine.simulation import SimulationTransport
 from mmfl.engine.state import DiskClientStateStore, make_store
@@ -229,10 +230,14 @@ class Experiment:
         start = self._prepare_dir(resume, overwrite)
         rounds = range(start, cfg.run.rounds)
         bar = _progress(rounds, cfg, self.progress)
+        if bar is not None and hasattr(self.transport, "progress"):
+            self.transport.progress = bar  # clients done inside each round
         metrics_path = self.run_dir / "metrics.jsonl"
         sim_total = self._sim_time_so_far() if self.system is not None else 0.0
-        for rnd in bar:
+        for rnd in rounds:
             t0 = time.perf_counter()
+            if bar is not None:
+                bar.begin_round(rnd)
             # a pooled (centralized) run has one client whatever clients_per_round says
             cohort = [0] if self.spec.pooled else sample_cohort(cfg, rnd, self.federation.num_clients)
             self.transport.begin_round(rnd)
@@ -275,10 +280,10 @@ class Experiment:
                 f.flush()
                 os.fsync(f.fileno())  # on disk before the checkpoint that says the round is done
             self._checkpoint(rnd)
-            if hasattr(bar, "set_postfix") and "accuracy" in row:
-                bar.set_postfix(acc=f"{row['accuracy']:.4f}")
-            elif hasattr(bar, "set_postfix") and "r1_sum" in row:
-                bar.set_postfix(r1_sum=f"{row['r1_sum']:.2f}")
+            if bar is not None:
+                bar.end_round(row)
+        if bar is not None:
+            bar.close()
         summary = self._finish()
         return summary
 
@@ -322,13 +327,11 @@ class Experiment:
         return summary
 
 
-def _progress(rounds, cfg, enabled: bool):
+def _progress(rounds, cfg, enabled: bool) -> RunProgress | None:
+    """The run's progress bars (rounds, and clients inside a round: :mod:`mmfl.engine.progress`)."""
     if not enabled:
-        return rounds
-    from tqdm.auto import tqdm
-
-    return tqdm(rounds, desc=f"{cfg.run.name} ({cfg.algorithm.name})", unit="round",
-                initial=rounds.start, total=cfg.run.rounds, dynamic_ncols=True)
+        return None
+    return RunProgress(f"{cfg.run.name} ({cfg.algorithm.name})", rounds.start, cfg.run.rounds)
 
 
 def _check_finite(row: dict, rnd: int) -> None:

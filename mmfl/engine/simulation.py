@@ -106,6 +106,7 @@ class SimulationTransport:
     """Runs client code in this process (a :class:`~mmfl.algorithms.base.Transport`)."""
 
     clients_in_process = True  # the clients' data is here: evaluations may use it directly
+    progress = None  # the runner's RunProgress (mmfl.engine.progress): told as each client finishes
 
     def __init__(self, spec: AlgorithmSpec, params, federation: Federation, train: TrainConfig,
                  seed: int, make_model: Callable[[], nn.Module], store: ClientStateStore,
@@ -151,9 +152,13 @@ class SimulationTransport:
 
     def send(self, route: str, messages: dict[int, Message]) -> dict[int, Message]:
         sent = messages
+        if self.progress is not None:
+            self.progress.begin_send(route, len(messages))
         replies, messages = self._send_batched(route, messages)
         for cid in sorted(messages):
             reply = self._deliver(route, cid, messages[cid])
+            if self.progress is not None:
+                self.progress.advance()
             if reply is not None:
                 replies[cid] = reply
         if self.local_dp is not None and route == "train":  # the client's randomizer, before its reply leaves
@@ -174,12 +179,16 @@ class SimulationTransport:
             return None
         accumulator.begin()
         count = 0
+        if self.progress is not None:
+            self.progress.begin_send(route, len(messages))
         batched, messages_left = self._send_batched(route, messages)
         for cid in sorted(batched):
             self._hand_over(route, cid, messages[cid], batched.pop(cid), accumulator)
             count += 1
         for cid in sorted(messages_left):
             reply = self._deliver(route, cid, messages_left[cid])
+            if self.progress is not None:
+                self.progress.advance()
             if reply is not None:
                 self._hand_over(route, cid, messages_left[cid], reply, accumulator)
                 count += 1
