@@ -286,6 +286,11 @@ def main(argv: list[str] | None = None) -> int:
                "bench": cmd_bench, "sweep": cmd_sweep}[args.command]
     try:
         return handler(args)
+    except BrokenPipeError:  # `mmfl list | head`: the reader left; not an error of ours
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
     except MMFLError as e:
         print(f"mmfl: error: {e}", file=sys.stderr)
         return 2
