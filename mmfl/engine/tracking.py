@@ -73,6 +73,7 @@ def flat_config(d: dict, prefix: str = "") -> dict[str, str | int | float | bool
 
 class _Backend:
     name = ""
+    ENV: dict[str, str] = {}  # set while the back-end is open (before its library is imported), then restored
 
     def __init__(self, cfg, run_dir: Path, state: dict):
         self.cfg, self.run_dir, self.state = cfg, run_dir, state  # state: this back-end's entry
@@ -83,6 +84,18 @@ class _Backend:
     @property
     def last(self) -> int:
         return int(self.state.get("last", 0))
+
+    def set_env(self) -> None:
+        self._saved_env = {k: os.environ.get(k) for k in self.ENV}
+        os.environ.update(self.ENV)
+
+    def restore_env(self) -> None:
+        for k, v in getattr(self, "_saved_env", {}).items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        self._saved_env = {}
 
     def open(self, config_toml: str) -> None: ...
     def log(self, row: dict, step: int) -> None: ...
@@ -130,14 +143,14 @@ class MLflow(_Backend):
     summary.json as artifacts, the summary's numbers as ``summary/*`` metrics."""
 
     name = "mlflow"
+    # mlflow 3 keeps the file store in maintenance mode and refuses it unless allowed; it is the
+    # store that needs no database and no server. Its usage telemetry would go to the network.
+    ENV = {"MLFLOW_ALLOW_FILE_STORE": "true", "MLFLOW_DISABLE_TELEMETRY": "true"}
 
     def location(self) -> Path:
         return self.base / "mlruns"
 
     def open(self, config_toml):
-        # mlflow 3 keeps the file store in maintenance mode and refuses it unless this is set;
-        # it is the store that needs no database and no server
-        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
@@ -196,14 +209,12 @@ class WandB(_Backend):
     (``wandb sync`` uploads them into one run; the steps do not overlap)."""
 
     name = "wandb"
-    _ENV = {"WANDB_MODE": "offline", "WANDB_ERROR_REPORTING": "false", "WANDB_SILENT": "true"}
+    ENV = {"WANDB_MODE": "offline", "WANDB_ERROR_REPORTING": "false", "WANDB_SILENT": "true"}
 
     def location(self) -> Path:
         return self.base / "wandb"
 
     def open(self, config_toml):
-        self._saved_env = {k: os.environ.get(k) for k in self._ENV}
-        os.environ.update(self._ENV)
         import wandb
 
         self.base.mkdir(parents=True, exist_ok=True)
@@ -225,16 +236,9 @@ class WandB(_Backend):
     def close(self, failed):
         import wandb
 
-        try:
-            self.run.finish(exit_code=1 if failed else 0)
-            if wandb.run is None:  # no other W&B run in this process: stop the wandb-core service
-                wandb.teardown()
-        finally:
-            for k, v in self._saved_env.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        self.run.finish(exit_code=1 if failed else 0)
+        if wandb.run is None:  # no other W&B run in this process: stop the wandb-core service
+            wandb.teardown()
 
 
 BACKENDS = {"tensorboard": TensorBoard, "mlflow": MLflow, "wandb": WandB}
@@ -261,6 +265,8 @@ class Tracking:
                 if start == 0:
                     entry.clear()  # a new run (or --overwrite): nothing logged yet
                 b = cls(cfg, self.run_dir, entry)
+                b.set_env()
+                self.backends.append(b)  # closed (and its environment restored) whatever happens next
                 try:
                     b.open(config_toml)
                 except ImportError as e:
@@ -269,7 +275,7 @@ class Tracking:
                     raise
                 except Exception as e:
                     raise MMFLError(f"tracking ({name}): could not start at {probe.location()}: {e}") from None
-                self.backends.append(b)
+                b.opened = True
             self._save()
             for row in rows:  # rounds a back-end lacks (added on resume, or a crash before it logged)
                 if row.get("round", 0) <= start:
@@ -304,20 +310,24 @@ class Tracking:
             return
         self.closed = True
         for b in self.backends:
-            try:
-                b.close(failed)
-            except Exception as e:
-                print(f"mmfl: warning: tracking ({b.name}): closing failed: {e}", file=sys.stderr, flush=True)
+            self._close(b, failed)
         self._save()
 
     def _drop(self, b: _Backend, e: Exception) -> None:
         print(f"mmfl: warning: tracking ({b.name}): {type(e).__name__}: {e}; this back-end is off for the "
               "rest of the run (metrics.jsonl has every round)", file=sys.stderr, flush=True)
         self.backends.remove(b)
+        self._close(b, True)
+
+    @staticmethod
+    def _close(b: _Backend, failed: bool) -> None:
         try:
-            b.close(True)
-        except Exception:
-            pass
+            if getattr(b, "opened", False):
+                b.close(failed)
+        except Exception as e:
+            print(f"mmfl: warning: tracking ({b.name}): closing failed: {e}", file=sys.stderr, flush=True)
+        finally:
+            b.restore_env()
 
     def _save(self) -> None:
         tmp = self.run_dir / (STATE_FILE + ".tmp")
