@@ -233,8 +233,26 @@ def test_bad_tracking_values_and_a_missing_library_are_one_line_errors(tmp_path,
     find = tracking_mod.importlib.util.find_spec
     monkeypatch.setattr(tracking_mod.importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else find(n, *a))
     code = main(["run", str(demo_config_path()), "--set", f"output_dir={json.dumps(str(tmp_path))}",
-                 "--set", 'tracking.backends=["wandb"]', "--no-progress"])
+                 "--track", "wandb", "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2 and err.strip().splitlines() == [
         "mmfl: error: tracking.backends: 'wandb' needs the wandb package: pip install 'mmfl[tracking]'"]
     assert not (tmp_path / "demo").exists()  # refused before the run folder was made
+
+
+def test_flower_server_app_tracks_the_same_rows(tmp_path):
+    pytest.importorskip("flwr", reason='Flower not installed (pip install -e ".[flower]")')
+    try:
+        from test_flower import BASE, InProcessGrid
+    except ImportError:  # run as the package tests.*
+        from tests.test_flower import BASE, InProcessGrid
+    from mmfl.flower.server_app import run_server
+
+    cfg = load_config(None, [*BASE, f"output_dir={json.dumps(str(tmp_path))}", "name=fl",
+                             'tracking.backends=["tensorboard"]'])
+    text = cfg.to_toml()
+    nodes = {11: {"partition-id": 0, "num-partitions": 2}, 22: {"partition-id": 1, "num-partitions": 2}}
+    run_server(InProcessGrid(text, nodes), text, wait_for_nodes_s=0, announce=False)
+    got = tb_scalars(cfg.run_dir / "tb")
+    for key, by_round in expected(cfg.run_dir).items():
+        assert got[key] == [(s, pytest.approx(v, rel=1e-6)) for s, v in sorted(by_round.items())], key
