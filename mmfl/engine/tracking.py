@@ -225,7 +225,6 @@ class WandB(_Backend):
         self.run = wandb.init(project=self.cfg.tracking.project, name=self.run_name, id=run_id, dir=str(self.base),
                               config=self.cfg.to_dict(), resume="allow" if self.last else None,
                               reinit="create_new", settings=settings)
-        self.run.define_metric("round")
 
     def log(self, row, step):
         self.run.log({**scalars(row), "round": step}, step=step)
