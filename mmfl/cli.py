@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(only `rounds` may differ from the saved config)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--track", action="append", choices=("tensorboard", "mlflow", "wandb"), help="send the run to "
+                   "this offline tracker (repeatable; = [tracking] backends, docs/tracking.md)")
 
     p = sub.add_parser("demo", help="run the default demo: FedAvg vs MOON on the UCI multi-feature digits")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -165,7 +167,8 @@ def summary_json(summary: dict) -> str:
 def cmd_run(args) -> int:
     from mmfl import api
 
-    res = api.run(args.config, set=args.overrides, resume=args.resume, overwrite=args.overwrite,
+    track = [f"tracking.backends={json.dumps(args.track)}"] if getattr(args, "track", None) else []
+    res = api.run(args.config, set=args.overrides + track, resume=args.resume, overwrite=args.overwrite,
                   progress=not args.no_progress)
     print(summary_json(res.summary))
     print(f"results: {res.run_dir}")
@@ -206,10 +209,11 @@ def cmd_list(args) -> int:
         if kind == "modality":
             print("\n".join(_case_lines()))
             print()
-    from mmfl.schema import RunConfig, TrainConfig
+    from mmfl.schema import RunConfig, TrackingConfig, TrainConfig
 
     if not args.kind:
-        for title, cls in (("run settings (top level)", RunConfig), ("[train]", TrainConfig)):
+        for title, cls in (("run settings (top level)", RunConfig), ("[train]", TrainConfig),
+                           ("[tracking] (optional; docs/tracking.md)", TrackingConfig)):
             print(f"{title}:")
             for name, typ, default, help_ in param_doc(cls):
                 print(f"      {name} ({typ}, default {json.dumps(default)}){': ' + help_ if help_ else ''}")

@@ -41,6 +41,8 @@ A config has top-level run settings and one table per component::
     mode = "central"
     [secure_aggregation]        # optional, Flower only: SecAgg+ for the train round's sum (off when absent)
     protocol = "secaggplus"
+    [tracking]                  # optional: TensorBoard / MLflow / W&B, offline (off when absent; docs/tracking.md)
+    backends = ["tensorboard"]
 
 Component tables are validated against the registered parameter dataclass of
 the named entry, so a misspelt key is an error naming it.
@@ -63,7 +65,7 @@ from mmfl.models import MODELS
 from mmfl.registry import build_params
 from mmfl.schema import (COMPONENTS, RULES, ClientData, ClientModel, Component, DPConfig,  # noqa: F401
                          ExperimentConfig, PrivacyConfig, RunConfig, SystemConfig, TrainConfig)
-from mmfl.schema import AttackConfig, SecureAggregationConfig
+from mmfl.schema import AttackConfig, SecureAggregationConfig, TrackingConfig
 
 
 DEFAULTS: dict[str, Any] = {
@@ -116,11 +118,12 @@ def resolve(raw: dict) -> ExperimentConfig:
     attack_raw = raw.pop("attack", None)
     dp_raw = raw.pop("dp", None)
     secagg_raw = raw.pop("secure_aggregation", None)
+    tracking_raw = raw.pop("tracking", None)
     run_fields = {f.name for f in fields(RunConfig)}
     for key in raw:
         if key not in run_fields:
             known = sorted(run_fields | set(tables) | {"attack", "case", "client_data", "client_models", "dp", "privacy",
-                                                       "secure_aggregation", "system"})
+                                                       "secure_aggregation", "system", "tracking"})
             raise ConfigError(f"{key}: unknown config key (known: {', '.join(known)})")
     run = build_params("", "settings", RunConfig, raw)
     train = build_params("train", "settings", TrainConfig, tables["train"])
@@ -140,8 +143,21 @@ def resolve(raw: dict) -> ExperimentConfig:
     attack = resolve_attack(attack_raw)
     check_rule_cohort(comps["algorithm"].params, run, comps["partition"].params, sources)
     secagg = resolve_secure_aggregation(secagg_raw, comps["algorithm"], dp, run, comps["partition"].params, sources)
+    tracking = resolve_tracking(tracking_raw)
     return ExperimentConfig(run=run, train=train, **comps, client_models=groups, client_data=sources,
-                            privacy=privacy, system=system, dp=dp, attack=attack, secure_aggregation=secagg)
+                            privacy=privacy, system=system, dp=dp, attack=attack, secure_aggregation=secagg,
+                            tracking=tracking)
+
+
+def resolve_tracking(table) -> TrackingConfig | None:
+    """Validate ``[tracking]`` (None: the table is absent, no experiment tracking)."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError("tracking: must be a table, e.g. [tracking] with backends = [\"tensorboard\"]")
+    if isinstance(table.get("backends"), str):  # backends = "mlflow": one back-end
+        table = {**table, "backends": [table["backends"]]}
+    return build_params("tracking", "settings", TrackingConfig, table)
 
 
 def secagg_capable(spec) -> bool:

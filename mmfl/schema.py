@@ -1,6 +1,6 @@
 """The typed schema of an experiment config: run settings, local training, privacy rules,
 the wireless system model (the privacy, attack, DP and secure-aggregation sections:
-:mod:`mmfl.schema_trust`), and the resolved :class:`ExperimentConfig` that the runtime and
+:mod:`mmfl.schema_trust`; experiment tracking: :mod:`mmfl.schema_tools`), and the resolved :class:`ExperimentConfig` that the runtime and
 the algorithms read. No registry lookups here (those are :mod:`mmfl.config`'s resolution,
 a layer above the runtime): every layer may import this module.
 """
@@ -17,6 +17,7 @@ from mmfl.errors import ConfigError
 # the trust sections live in their own module; re-exported here, where the rest of mmfl imports them
 from mmfl.schema_trust import (ATTACK_KINDS, REPRESENTATION_ATTACKS, RULES, SECAGG_PROTOCOLS,  # noqa: F401
                                AttackConfig, DPConfig, PrivacyConfig, Rule, SecureAggregationConfig)
+from mmfl.schema_tools import TRACKING_BACKENDS, TrackingConfig  # noqa: F401  (the tool sections, likewise)
 
 COMPONENTS = ("data", "partition", "modalities", "model", "algorithm")
 
@@ -229,6 +230,7 @@ class ExperimentConfig:
     attack: AttackConfig | None = None  # [attack]; None: every client honest
     dp: DPConfig | None = None  # [dp]; None: no differential privacy
     secure_aggregation: SecureAggregationConfig | None = None  # [secure_aggregation]; None: plain sums (Flower)
+    tracking: TrackingConfig | None = None  # [tracking]; None: no experiment tracking
 
     def to_dict(self) -> dict:
         """The resolved config (every default filled in), as TOML-able tables."""
@@ -260,6 +262,8 @@ class ExperimentConfig:
             out["dp"] = asdict(self.dp)
         if self.secure_aggregation is not None:
             out["secure_aggregation"] = asdict(self.secure_aggregation)
+        if self.tracking is not None:
+            out["tracking"] = asdict(self.tracking)
         return _drop_none(out)
 
     def to_toml(self) -> str:

@@ -42,6 +42,7 @@ from mmfl.engine.dp import DPAccountant, LocalDP, check_dpsgd_models
 from mmfl.engine.progress import RunProgress
 from mmfl.engine.attack import make_attack
 from mmfl.engine.simulation import SimulationTransport
+from mmfl.engine.tracking import Tracking, check_installed
 from mmfl.engine.state import DiskClientStateStore, make_store
 from mmfl.errors import ConfigError, MMFLError
 from mmfl.models.factory import model_factory
@@ -76,6 +77,8 @@ class Experiment:
         loop is the same for every transport (see :mod:`mmfl.flower`)."""
         self.cfg = cfg
         self.progress = progress
+        check_installed(cfg.tracking)  # a missing tracking library: one line before anything runs
+        self.tracking: Tracking | None = None  # [tracking]: opened with the run folder (mmfl.engine.tracking)
         self.spec = ALGORITHMS.get(cfg.algorithm.name).factory
         self.federation = build_federation(cfg, pooled=self.spec.pooled)
         for cid, c in enumerate(self.federation.clients):
@@ -180,6 +183,7 @@ class Experiment:
             mine = tomllib.loads(self.cfg.to_toml())
             theirs = with_new_defaults(_load_toml(d / "config.toml"), self.cfg)
             mine.pop("rounds"), theirs.pop("rounds", None)
+            mine.pop("tracking", None), theirs.pop("tracking", None)  # tracking changes no result
             if mine != theirs:
                 diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
                 raise ConfigError(f"{d}: config differs from the saved run in {', '.join(diff)} "
@@ -219,15 +223,22 @@ class Experiment:
         try:
             self._check_dir(resume, overwrite)  # refuse before creating anything (a lock file)
             lock.acquire()
-            return self._run(resume, overwrite)
+            summary = self._run(resume, overwrite)
+            if self.tracking is not None:
+                self.tracking.close()
+            return summary
         except OSError as e:  # a full disk, output_dir a file, read-only, ...: one line
             raise runfolder.fs_error(e, self.run_dir) from None
         finally:
+            if self.tracking is not None:
+                self.tracking.close(failed=True)  # an error or an interrupt (no-op after a finished run)
             lock.release()
 
     def _run(self, resume: bool, overwrite: bool) -> dict:
         cfg = self.cfg
         start = self._prepare_dir(resume, overwrite)
+        if cfg.tracking is not None:
+            self.tracking = Tracking(cfg, self.run_dir, start, load_metrics(self.run_dir) if start else [])
         rounds = range(start, cfg.run.rounds)
         bar = _progress(rounds, cfg, self.progress)
         if bar is not None and hasattr(self.transport, "progress"):
@@ -279,6 +290,8 @@ class Experiment:
                 f.write(json.dumps(row) + "\n")
                 f.flush()
                 os.fsync(f.fileno())  # on disk before the checkpoint that says the round is done
+            if self.tracking is not None:  # the same row, before the checkpoint (resume never logs it twice)
+                self.tracking.log(row)
             self._checkpoint(rnd)
             if bar is not None:
                 bar.end_round(row)
@@ -323,6 +336,8 @@ class Experiment:
         rows = load_metrics(self.run_dir)
         summary = summarize(rows, self.cfg)
         _atomic_write(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+        if self.tracking is not None:
+            self.tracking.finish(summary)
         plot_accuracy({self.cfg.run.name: rows}, self.run_dir / "accuracy.png")
         return summary
 
