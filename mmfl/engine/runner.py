@@ -9,6 +9,7 @@ Run folder ``<output_dir>/<name>/``:
   latency ``sim_*``, see :mod:`mmfl.core.system`);
 - ``checkpoints/round_NNNNN/``: the state after the last round (see
   :mod:`mmfl.engine.checkpoint`);
+- ``labels.json``: class label -> id, when the data set maps its labels (a manifest);
 - ``summary.json`` and ``accuracy.png`` when the run finishes;
 - ``.lock``: held by the process writing the folder (see :mod:`mmfl.engine.runfolder`).
 """
@@ -227,6 +228,9 @@ class Experiment:
     def _run(self, resume: bool, overwrite: bool) -> dict:
         cfg = self.cfg
         start = self._prepare_dir(resume, overwrite)
+        label_map = (self.federation.meta.info or {}).get("label_map")
+        if label_map:  # the ids a manifest gave its labels (mmfl.data.manifest)
+            _atomic_write(self.run_dir / "labels.json", json.dumps(label_map, indent=2))
         rounds = range(start, cfg.run.rounds)
         bar = _progress(rounds, cfg, self.progress)
         metrics_path = self.run_dir / "metrics.jsonl"
