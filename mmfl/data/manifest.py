@@ -203,11 +203,14 @@ def _per_column(value, default, columns: list[str], key: str) -> dict[str, Any]:
 def _split_rows(rows, cols, p: ManifestParams, labels_raw, where) -> np.ndarray:
     """Each row's split name ("train" / "test" / "public") as a str array."""
     if p.split_column in cols:
-        split = np.array([str(r.get(p.split_column) or "").strip().lower() for r in rows])
+        split = [str(r.get(p.split_column) or "").strip().lower() for r in rows]
         for n, s in enumerate(split, 1):
+            if not s:
+                raise DataError(f"{where(n, p.split_column)}: empty cell (every row needs a {p.split_column})")
             if s not in SPLITS:
                 raise DataError(f"{where(n, p.split_column)}: must be 'train' or 'test' (or 'public': "
                                 f"CreamFL's public set), got {s!r}")
+        split = np.array(split)
         for need in ("train", "test"):
             if not (split == need).any():
                 raise DataError(f"{where(None, p.split_column)}: no {need} rows")
