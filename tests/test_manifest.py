@@ -62,6 +62,16 @@ def test_text_encoder_per_column_hash_and_tokens_with_train_vocabulary(tmp_path)
     # one name for every text column; a capped vocabulary
     b = load(root=str(tmp_path), manifest=name, text_encoder="tokens", text_vocab_size=4)
     assert b.meta.info["token_vocab_size"] == {"caption": 4, "title": 4}
+    # rename: a column becomes the modality another data set names alike (options keep column names)
+    b = load(root=str(tmp_path), manifest=name, text_encoder={"caption": "tokens", "title": "hash:8"},
+             rename={"caption": "text"})
+    assert b.meta.modalities == {"text": (64,), "title": (8,)} and LENGTH + "text" in b.train.features
+    assert b.meta.info["token_vocab_size"] == {"text": len(b.meta.info["vocab"]["text"])}
+    assert b.meta.info["columns"] == {"text": "caption", "title": "title"}
+    with pytest.raises(ConfigError, match=r"data.rename.nope: not a modality column"):
+        load(root=str(tmp_path), manifest=name, text_encoder="hash", rename={"nope": "text"})
+    with pytest.raises(ConfigError, match=r"data.rename: two modalities would be named alike"):
+        load(root=str(tmp_path), manifest=name, text_encoder="hash", rename={"caption": "title"})
 
 
 def test_text_encoder_errors_name_the_field(tmp_path):

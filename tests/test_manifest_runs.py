@@ -85,12 +85,21 @@ def test_creamfl_uses_a_manifests_public_rows_as_its_public_set(tmp_path):
            "model": {"name": "multimodal", "feat_dim": 8, "cnn_channels": [4], "mlp_hidden": [16]},
            "algorithm": {"name": "creamfl"},
            "train": {"local_epochs": 1, "batch_size": 8, "optimizer": "adam", "lr": 0.001}}
+    # + text-only clients from a manifest of short texts (its "tweet" column renamed to "text")
+    (tmp_path / "tweets").mkdir()
+    text_manifest(tmp_path / "tweets")
+    raw["client_data"] = [{"data": {"name": "manifest", "root": str(tmp_path / "tweets"), "text_encoder": "hash:64",
+                                    "rename": {"tweet": "text"}}, "partition": {"name": "natural"}}]
     exp = Experiment(resolve(raw), progress=False)
-    assert len(exp.federation.public) == 18 and set(exp.federation.public.features) == {"image", "text"}
+    fed = exp.federation
+    assert len(fed.public) == 18 and set(fed.public.features) == {"image", "text"}
+    assert len(fed.clients) == 5 and [set(c.features) for c in fed.clients[2:]] == [{"text"}] * 3
     exp.run()
     row = load_metrics(tmp_path / "runs" / "pairs")[-1]
     for key in ("i2t_r1", "t2i_r1", "r1_sum"):
         assert math.isfinite(row[key])
+    assert row["clients"] == 5 and all(row["bytes_per_client"][str(c)]["up"] > 0 for c in range(5))
+    raw.pop("client_data")
     # without public rows: the error says how to get a public set from a manifest
     rows = [r for r in __import__("csv").DictReader(open(tmp_path / "pairs.csv")) if r["split"] != "public"]
     write_manifest(tmp_path / "pairs.csv", rows)

@@ -66,6 +66,9 @@ class ManifestParams:
                 "otherwise a seeded stratified train/test split"})
     test_fraction: float = field(default=0.2, metadata={"help": "test share when there is no split column"})
     seed: int = field(default=0, metadata={"help": "seed of the stratified split"})
+    rename: dict[str, str] = field(default_factory=dict, metadata={
+        "help": "table column -> modality name, e.g. { tweet = \"text\" } to match another data set's "
+                "modality (the other options name columns)"})
     image_size: int = field(default=0, metadata={"help": "resize images to this square size (0 = keep)"})
     image_mode: Literal["L", "RGB"] = field(default="RGB", metadata={"help": "L (1 channel) or RGB (3)"})
     audio_length: int = field(default=16000, metadata={"help": "samples per clip (zero-padded or truncated)"})
@@ -118,6 +121,9 @@ class ManifestParams:
         if not isinstance(self.classes, list) or len(set(map(str, self.classes))) != len(self.classes):
             raise ConfigError(f"data.classes: expected a list of distinct labels, got {self.classes!r}")
         self.classes = [str(c).strip() for c in self.classes]
+        names = list(self.rename.values())
+        if not all(isinstance(v, str) and v.strip() for v in names) or len(set(names)) != len(names):
+            raise ConfigError(f"data.rename: expected a table column -> distinct modality names, got {self.rename!r}")
 
 
 def _read_rows(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
@@ -275,6 +281,8 @@ def load_manifest(p: ManifestParams) -> DatasetBundle:
             "label_map": {n: i for i, n in enumerate(class_names)}}
     _standardize(feats, kinds, mods, idx["train"], p, info)
 
+    if p.rename:
+        feats, mods, info = _rename(feats, mods, info, p.rename, where)
     y = torch.from_numpy(labels)
 
     def subset(s: str) -> ArrayDataset:
@@ -394,3 +402,22 @@ def _standardize(feats, kinds, mods, train_idx, p, info) -> None:
                     "per": "feature" if feats[m].dim() <= 2 else "channel"}
     if stats:
         info["standardize"] = stats
+
+
+def _rename(feats, mods, info, rename: dict[str, str], where):
+    """Modality columns renamed (features, ``length/`` keys and per-column meta.info entries)."""
+    for k in rename:
+        if k not in mods:
+            raise ConfigError(f"data.rename.{k}: not a modality column (columns: {', '.join(mods)})")
+    new = [rename.get(m, m) for m in mods]
+    if len(set(new)) != len(new):
+        raise ConfigError(f"data.rename: two modalities would be named alike ({', '.join(new)})")
+    out = {}
+    for k, t in feats.items():
+        aux = k.startswith(LENGTH)
+        m = k[len(LENGTH):] if aux else k
+        out[(LENGTH if aux else "") + rename.get(m, m)] = t
+    per_column = ("kinds", "modality_info", "text_encoder", "vocab", "token_vocab_size", "max_length", "standardize")
+    info = {k: {rename.get(m, m): v for m, v in val.items()} if k in per_column else val for k, val in info.items()}
+    info["columns"] = {rename.get(m, m): m for m in mods}
+    return out, new, info
