@@ -216,19 +216,18 @@ def test_non_finite_empty_and_binary_files_are_named_at_load(tmp_path):
     for split in ("train", "test"):  # in a train file and in a test file: named at load, not as divergence
         err(tmp_path, base + [{"x": "nan.npy", "label": "a", "split": split}],
             r"m.jsonl: row 3, column 'x': .*nan\.npy: non-finite value nan at index \(1, 2\)")
-    err(tmp_path, base + [{"x": "inf.npy", "label": "a", "split": "test"}], r"row 3, column 'x': .*inf\.npy: non-finite value inf")
-    err(tmp_path, base + [{"x": "empty.npy", "label": "a", "split": "test"}], r"row 3, column 'x': .*empty\.npy: empty array")
-    err(tmp_path, base + [{"x": "1 nan 3", "label": "a", "split": "test"}], r"row 3, column 'x': inline value: non-finite value nan")
-    err(tmp_path, base + [{"x": [1, float("inf"), 3], "label": "a", "split": "test"}], r"row 3, column 'x': inline value")
+    for cell, match in (("inf.npy", r".*inf\.npy: non-finite value inf"), ("empty.npy", r".*empty\.npy: empty array"),
+                        ("1 nan 3", "inline value: non-finite value nan"), ([1, float("inf"), 3], "inline value")):
+        err(tmp_path, base + [{"x": cell, "label": "a", "split": "test"}], r"row 3, column 'x': " + match)
     (tmp_path / "ok.txt").write_text("hello there", encoding="utf-8")
     (tmp_path / "empty.txt").write_text("  \n", encoding="utf-8")
     (tmp_path / "bin.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
     base = [{"t": "ok.txt", "label": "a", "split": "train"}, {"t": "ok.txt", "label": "b", "split": "test"}]
     kw = {"text_encoder": "hash"}
-    err(tmp_path, base + [{"t": "empty.txt", "label": "a", "split": "test"}], r"row 3, column 't': .*empty\.txt: empty text file", **kw)
-    err(tmp_path, base + [{"t": "bin.txt", "label": "a", "split": "test"}], r"row 3, column 't': .*bin\.txt: a binary file", **kw)
-    err(tmp_path, base + [{"t": "latin1.txt", "label": "a", "split": "test"}], r"row 3, column 't': .*latin1\.txt: not UTF-8", **kw)
+    for name, match in (("empty", "empty text file"), ("bin", "a binary file"), ("latin1", "not UTF-8")):
+        err(tmp_path, base + [{"t": f"{name}.txt", "label": "a", "split": "test"}],
+            rf"row 3, column 't': .*{name}\.txt: {match}", **kw)
 
 
 def test_ragged_images_still_point_at_image_size(tmp_path):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import torch
 
 from mmfl.data.audio import read_wav as read_wav_any
 from mmfl.errors import DataError
@@ -192,11 +193,9 @@ def fit_length(x: np.ndarray, length: int, truncate: str = "end") -> tuple[np.nd
     return out, t
 
 
-def valid_mask(shape: tuple[int, ...], lengths) -> "torch.Tensor | None":
+def valid_mask(shape: tuple[int, ...], lengths) -> torch.Tensor | None:
     """bool ``shape`` (``[N, ..., T]``): True where the last-axis position is below the row's
     length (``lengths`` int64 ``[N]``); None if ``lengths`` is None."""
-    import torch
-
     if lengths is None:
         return None
     t = torch.arange(shape[-1])
@@ -212,8 +211,6 @@ def zscore_stats(x, lengths=None) -> tuple:
     each ``[C, 1, ...]``; padded steps (last axis >= the row's ``lengths``) are left out.
     A std below 1e-8 (a constant feature) is taken as 1.
     """
-    import torch
-
     x = x.double()
     if x.dim() <= 2:
         mean, std = x.mean(0), x.std(0, unbiased=False)
