@@ -234,3 +234,20 @@ def test_ragged_images_still_point_at_image_size(tmp_path):
     write_png(tmp_path / "a.png", np.zeros((2, 2), np.uint8))
     write_png(tmp_path / "b.png", np.zeros((3, 3), np.uint8))
     err(tmp_path, [{"x": "a.png", "label": 0}, {"x": "b.png", "label": 1}], r"ragged shapes.*set data.image_size")
+
+
+def test_per_sample_csv_tables_are_sequences_and_unknown_files_are_not_text(tmp_path):
+    (tmp_path / "r0.csv").write_text("ax,ay\n1,10\n2,20\n3,30\n", encoding="utf-8")  # rows = steps
+    (tmp_path / "r1.csv").write_text("4,40\n5,50\n", encoding="utf-8")  # no header
+    (tmp_path / "r2.tsv").write_text("7\t70\n", encoding="utf-8")
+    rows = [{"imu": f"r{i}.{'tsv' if i == 2 else 'csv'}", "label": i % 2, "split": ["train", "train", "test"][i]}
+            for i in range(3)]
+    write_manifest(tmp_path / "m.jsonl", rows)
+    b = load(root=str(tmp_path), manifest="m.jsonl", max_length=3)
+    assert b.meta.modalities == {"imu": (2, 3)} and b.meta.info["kinds"] == {"imu": "array"}
+    assert b.train.features["imu"][0].tolist() == [[1, 2, 3], [10, 20, 30]]
+    assert b.train.features[LENGTH + "imu"].tolist() == [3, 2] and b.test.features["imu"][0, 1, 0] == 70
+    (tmp_path / "bad.csv").write_text("1,2\n3,x\n", encoding="utf-8")
+    err(tmp_path, rows[:2] + [dict(rows[2], imu="bad.csv")], r"row 3, column 'imu': .*bad\.csv: data line 2")
+    (tmp_path / "r3.json").write_text("[1, 2]", encoding="utf-8")
+    err(tmp_path, rows[:2] + [dict(rows[2], imu="r3.json")], r"row 3, column 'imu': r3.json: unsupported file type")

@@ -10,6 +10,7 @@ read by extension (:mod:`mmfl.data.manifest_cells`)::
     .wav                      -> "audio": float32 [1, audio_length] mono PCM
     .txt                      -> "text":  the file's text (UTF-8, non-empty)
     .npy                      -> "array": float32, the stored shape (finite, non-empty)
+    .csv .tsv                 -> "array": float32 [C, T] (lines = steps, columns = channels)
 
 or an inline value: a number or a list of numbers (JSON ``[1, 2]``, nested lists for
 ``[C, T]``, or space/semicolon separated ``1 2``/``1;2``) -> "array" float32; any other

@@ -75,13 +75,33 @@ def read_npy(path: Path, p, state: dict) -> np.ndarray:
     return check_array(np.asarray(arr, dtype=np.float32), str(path))
 
 
+def read_table(path: Path, p, state: dict) -> np.ndarray:
+    """A numeric ``.csv`` / ``.tsv`` file (rows = time steps, columns = channels; an optional
+    header row) -> float32 ``[C, T]`` (one column: ``[T]``)."""
+    delim = "\t" if path.suffix.lower() == ".tsv" else ","
+    lines = [ln for ln in path.read_text(encoding="utf-8-sig").splitlines() if ln.strip()]
+    if lines and not all(_NUM.fullmatch(c.strip()) for c in lines[0].split(delim)):
+        lines = lines[1:]  # a header
+    rows = []
+    for n, ln in enumerate(lines, 1):
+        cells = [c.strip() for c in ln.split(delim)]
+        if not all(_NUM.fullmatch(c) for c in cells):
+            raise DataError(f"{path}: data line {n}: not all numbers ({ln[:60]!r})")
+        rows.append([float(c) for c in cells])
+    if rows and len({len(r) for r in rows}) > 1:
+        raise DataError(f"{path}: lines have different numbers of columns")
+    arr = np.array(rows, dtype=np.float32).T
+    return check_array(arr[0] if len(arr) == 1 else arr, str(path))
+
+
 READERS: dict[str, Callable[[Path, Any, dict], Any]] = {
-    "image": read_image, "audio": read_wav, "text": read_text, "array": read_npy,
+    "image": read_image, "audio": read_wav, "text": read_text, "array": read_npy, "table": read_table,
 }
 EXTENSIONS: dict[str, str] = {
     ".png": "image", ".jpg": "image", ".jpeg": "image", ".bmp": "image", ".gif": "image",
-    ".wav": "audio", ".txt": "text", ".npy": "array",
+    ".wav": "audio", ".txt": "text", ".npy": "array", ".csv": "table", ".tsv": "table",
 }
+KIND_OF = {"table": "array"}  # readers whose values are of another kind
 
 # a number, with nan / inf accepted so that they reach the finiteness check instead of becoming text
 _NUM = re.compile(r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|infinity)", re.IGNORECASE)
@@ -140,6 +160,13 @@ def file_kind(cell: Any) -> str | None:
     return EXTENSIONS.get(Path(cell.strip()).suffix.lower()) if isinstance(cell, str) else None
 
 
+def _is_file(root: Path, s: str) -> bool:
+    try:
+        return (root / Path(s).expanduser()).is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def read_cell(cell: Any, root: Path, p, states: dict, col: str, as_text: bool = False) -> tuple[str, Any]:
     """One modality cell -> (kind, value); raises DataError naming the problem (caller adds row).
 
@@ -153,13 +180,17 @@ def read_cell(cell: Any, root: Path, p, states: dict, col: str, as_text: bool = 
             if not path.is_file():
                 raise DataError(f"file not found: {path}")
             try:
-                return kind, READERS[kind](path, p, states.setdefault(col, {}))
+                return KIND_OF.get(kind, kind), READERS[kind](path, p, states.setdefault(col, {}))
             except DataError as e:
                 if str(path) in str(e):
                     raise
                 raise DataError(f"{path}: {e}") from None
             except Exception as e:  # noqa: BLE001 - any decoder failure is a data problem
                 raise DataError(f"cannot read {path} as {kind}: {e}") from None
+        s = cell.strip()
+        if Path(s).suffix and not any(ch.isspace() for ch in s) and _is_file(root, s):  # not text: a file
+            raise DataError(f"{s}: unsupported file type {Path(s).suffix!r} "
+                            f"(known: {', '.join(sorted(EXTENSIONS))})")
     vec = None if as_text else inline_numbers(cell)
     if vec is not None:
         return "array", check_array(vec, "inline value")
