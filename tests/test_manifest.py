@@ -101,6 +101,8 @@ def test_integer_labels_one_to_nine_are_nine_dense_classes(tmp_path):
     write_manifest(tmp_path / "n.jsonl", rows)
     b = load(root=str(tmp_path), manifest="n.jsonl")
     assert b.meta.class_names == ["2", "10", "33"]
+    write_manifest(tmp_path / "f.csv", [{"x": f"{i} 1", "label": ["2.0", "10", "33.0"][i % 3]} for i in range(9)])
+    assert load(root=str(tmp_path), manifest="f.csv").meta.class_names == ["2", "10", "33"]
     # data.classes fixes the order (and ids) and may name classes absent here
     b = load(root=str(tmp_path), manifest="n.jsonl", classes=["33", "10", "2", "7"])
     assert b.meta.num_classes == 4 and b.meta.info["label_map"] == {"33": 0, "10": 1, "2": 2, "7": 3}

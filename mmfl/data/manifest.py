@@ -170,10 +170,15 @@ def _label_key(v: Any) -> tuple[str, int | None]:
     if isinstance(v, float) and v.is_integer():
         return str(int(v)), int(v)
     s = str(v).strip()
-    return (str(int(s)), int(s)) if _INT.fullmatch(s) else (s, None)
+    if _INT.fullmatch(s):
+        return str(int(s)), int(s)
+    if _FLOAT_INT.fullmatch(s):  # "3.0", as pandas writes an integer column with gaps
+        return str(int(float(s))), int(float(s))
+    return s, None
 
 
 _INT = re.compile(r"[-+]?\d+")
+_FLOAT_INT = re.compile(r"[-+]?\d+\.0*")
 
 
 def label_ids(values: list[Any], known: list[int], classes: list[str]) -> tuple[np.ndarray, list[str]]:
