@@ -205,7 +205,7 @@ class CreamFLServer(Server):
         if ctx.public is None or len(ctx.public) == 0:
             raise ConfigError(f"data: '{ctx.meta.name}' has no public set; CreamFL-style algorithms need "
                               "one (data.public_fraction for emoji_pairs / mfeat_pair, data.public_images for "
-                              "coco_captions / flickr30k)")
+                              "coco_captions / flickr30k, split = \"public\" rows in a manifest)")
         missing = [m for m in self.pair if m not in ctx.public.features]
         if missing:
             raise ConfigError(f"data: the public set lacks modality {missing[0]!r}")

@@ -2,22 +2,24 @@
 
 ``root/manifest.csv`` (or ``.jsonl``, one JSON object per line) has one row
 per sample: a label column, one column per modality, and optionally a client
-column (a natural federated split) and a split column (``train``/``test``).
+column (a natural federated split) and a split column (``train``/``test``/``public``).
 A modality cell is either a file path (relative to ``root``, or absolute),
-read by extension::
+read by extension (:mod:`mmfl.data.manifest_cells`)::
 
     .png .jpg .jpeg .bmp .gif -> "image": float32 [C, H, W] in [0, 1] (Pillow)
     .wav                      -> "audio": float32 [1, audio_length] mono PCM
-    .txt                      -> "text":  the file's text
-    .npy                      -> "array": float32, the stored shape
+    .txt                      -> "text":  the file's text (UTF-8, non-empty)
+    .npy                      -> "array": float32, the stored shape (finite, non-empty)
+    .csv .tsv                 -> "array": float32 [C, T] (lines = steps, columns = channels)
 
-or an inline value: a number or a list of numbers (JSON ``[1, 2]``, or
-space/semicolon separated ``1 2``/``1;2``) -> "array" float32 ``[d]``; any other
-string -> "text". Text becomes int64 token ids ``[text_max_tokens]`` (lowercase
-``\\w+`` tokens; vocabulary from the train split; 0 = pad, 1 = unknown), stored
-as ``meta.info["vocab"][modality]`` (token -> id). Rows are counted from 1
-(the first data row, after a CSV header). Readers live in :data:`READERS`
-(kind -> function) and :data:`EXTENSIONS` (file extension -> kind).
+or an inline value: a number or a list of numbers (JSON ``[1, 2]``, nested lists for
+``[C, T]``, or space/semicolon separated ``1 2``/``1;2``) -> "array" float32; any other
+string -> "text". Text columns go through their ``text_encoder``
+(:mod:`mmfl.data.manifest_text`). Array columns of varying last-axis length are padded or
+cut to ``max_length`` with ``length/<m>`` written; ``normalize`` z-scores modalities with
+train-split statistics. Rows are counted from 1 (the first data row, after a CSV header).
+Labels keep their given names, mapped to dense ids in sorted order (numeric order when
+every label is an integer), stored in ``meta.class_names`` and ``meta.info["label_map"]``.
 """
 
 from __future__ import annotations
@@ -26,20 +28,24 @@ import csv
 import io
 import json
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from mmfl.data import DATASETS
-from mmfl.data.audio import read_wav as read_wav_any
-from mmfl.data.base import ArrayDataset, DatasetBundle, DatasetMeta
+from mmfl.data.base import LENGTH, ArrayDataset, DatasetBundle, DatasetMeta
+from mmfl.data.manifest_cells import (EXTENSIONS, READERS, file_kind, fit_length, inline_numbers,  # noqa: F401
+                                      is_inline_text, read_cell, read_image, read_npy, read_text, read_wav,
+                                      zscore, zscore_stats)
+from mmfl.data.manifest_text import (DEFAULT_TEXT_ENCODER, TOKENS, build_vocab, check_text_encoder,  # noqa: F401
+                                     column_encoders, encode_column, encode_texts, tokenize)
 from mmfl.data.split import check_fraction, stratified_split  # noqa: F401  (re-exported)
-from mmfl.data.tables import Blob, Unreadable
 from mmfl.errors import ConfigError, DataError
+
+SPLITS = ("train", "test", "public")
 
 
 @dataclass
@@ -48,170 +54,78 @@ class ManifestParams:
                                                     "paths in cells are relative to it"})
     manifest: str = field(default="manifest.csv", metadata={"help": "manifest file in root: .csv (header row) "
                                                                     "or .jsonl (one JSON object per line)"})
-    label_column: str = field(default="label", metadata={"help": "column of class labels (ints or names)"})
+    label_column: str = field(default="label", metadata={
+        "help": "column of class labels: integers (numeric order) or names (sorted), mapped to ids 0..K-1"})
+    classes: list[str] = field(default_factory=list, metadata={
+        "help": "the labels in id order (empty = the sorted labels found); fixes ids across data sets"})
     modalities: list[str] = field(default_factory=list, metadata={
         "help": "columns holding modalities (empty = all but the label, client and split columns)"})
     client_column: str = field(default="client", metadata={
-        "help": "client-id column, used if present: a natural split (ids mapped to 0..K-1 in sorted order)"})
+        "help": "client-id column, used if present: a natural split (ids mapped to 0..K-1 in sorted order); "
+                "test and public rows may leave it empty"})
     split_column: str = field(default="split", metadata={
-        "help": "train/test column, used if present; otherwise a seeded stratified split"})
+        "help": "train/test/public column, used if present (public rows: CreamFL's public set); "
+                "otherwise a seeded stratified train/test split"})
     test_fraction: float = field(default=0.2, metadata={"help": "test share when there is no split column"})
     seed: int = field(default=0, metadata={"help": "seed of the stratified split"})
+    rename: dict[str, str] = field(default_factory=dict, metadata={
+        "help": "table column -> modality name, e.g. { tweet = \"text\" } to match another data set's "
+                "modality (the other options name columns)"})
     image_size: int = field(default=0, metadata={"help": "resize images to this square size (0 = keep)"})
     image_mode: Literal["L", "RGB"] = field(default="RGB", metadata={"help": "L (1 channel) or RGB (3)"})
     audio_length: int = field(default=16000, metadata={"help": "samples per clip (zero-padded or truncated)"})
     audio_sample_rate: int = field(default=0, metadata={
         "help": "resample audio to this rate (linear interpolation; 0 = keep, all files must then share one)"})
-    text_max_tokens: int = field(default=64, metadata={"help": "token ids per text cell (padded with 0)"})
+    text_encoder: str | dict[str, str] = field(default=DEFAULT_TEXT_ENCODER, metadata={
+        "help": "text columns -> tensors: minilm (frozen, 384-d), hash / hash:<d> (hashed words), tokens "
+                "(ids for a trainable embedding); one name, or a table column -> name"})
+    text_max_tokens: int = field(default=64, metadata={"help": "token ids per text cell with text_encoder "
+                                                               "= 'tokens' (cut, padded with 0)"})
+    text_vocab_size: int = field(default=0, metadata={
+        "help": "'tokens': keep this many ids (pad, unk + the most frequent train tokens; 0 = all)"})
+    max_length: int | dict[str, int] = field(default=0, metadata={
+        "help": "pad (0) or cut array columns on their last axis to this length, writing length/<m> "
+                "(0 = off: shapes must agree); one int, or a table column -> int"})
+    truncate: Literal["end", "start"] = field(default="end", metadata={
+        "help": "what max_length cuts from a longer sequence: 'end' keeps the first steps, 'start' the last"})
+    normalize: bool | list[str] = field(default=False, metadata={
+        "help": "z-score with train-split mean/std: true = every array, image and audio column, or a list "
+                "of columns; per feature for [d], per channel for [C, ...]"})
 
     def __post_init__(self):
         if not self.root:
             raise ConfigError("data.root: required for manifest (the directory holding the manifest)")
         check_fraction(self.test_fraction)
-        for key in ("image_size", "audio_sample_rate"):
+        for key in ("image_size", "audio_sample_rate", "text_vocab_size"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"data.{key}: must be >= 0, got {getattr(self, key)}")
+        if 0 < self.text_vocab_size < 3:
+            raise ConfigError(f"data.text_vocab_size: must be 0 (all) or >= 3, got {self.text_vocab_size}")
         for key in ("audio_length", "text_max_tokens"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"data.{key}: must be >= 1, got {getattr(self, key)}")
         if self.image_mode not in ("L", "RGB"):
             raise ConfigError(f"data.image_mode: must be 'L' or 'RGB', got {self.image_mode!r}")
-
-
-# ---- readers: fn(path, params, state) -> np.ndarray | str; `state` is per-column (ends up in meta.info)
-
-def read_image(path: Path, p: ManifestParams, state: dict) -> np.ndarray:
-    """Image file -> float32 ``[C, H, W]`` in [0, 1] (C = 1 for L, 3 for RGB)."""
-    from PIL import Image
-
-    with Image.open(path) as img:
-        img.load()
-        img = img.convert(p.image_mode)
-        if p.image_size:
-            img = img.resize((p.image_size, p.image_size), Image.BILINEAR)
-        arr = np.asarray(img, dtype=np.float32) / 255.0
-    return arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1).copy()
-
-
-def read_wav(path: Path, p: ManifestParams, state: dict) -> np.ndarray:
-    """PCM wav (8/16/32-bit) -> mono float32 ``[1, audio_length]`` in [-1, 1]."""
-    target = p.audio_sample_rate
-    x, rate = read_wav_any(path, target)
-    if not target:
-        first = state.setdefault("sample_rate", rate)
-        if rate != first:
-            raise DataError(f"sample rate {rate} Hz differs from {first} Hz of earlier files "
-                            "(set data.audio_sample_rate to resample)")
-    if target:
-        state["sample_rate"] = target
-    out = np.zeros((1, p.audio_length), dtype=np.float32)
-    out[0, : min(len(x), p.audio_length)] = x[: p.audio_length]
-    return out
-
-
-def read_text(path: Path, p: ManifestParams, state: dict) -> str:
-    return path.read_text(encoding="utf-8")
-
-
-def read_npy(path: Path, p: ManifestParams, state: dict) -> np.ndarray:
-    return np.asarray(np.load(path, allow_pickle=False), dtype=np.float32)
-
-
-READERS: dict[str, Callable[[Path, ManifestParams, dict], Any]] = {
-    "image": read_image, "audio": read_wav, "text": read_text, "array": read_npy,
-}
-EXTENSIONS: dict[str, str] = {
-    ".png": "image", ".jpg": "image", ".jpeg": "image", ".bmp": "image", ".gif": "image",
-    ".wav": "audio", ".txt": "text", ".npy": "array",
-}
-
-_NUM = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
-_INT = re.compile(r"[-+]?\d+")
-_TOKEN = re.compile(r"\w+")
-
-
-def _inline_numbers(cell: Any) -> np.ndarray | None:
-    """A number or list of numbers -> float32 ``[d]``; None if ``cell`` is not one."""
-    if isinstance(cell, bool):
-        return None
-    if isinstance(cell, (int, float)):
-        return np.array([cell], dtype=np.float32)
-    if isinstance(cell, list):
-        ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in cell)
-        return np.array(cell, dtype=np.float32) if ok and cell else None
-    s = cell.strip()
-    if s.startswith("[") and s.endswith("]"):
-        try:
-            return _inline_numbers(json.loads(s))
-        except json.JSONDecodeError:
-            return None
-    parts = [t for t in re.split(r"[;\s]+", s) if t]
-    if parts and all(_NUM.fullmatch(t) for t in parts):
-        return np.array([float(t) for t in parts], dtype=np.float32)
-    return None
-
-
-def _file_kind(cell: Any) -> str | None:
-    """The reader kind of a file-path cell (by extension), None for an inline value."""
-    return EXTENSIONS.get(Path(cell.strip()).suffix.lower()) if isinstance(cell, str) else None
-
-
-def read_cell(cell: Any, root: Path, p: ManifestParams, states: dict, col: str,
-              as_text: bool = False) -> tuple[str, Any]:
-    """One modality cell -> (kind, value); raises DataError naming the problem (caller adds row).
-
-    ``as_text``: the column holds inline text somewhere, so inline numbers are text too.
-    A :class:`~mmfl.data.tables.Blob` (media bytes from a Parquet/Arrow/datasets table) is decoded
-    by the same reader as a file of its kind; a numpy array (a table's nested list) is an array.
-    """
-    if isinstance(cell, Unreadable):
-        raise DataError(cell.reason)
-    if isinstance(cell, Blob):
-        try:
-            return cell.kind, READERS[cell.kind](io.BytesIO(cell.data), p, states.setdefault(col, {}))
-        except Exception as e:  # noqa: BLE001 - any decoder failure is a data problem
-            raise DataError(f"cannot read {cell.name or 'the stored bytes'} as {cell.kind}: {e}") from None
-    if isinstance(cell, np.ndarray):
-        return "array", np.asarray(cell, dtype=np.float32)
-    if isinstance(cell, str):
-        kind = _file_kind(cell)
-        if kind is not None:
-            path = Path(cell.strip()).expanduser()
-            path = path if path.is_absolute() else root / path
-            if not path.is_file():
-                raise DataError(f"file not found: {path}")
-            try:
-                return kind, READERS[kind](path, p, states.setdefault(col, {}))
-            except Exception as e:  # noqa: BLE001 - any decoder failure is a data problem
-                raise DataError(f"cannot read {path} as {kind}: {e}") from None
-    vec = None if as_text else _inline_numbers(cell)
-    if vec is not None:
-        return "array", vec
-    if isinstance(cell, str) or (as_text and isinstance(cell, (int, float))):
-        return "text", str(cell)
-    raise DataError(f"unsupported value {cell!r}")
-
-
-def tokenize(text: str) -> list[str]:
-    return _TOKEN.findall(text.lower())
-
-
-def build_vocab(texts: list[str]) -> dict[str, int]:
-    """Token -> id, by frequency then alphabetically; 0 = ``<pad>``, 1 = ``<unk>``."""
-    counts = Counter(t for s in texts for t in tokenize(s))
-    vocab = {"<pad>": 0, "<unk>": 1}
-    for tok, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
-        vocab[tok] = len(vocab)
-    return vocab
-
-
-def encode_texts(texts: list[str], vocab: dict[str, int], max_tokens: int) -> torch.Tensor:
-    """Texts -> int64 ``[N, max_tokens]`` ids (truncated, 0-padded; unknown -> 1)."""
-    out = torch.zeros(len(texts), max_tokens, dtype=torch.int64)
-    for i, s in enumerate(texts):
-        ids = [vocab.get(t, 1) for t in tokenize(s)[:max_tokens]]
-        out[i, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
-    return out
+        if self.truncate not in ("end", "start"):
+            raise ConfigError(f"data.truncate: must be 'end' or 'start', got {self.truncate!r}")
+        if isinstance(self.text_encoder, dict):
+            self.text_encoder = {k: check_text_encoder(v, f"data.text_encoder.{k}")
+                                 for k, v in self.text_encoder.items()}
+        else:
+            self.text_encoder = check_text_encoder(self.text_encoder, "data.text_encoder")
+        lengths = self.max_length if isinstance(self.max_length, dict) else {"": self.max_length}
+        for k, v in lengths.items():
+            key = f"data.max_length.{k}" if k else "data.max_length"
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{key}: must be an integer >= 0 (0 = no padding), got {v!r}")
+        if isinstance(self.normalize, list) and not all(isinstance(m, str) for m in self.normalize):
+            raise ConfigError(f"data.normalize: expected true/false or a list of column names, got {self.normalize!r}")
+        if not isinstance(self.classes, list) or len(set(map(str, self.classes))) != len(self.classes):
+            raise ConfigError(f"data.classes: expected a list of distinct labels, got {self.classes!r}")
+        self.classes = [str(c).strip() for c in self.classes]
+        names = list(self.rename.values())
+        if not all(isinstance(v, str) and v.strip() for v in names) or len(set(names)) != len(names):
+            raise ConfigError(f"data.rename: expected a table column -> distinct modality names, got {self.rename!r}")
 
 
 def _read_rows(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
@@ -255,20 +169,81 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
 
 
 def _empty(v: Any) -> bool:
-    return v is None or (isinstance(v, str) and not v.strip())
+    return v is None or (isinstance(v, str) and not v.strip()) or (isinstance(v, float) and v != v)
 
 
-def _label_ids(values: list[Any]) -> tuple[np.ndarray, list[str]]:
-    """Labels (all ints, or names) -> int64 ids and class names."""
-    as_int = [int(v) if isinstance(v, int) and not isinstance(v, bool) else
-              int(v) if isinstance(v, float) and v.is_integer() else
-              int(v.strip()) if isinstance(v, str) and _INT.fullmatch(v.strip()) else None for v in values]
-    if all(v is not None and v >= 0 for v in as_int):
-        y = np.array(as_int, dtype=np.int64)
-        return y, [str(i) for i in range(int(y.max()) + 1)]
-    names = sorted({str(v).strip() for v in values})
+def _label_key(v: Any) -> tuple[str, int | None]:
+    """A label cell -> (its name, its integer value or None): ``3``, ``3.0``, ``"3"`` and ``" 3 "`` are 3."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return str(int(v)), int(v)
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v)), int(v)
+    s = str(v).strip()
+    if _INT.fullmatch(s):
+        return str(int(s)), int(s)
+    if _FLOAT_INT.fullmatch(s):  # "3.0", as pandas writes an integer column with gaps
+        return str(int(float(s))), int(float(s))
+    return s, None
+
+
+_INT = re.compile(r"[-+]?\d+")
+_FLOAT_INT = re.compile(r"[-+]?\d+\.0*")
+
+
+def label_ids(values: list[Any], known: list[int], classes: list[str]) -> tuple[np.ndarray, list[str]]:
+    """Labels -> (int64 ids, class names): ids of the sorted distinct labels of the rows ``known``
+    (numeric order if all are integers, else string order), or of ``classes`` when given.
+    Rows outside ``known`` (public rows) with an unknown or empty label get id -1.
+    Raises ``ValueError((row index, label))`` for a label of a ``known`` row not in ``classes``."""
+    keys = [None if _empty(v) else _label_key(v) for v in values]
+    if classes:
+        names = list(classes)
+    else:
+        found = {keys[i] for i in known}
+        numeric = all(k[1] is not None for k in found)
+        names = [k[0] for k in sorted(found, key=(lambda k: (k[1], k[0])) if numeric else (lambda k: k[0]))]
     index = {n: i for i, n in enumerate(names)}
-    return np.array([index[str(v).strip()] for v in values], dtype=np.int64), names
+    ids = np.array([-1 if k is None else index.get(k[0], -1) for k in keys], dtype=np.int64)
+    for i in known:
+        if ids[i] < 0:
+            raise ValueError((i, keys[i][0]))
+    return ids, names
+
+
+def _per_column(value, default, columns: list[str], key: str) -> dict[str, Any]:
+    """A setting that is one value for all ``columns`` or a table column -> value."""
+    if not isinstance(value, dict):
+        return {m: value for m in columns}
+    for k in value:
+        if k not in columns:
+            raise ConfigError(f"{key}.{k}: not an array column of the manifest (array columns: "
+                              f"{', '.join(columns) or 'none'})")
+    return {m: value.get(m, default) for m in columns}
+
+
+def _split_rows(rows, cols, p: ManifestParams, labels_raw, where) -> np.ndarray:
+    """Each row's split name ("train" / "test" / "public") as a str array."""
+    if p.split_column in cols:
+        split = [str(r.get(p.split_column) or "").strip().lower() for r in rows]
+        for n, s in enumerate(split, 1):
+            if not s:
+                raise DataError(f"{where(n, p.split_column)}: empty cell (every row needs a {p.split_column})")
+            if s not in SPLITS:
+                raise DataError(f"{where(n, p.split_column)}: must be 'train' or 'test' (or 'public': "
+                                f"CreamFL's public set), got {s!r}")
+        split = np.array(split)
+        for need in ("train", "test"):
+            if not (split == need).any():
+                raise DataError(f"{where(None, p.split_column)}: no {need} rows")
+        return split
+    for n, v in enumerate(labels_raw, 1):
+        if _empty(v):
+            raise DataError(f"{where(n, p.label_column)}: empty cell (every row needs a {p.label_column})")
+    y, _ = label_ids(labels_raw, list(range(len(rows))), [])
+    tr, te = stratified_split(y, p.test_fraction, p.seed)
+    split = np.empty(len(rows), dtype=object)
+    split[tr], split[te] = "train", "test"
+    return split.astype(str)
 
 
 @DATASETS.register("manifest", ManifestParams,
@@ -293,20 +268,64 @@ def load_manifest(p: ManifestParams) -> DatasetBundle:
         if m not in cols or m in special:
             raise DataError(f"{mpath}: {m!r} is not a modality column (columns: {', '.join(cols)})")
 
-    def where(n: int, col: str) -> str:
-        return f"{mpath}: row {n}, column {col!r}"
+    def where(n: int | None, col: str) -> str:
+        return f"{mpath}: row {n}, column {col!r}" if n is not None else f"{mpath}: column {col!r}"
 
+    labels_raw = [r.get(p.label_column) for r in rows]
+    split = _split_rows(rows, cols, p, labels_raw, where)
     for n, row in enumerate(rows, 1):
-        for col in [p.label_column] + [c for c in (p.client_column, p.split_column) if c in cols]:
+        need = [p.label_column] if split[n - 1] != "public" else []
+        if p.client_column in cols and split[n - 1] == "train":
+            need.append(p.client_column)
+        for col in need:
             if _empty(row.get(col)):
-                raise DataError(f"{where(n, col)}: empty cell (every row needs a {col})")
-    labels, class_names = _label_ids([r[p.label_column] for r in rows])
+                what = "train row" if col == p.client_column else "train and test row"
+                raise DataError(f"{where(n, col)}: empty cell (every {what} needs a {col})")
+    known = np.flatnonzero(split != "public")
+    try:
+        labels, class_names = label_ids(labels_raw, list(known), p.classes)
+    except ValueError as e:
+        i, lab = e.args[0]
+        raise DataError(f"{where(i + 1, p.label_column)}: label {lab!r} is not in data.classes "
+                        f"({', '.join(p.classes)})") from None
 
+    values, kinds, states = _read_columns(rows, mods, root, p, where)
+    idx = {s: np.flatnonzero(split == s) for s in SPLITS}
+    feats, info = _encode_columns(values, kinds, mods, idx["train"], p, where)
+    info = {"source": str(mpath), "kinds": kinds, "modality_info": states, **info,
+            "label_map": {n: i for i, n in enumerate(class_names)}}
+    _standardize(feats, kinds, mods, idx["train"], p, info)
+
+    if p.rename:
+        feats, mods, info = _rename(feats, mods, info, p.rename, where)
+    y = torch.from_numpy(labels)
+
+    def subset(s: str) -> ArrayDataset:
+        rows_s = torch.from_numpy(idx[s])
+        return ArrayDataset({k: t[rows_s] for k, t in feats.items()}, y[rows_s])
+
+    client_ids = None
+    if p.client_column in cols:
+        keys = [str(rows[i][p.client_column]).strip() for i in idx["train"]]
+        numeric = all(_INT.fullmatch(k) for k in keys)
+        names = sorted(set(keys), key=(lambda k: int(k)) if numeric else None)
+        index = {k: i for i, k in enumerate(names)}
+        client_ids = torch.tensor([index[k] for k in keys], dtype=torch.int64)
+        info["client_names"] = names
+    meta = DatasetMeta(name="manifest", num_classes=len(class_names),
+                       modalities={m: tuple(feats[m].shape[1:]) for m in mods},
+                       class_names=class_names, info=info)
+    public = subset("public") if len(idx["public"]) else None
+    return DatasetBundle(train=subset("train"), test=subset("test"), meta=meta, client_ids=client_ids,
+                         public=public)
+
+
+def _read_columns(rows, mods, root, p, where) -> tuple[dict[str, list], dict[str, str], dict[str, dict]]:
+    """Every modality cell read and checked: (values per column, kind per column, reader states)."""
     states: dict[str, dict] = {}
     values: dict[str, list] = {m: [] for m in mods}
     kinds: dict[str, str] = {}
-    as_text = {m: any(isinstance(r.get(m), str) and _file_kind(r[m]) is None and not _empty(r[m])
-                      and _inline_numbers(r[m]) is None for r in rows) for m in mods}
+    as_text = {m: any(is_inline_text(r.get(m)) for r in rows) for m in mods}
     for n, row in enumerate(rows, 1):
         for m in mods:
             cell = row.get(m)
@@ -319,46 +338,101 @@ def load_manifest(p: ManifestParams) -> DatasetBundle:
             first = kinds.setdefault(m, kind)
             if kind != first:
                 raise DataError(f"{where(n, m)}: a {kind} value, but earlier rows hold {first} values")
-            if kind != "text" and values[m] and val.shape != values[m][0].shape:
-                raise DataError(f"{where(n, m)}: ragged shapes: {tuple(val.shape)} here, "
-                                f"{tuple(values[m][0].shape)} in row 1 (for images set data.image_size)")
             values[m].append(val)
+    return values, kinds, states
 
-    if p.split_column in cols:
-        split = [str(r[p.split_column]).strip().lower() for r in rows]
-        for n, s in enumerate(split, 1):
-            if s not in ("train", "test"):
-                raise DataError(f"{where(n, p.split_column)}: must be 'train' or 'test', got {s!r}")
-        split_arr = np.array(split)
-        tr_idx, te_idx = np.flatnonzero(split_arr == "train"), np.flatnonzero(split_arr == "test")
-        if not len(tr_idx) or not len(te_idx):
-            raise DataError(f"{mpath}: split column {p.split_column!r} has no "
-                            f"{'train' if not len(tr_idx) else 'test'} rows")
-    else:
-        tr_idx, te_idx = stratified_split(labels, p.test_fraction, p.seed)
 
-    feats_tr, feats_te, vocab = {}, {}, {}
+def _encode_columns(values, kinds, mods, train_idx, p, where) -> tuple[dict[str, torch.Tensor], dict]:
+    """Columns -> stacked tensors (+ ``length/<m>``) and their meta.info entries."""
+    text_cols = [m for m in mods if kinds[m] == "text"]
+    array_cols = [m for m in mods if kinds[m] == "array"]
+    encoders = column_encoders(p.text_encoder, text_cols)
+    max_len = _per_column(p.max_length, 0, array_cols, "data.max_length")
+    feats: dict[str, torch.Tensor] = {}
+    info: dict[str, Any] = {"text_encoder": encoders, "vocab": {}, "token_vocab_size": {},
+                            "max_length": {m: L for m, L in max_len.items() if L}}
     for m in mods:
         if kinds[m] == "text":
-            vocab[m] = build_vocab([values[m][i] for i in tr_idx])
-            full = encode_texts(values[m], vocab[m], p.text_max_tokens)
+            x, lengths, extra = encode_column(values[m], train_idx, encoders[m], p.text_max_tokens,
+                                              p.text_vocab_size)
+            if "vocab" in extra:
+                info["vocab"][m] = extra["vocab"]
+                info["token_vocab_size"][m] = len(extra["vocab"])
         else:
-            full = torch.from_numpy(np.stack(values[m]).astype(np.float32))
-        feats_tr[m], feats_te[m] = full[torch.from_numpy(tr_idx)], full[torch.from_numpy(te_idx)]
-    y = torch.from_numpy(labels)
-    train = ArrayDataset(feats_tr, y[torch.from_numpy(tr_idx)])
-    test = ArrayDataset(feats_te, y[torch.from_numpy(te_idx)])
+            x, lengths = _stack(values[m], max_len.get(m, 0), p.truncate, kinds[m], m, where)
+        feats[m] = x
+        if lengths is not None:
+            feats[LENGTH + m] = lengths
+    info = {k: v for k, v in info.items() if v or k == "vocab"}
+    return feats, info
 
-    client_ids, info = None, {"source": str(mpath), "kinds": kinds, "vocab": vocab, "modality_info": states}
-    if p.client_column in cols:
-        raw = [rows[i][p.client_column] for i in tr_idx]
-        keys = [str(v).strip() for v in raw]
-        numeric = all(_INT.fullmatch(k) for k in keys)
-        names = sorted(set(keys), key=(lambda k: int(k)) if numeric else None)
-        index = {k: i for i, k in enumerate(names)}
-        client_ids = torch.tensor([index[k] for k in keys], dtype=torch.int64)
-        info["client_names"] = names
-    meta = DatasetMeta(name="manifest", num_classes=len(class_names),
-                       modalities={m: tuple(feats_tr[m].shape[1:]) for m in mods},
-                       class_names=class_names, info=info)
-    return DatasetBundle(train=train, test=test, meta=meta, client_ids=client_ids)
+
+def _stack(vals: list[np.ndarray], length: int, truncate: str, kind: str, m: str, where):
+    """Per-row arrays -> float32 ``[N, *shape]`` (and int64 lengths ``[N]`` with ``length``)."""
+    first = vals[0].shape
+    if not length:
+        for n, v in enumerate(vals, 1):
+            if v.shape != first:
+                hint = ("set data.image_size" if kind == "image" else
+                        "set data.max_length to pad/cut sequences on the last axis" if kind == "array" else
+                        "audio_length fixes the length")
+                raise DataError(f"{where(n, m)}: ragged shapes: {tuple(v.shape)} here, {tuple(first)} in row 1 "
+                                f"({hint})")
+        return torch.from_numpy(np.stack(vals).astype(np.float32)), None
+    out, lengths = [], []
+    for n, v in enumerate(vals, 1):
+        if v.ndim == 0:
+            raise DataError(f"{where(n, m)}: a scalar; data.max_length needs sequences ([T] or [C, T])")
+        if v.shape[:-1] != first[:-1]:
+            raise DataError(f"{where(n, m)}: shape {tuple(v.shape)} here, {tuple(first)} in row 1: only the "
+                            "last axis may differ (data.max_length pads/cuts it)")
+        x, t = fit_length(v, length, truncate)
+        out.append(x)
+        lengths.append(t)
+    return torch.from_numpy(np.stack(out).astype(np.float32)), torch.tensor(lengths, dtype=torch.int64)
+
+
+def _standardize(feats, kinds, mods, train_idx, p, info) -> None:
+    """z-score the ``normalize`` columns in place with train-split statistics (``info["standardize"]``)."""
+    if p.normalize is True:
+        cols = [m for m in mods if kinds[m] != "text"]
+    elif p.normalize is False:
+        cols = []
+    else:
+        cols = list(p.normalize)
+    tokens = set(info.get("token_vocab_size", {}))
+    for m in cols:
+        if m not in mods:
+            raise ConfigError(f"data.normalize: {m!r} is not a modality column (columns: {', '.join(mods)})")
+        if m in tokens:
+            raise ConfigError(f"data.normalize: {m!r} holds token ids (text_encoder 'tokens'); "
+                              "they cannot be standardized")
+    stats = {}
+    rows = torch.from_numpy(train_idx)
+    for m in cols:
+        lengths = feats.get(LENGTH + m)
+        mean, std = zscore_stats(feats[m][rows], None if lengths is None else lengths[rows])
+        feats[m] = zscore(feats[m], mean, std, lengths)
+        stats[m] = {"mean": mean.flatten().tolist(), "std": std.flatten().tolist(),
+                    "per": "feature" if feats[m].dim() <= 2 else "channel"}
+    if stats:
+        info["standardize"] = stats
+
+
+def _rename(feats, mods, info, rename: dict[str, str], where):
+    """Modality columns renamed (features, ``length/`` keys and per-column meta.info entries)."""
+    for k in rename:
+        if k not in mods:
+            raise ConfigError(f"data.rename.{k}: not a modality column (columns: {', '.join(mods)})")
+    new = [rename.get(m, m) for m in mods]
+    if len(set(new)) != len(new):
+        raise ConfigError(f"data.rename: two modalities would be named alike ({', '.join(new)})")
+    out = {}
+    for k, t in feats.items():
+        aux = k.startswith(LENGTH)
+        m = k[len(LENGTH):] if aux else k
+        out[(LENGTH if aux else "") + rename.get(m, m)] = t
+    per_column = ("kinds", "modality_info", "text_encoder", "vocab", "token_vocab_size", "max_length", "standardize")
+    info = {k: {rename.get(m, m): v for m, v in val.items()} if k in per_column else val for k, val in info.items()}
+    info["columns"] = {rename.get(m, m): m for m in mods}
+    return out, new, info

@@ -9,6 +9,7 @@ Run folder ``<output_dir>/<name>/``:
   latency ``sim_*``, see :mod:`mmfl.core.system`);
 - ``checkpoints/round_NNNNN/``: the state after the last round (see
   :mod:`mmfl.engine.checkpoint`);
+- ``labels.json``: class label -> id, when the data set maps its labels (a manifest);
 - ``summary.json`` and ``accuracy.png`` when the run finishes;
 - ``.lock``: held by the process writing the folder (see :mod:`mmfl.engine.runfolder`).
 """
@@ -237,6 +238,9 @@ class Experiment:
     def _run(self, resume: bool, overwrite: bool) -> dict:
         cfg = self.cfg
         start = self._prepare_dir(resume, overwrite)
+        label_map = (self.federation.meta.info or {}).get("label_map")
+        if label_map:  # the ids a manifest gave its labels (mmfl.data.manifest)
+            _atomic_write(self.run_dir / "labels.json", json.dumps(label_map, indent=2))
         if cfg.tracking is not None:
             self.tracking = Tracking(cfg, self.run_dir, start, load_metrics(self.run_dir) if start else [])
         rounds = range(start, cfg.run.rounds)
