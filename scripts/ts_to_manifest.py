@@ -5,7 +5,9 @@
 Each sample's channels go to one ``.npy`` file per modality (float32 ``[C, T_i]``; lengths may
 differ between samples), and ``OUT/manifest.csv`` gets a row per sample: label, one column per
 modality, and split (train for the first file, test for the second). Without ``--modality``
-all channels form one modality ``series``. Read by ``[data] name = "manifest"`` with
+all channels form one modality ``series``. ``--crop MIN`` cuts each recording to a seeded
+random window of MIN..T steps (variable-length windows of a longer stream, the way sensor
+streams are cut in practice). Read by ``[data] name = "manifest"`` with
 ``max_length`` set when the lengths vary (see docs/data.md).
 """
 
@@ -47,13 +49,21 @@ def main() -> None:
     ap.add_argument("test", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--modality", action="append", default=[], help="name=first-last channel (0-based)")
+    ap.add_argument("--crop", type=int, default=0, metavar="MIN",
+                    help="cut each recording to a random window of MIN..T steps (0 = keep it whole)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the --crop windows")
     a = ap.parse_args()
+    rng = np.random.default_rng(a.seed)
     mods = [parse_modality(s) for s in a.modality]
     a.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for split, path in (("train", a.train), ("test", a.test)):
         for i, (x, label) in enumerate(read_ts(path)):
             row = {"label": label}
+            if a.crop and x.shape[1] > a.crop:  # one window per recording, shared by its modalities
+                t = int(rng.integers(a.crop, x.shape[1] + 1))
+                start = int(rng.integers(0, x.shape[1] - t + 1))
+                x = x[:, start:start + t]
             for name, chans in mods or [("series", list(range(len(x))))]:
                 f = f"{split}/{name}_{i:05d}.npy"
                 (a.out / split).mkdir(exist_ok=True)

@@ -148,7 +148,7 @@ def test_max_length_errors(tmp_path):
              max_length=3, test_fraction=0.5)
     assert b.meta.modalities == {"acc": (2, 3)}  # nested inline lists are [C, T]
     err(tmp_path, [{"acc": [[1, 2, 3], [4]], "label": 0}], "ragged nested list")
-    err(tmp_path, rows, r"data.max_length.img: not an array column", exc=ConfigError, max_length={"img": 3})
+    err(tmp_path, rows, r"data.max_length.img: not a column this setting applies to", exc=ConfigError, max_length={"img": 3})
     err(tmp_path, rows, r"data.max_length: must be an integer >= 0", exc=ConfigError, max_length=-1)
 
 

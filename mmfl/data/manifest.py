@@ -78,6 +78,9 @@ class ManifestParams:
     text_encoder: str | dict[str, str] = field(default=DEFAULT_TEXT_ENCODER, metadata={
         "help": "text columns -> tensors: minilm (frozen, 384-d), hash / hash:<d> (hashed words), tokens "
                 "(ids for a trainable embedding); one name, or a table column -> name"})
+    image_encoder: str | dict[str, str] = field(default="", metadata={
+        "help": "image columns -> frozen features: '' (keep pixels [C, H, W]), mobilenet_v2 (1280-d, input "
+                "image_size or 224), pixels:<s> (grey s*s); one name, or a table column -> name"})
     text_max_tokens: int = field(default=64, metadata={"help": "token ids per text cell with text_encoder "
                                                                "= 'tokens' (cut, padded with 0)"})
     text_vocab_size: int = field(default=0, metadata={
@@ -112,6 +115,13 @@ class ManifestParams:
                                  for k, v in self.text_encoder.items()}
         else:
             self.text_encoder = check_text_encoder(self.text_encoder, "data.text_encoder")
+        from mmfl.data.featurize import parse_image_encoder
+
+        for k, v in (self.image_encoder.items() if isinstance(self.image_encoder, dict) else [("", self.image_encoder)]):
+            if not isinstance(v, str):
+                raise ConfigError(f"data.image_encoder{'.' + k if k else ''}: expected a name, got {v!r}")
+            if v:
+                parse_image_encoder(v, f"data.image_encoder{'.' + k if k else ''}")
         lengths = self.max_length if isinstance(self.max_length, dict) else {"": self.max_length}
         for k, v in lengths.items():
             key = f"data.max_length.{k}" if k else "data.max_length"
@@ -215,7 +225,7 @@ def _per_column(value, default, columns: list[str], key: str) -> dict[str, Any]:
         return {m: value for m in columns}
     for k in value:
         if k not in columns:
-            raise ConfigError(f"{key}.{k}: not an array column of the manifest (array columns: "
+            raise ConfigError(f"{key}.{k}: not a column this setting applies to (those columns: "
                               f"{', '.join(columns) or 'none'})")
     return {m: value.get(m, default) for m in columns}
 
@@ -348,7 +358,9 @@ def _encode_columns(values, kinds, mods, train_idx, p, where) -> tuple[dict[str,
     encoders = column_encoders(p.text_encoder, text_cols)
     max_len = _per_column(p.max_length, 0, array_cols, "data.max_length")
     feats: dict[str, torch.Tensor] = {}
-    info: dict[str, Any] = {"text_encoder": encoders, "vocab": {}, "token_vocab_size": {},
+    image_cols = [m for m in mods if kinds[m] == "image"]
+    image_enc = _per_column(p.image_encoder, "", image_cols, "data.image_encoder")
+    info: dict[str, Any] = {"text_encoder": encoders, "image_encoder": {}, "vocab": {}, "token_vocab_size": {},
                             "max_length": {m: L for m, L in max_len.items() if L}}
     for m in mods:
         if kinds[m] == "text":
@@ -359,11 +371,23 @@ def _encode_columns(values, kinds, mods, train_idx, p, where) -> tuple[dict[str,
                 info["token_vocab_size"][m] = len(extra["vocab"])
         else:
             x, lengths = _stack(values[m], max_len.get(m, 0), p.truncate, kinds[m], m, where)
+            if kinds[m] == "image" and image_enc.get(m):
+                x = _image_features(x, image_enc[m], p.image_size)
+                info["image_encoder"][m] = image_enc[m]
         feats[m] = x
         if lengths is not None:
             feats[LENGTH + m] = lengths
     info = {k: v for k, v in info.items() if v or k == "vocab"}
     return feats, info
+
+
+def _image_features(x: torch.Tensor, encoder: str, image_size: int) -> torch.Tensor:
+    """Images float ``[N, C, H, W]`` in [0, 1] -> frozen features ``[N, d]`` (:func:`mmfl.data.featurize.
+    image_features`, cached; MobileNetV2's input side is ``image_size``, or 224 when it is 0)."""
+    from mmfl.data.featurize import image_features
+
+    u8 = (x.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
+    return image_features(u8, encoder, size=image_size or 224)
 
 
 def _stack(vals: list[np.ndarray], length: int, truncate: str, kind: str, m: str, where):
@@ -431,7 +455,7 @@ def _rename(feats, mods, info, rename: dict[str, str], where):
         aux = k.startswith(LENGTH)
         m = k[len(LENGTH):] if aux else k
         out[(LENGTH if aux else "") + rename.get(m, m)] = t
-    per_column = ("kinds", "modality_info", "text_encoder", "vocab", "token_vocab_size", "max_length", "standardize")
+    per_column = ("kinds", "modality_info", "text_encoder", "image_encoder", "vocab", "token_vocab_size", "max_length", "standardize")
     info = {k: {rename.get(m, m): v for m, v in val.items()} if k in per_column else val for k, val in info.items()}
     info["columns"] = {rename.get(m, m): m for m in mods}
     return out, new, info

@@ -25,11 +25,15 @@ from mmfl.errors import DataError
 
 
 def read_image(path: Path, p, state: dict) -> np.ndarray:
-    """Image file -> float32 ``[C, H, W]`` in [0, 1] (C = 1 for L, 3 for RGB)."""
+    """Image file -> float32 ``[C, H, W]`` in [0, 1] (C = 1 for L, 3 for RGB); transparent pixels
+    (RGBA, LA, palette transparency) are composited on white, as the emoji loader does."""
     from PIL import Image
 
     with Image.open(path) as img:
         img.load()
+        if img.mode in ("RGBA", "LA", "PA") or "transparency" in img.info:
+            rgba = img.convert("RGBA")
+            img = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
         img = img.convert(p.image_mode)
         if p.image_size:
             img = img.resize((p.image_size, p.image_size), Image.BILINEAR)
