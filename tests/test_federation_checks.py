@@ -29,6 +29,7 @@ class XPairsParams:
     text_dim: int = 8
     classes: int = 3
     public: bool = True
+    label_prefix: str = "c"  # class names: <prefix>0, <prefix>1, ...
 
 
 def xpairs(p: XPairsParams) -> DatasetBundle:
@@ -40,7 +41,7 @@ def xpairs(p: XPairsParams) -> DatasetBundle:
                             torch.arange(n) % p.classes)
 
     meta = DatasetMeta(name="xpairs", num_classes=p.classes, modalities=dims,
-                       class_names=[f"c{k}" for k in range(p.classes)])
+                       class_names=[f"{p.label_prefix}{k}" for k in range(p.classes)])
     return DatasetBundle(split(24), split(9), meta, public=split(12) if p.public else None)
 
 
@@ -106,3 +107,36 @@ def test_client_models_for_clients_beyond_the_federation_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match=r"client_models\[0\].for_clients: client 7 does not exist "
                                           r"\(the federation has clients 0..3\)"):
         build_federation(resolve(raw))
+
+
+# ----------------------------------------------------------------------------- mmfl partition
+
+
+def test_partition_labels_each_client_data_set_with_its_own_class_names(tmp_path, capsys):
+    # before: every client's counts were labelled with [data]'s class names (CreamFL's Fashion-MNIST
+    # and BBC News clients under emoji categories)
+    raw = config(tmp_path, {"mods": ["text"], "classes": 4, "label_prefix": "news"})
+    png = tmp_path / "parts.png"
+    assert main(["partition", write(tmp_path, raw), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    first, second = out.split("client_data[0] xpairs: iid partition, clients 2-3")
+    assert "xpairs: iid partition, clients 0-1" in first
+    head = [line for line in first.splitlines() if line.lstrip().startswith("client ")][0].split()
+    assert head == ["client", "c0", "c1", "c2", "total"]
+    head = [line for line in second.splitlines() if line.lstrip().startswith("client ")][0].split()
+    assert head == ["client", "news0", "news1", "news2", "news3", "total"]
+    rows = [r for r in map(str.split, second.splitlines()) if len(r) == 6 and r[0] in ("2", "3")]
+    assert [r[0] for r in rows] == ["2", "3"] and sum(int(r[-1]) for r in rows) == 24  # global ids, all rows
+    assert png.stat().st_size > 0
+
+
+def test_plot_federation_has_one_titled_panel_per_data_set_with_its_classes(tmp_path):
+    from mmfl.data.partition_report import source_groups
+
+    raw = config(tmp_path, {"mods": ["text"], "classes": 4, "label_prefix": "news"})
+    cfg = resolve(raw)
+    fed = build_federation(cfg)
+    groups = source_groups(fed, cfg)
+    assert [g["ids"] for g in groups] == [[0, 1], [2, 3]]
+    assert [g["counts"].shape for g in groups] == [(2, 3), (2, 4)]
+    assert groups[1]["class_names"] == ["news0", "news1", "news2", "news3"]
