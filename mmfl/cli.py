@@ -225,13 +225,11 @@ def cmd_partition(args) -> int:
     from mmfl.api import configure
 
     cfg = configure(args.config or demo_config_path(), args.overrides)  # a missing file: before any import
-    from mmfl.data.partition import partition_summary, plot_partition
+    from mmfl.data.partition_report import federation_summary, plot_federation
     from mmfl.data.federation import build_federation
 
     fed = build_federation(cfg)
-    counts = fed.class_counts()
-    print(f"{cfg.data.name}: {cfg.partition.name} partition over {fed.num_clients} clients")
-    print(partition_summary(counts, fed.meta.class_names))
+    print(federation_summary(fed, cfg))  # each data set's clients with its own class names
     if fed.client_modalities is not None:  # modality heterogeneity: who holds what
         from mmfl.data.modality import modality_summary
 
@@ -245,7 +243,7 @@ def cmd_partition(args) -> int:
         print("missing_rate (share of each multimodal client's samples lacking it): "
               + ", ".join(f"{m} {r:g}" for m, r in rates.items()))
     if args.plot:
-        plot_partition(counts, args.plot)
+        plot_federation(fed, cfg, args.plot)
         print(f"plot: {args.plot}")
     return 0
 

@@ -82,29 +82,98 @@ def rounds_to_reach(rows: list[dict], target: float) -> int | None:
     return None
 
 
-def plot_accuracy(runs: dict[str, list[dict]], path: str | Path) -> None:
-    import matplotlib
+# what a run's ``accuracy`` is (:mod:`mmfl.core.evaluation`): the server model on the shared test
+# set, the mean over clients of their personalized models (a ``personalized`` evaluation reports
+# ``personal_test_rows``), or the mean of the clients' own models on their test sets (``clients``)
+ACCURACY_KINDS = {"global": "test accuracy",
+                  "personalized": "personalized mean accuracy (clients' models, own test rows)",
+                  "clients": "mean accuracy of the clients' own models"}
+SHORT_KIND = {"global": "test", "personalized": "personalized mean", "clients": "clients' mean"}
+R1_LABEL = "R@1 sum (i2t + t2i, %)"
+STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "v", "D", "x", "+", "*")
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    # a classifier's accuracy, else a retrieval model's R@1 sum (i2t + t2i Recall@1, percent)
-    metric = "accuracy" if any("accuracy" in r for rows in runs.values() for r in rows) else "r1_sum"
-    drawn = False
-    for name, rows in runs.items():
-        pts = [(r["round"], r[metric]) for r in rows if metric in r]
+def accuracy_kind(rows: list[dict]) -> str:
+    """``global``, ``personalized`` or ``clients``: what the rows' ``accuracy`` means."""
+    evals = [r for r in rows if "accuracy" in r]
+    if any("personal_test_rows" in r for r in evals):
+        return "personalized"
+    if any("client_accuracy" in r and "accuracy_std" in r for r in evals):
+        return "clients"
+    return "global"
+
+
+def _curves(rows: list[dict]) -> list[tuple[str, str, list]]:
+    """A run's curves: (panel metric, kind, [(round, value)]); the personalized mean of
+    ``run.personal_eval`` (``personal/accuracy``) is a second accuracy curve."""
+    out = []
+    for metric, kind in (("accuracy", accuracy_kind(rows)), ("personal/accuracy", "personalized"),
+                         ("r1_sum", "r1")):
+        pts = [(int(r["round"]), float(r[metric])) for r in rows if r.get(metric) is not None and "round" in r]
         if pts:
-            ax.plot(*zip(*pts), marker="o" if len(pts) < 30 else None, label=name)
-            drawn = True
-    ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy" if metric == "accuracy" else "R@1 sum (i2t + t2i, %)")
-    ax.grid(alpha=0.3)
-    if drawn:
+            out.append(("r1_sum" if metric == "r1_sum" else "accuracy", kind, pts))
+    return out
+
+
+def accuracy_figure(runs: dict[str, list[dict]], data: str | None = None):
+    """The figure of ``mmfl report --plot``: one panel per metric the runs have (accuracy, else or
+    also a retrieval model's R@1 sum), rounds on an integer axis, every curve its own line style
+    and marker, a curve equal to an earlier one labelled "(same as <run>)", each panel titled.
+    Returns ``(figure, notes)``: ``notes`` has one line per run that could not be drawn, saying why.
+    Uses the Agg canvas directly (no pyplot, no global backend change)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    panels: dict[str, list[tuple[str, str, list]]] = {}
+    notes = []
+    for name, rows in runs.items():
+        curves = _curves(rows)
+        if not curves:
+            why = "no rows" if not rows else f"none of its {len(rows)} rows has accuracy or r1_sum " \
+                                              "(no evaluated round: eval_every > rounds?)"
+            notes.append(f"not plotted: {name}: {why}")
+        for metric, kind, pts in curves:
+            panels.setdefault(metric, []).append((name, kind, pts))
+    order = [m for m in ("accuracy", "r1_sum") if m in panels]
+    fig = Figure(figsize=(6.5, 4 * max(1, len(order))))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(max(1, len(order)), 1, squeeze=False)[:, 0]
+    where = f" ({data})" if data else ""
+    if not order:
+        axes[0].set_title(f"no evaluated rounds to plot{where}")
+    i = 0
+    for ax, metric in zip(axes, order):
+        kinds = {kind for _, kind, _ in panels[metric]}
+        mixed = metric == "accuracy" and len(kinds) > 1
+        ylabel = R1_LABEL if metric == "r1_sum" else "accuracy" if mixed else ACCURACY_KINDS[kinds.pop()]
+        seen: dict[tuple, str] = {}
+        for name, kind, pts in panels[metric]:
+            label = f"{name} ({SHORT_KIND[kind]})" if mixed else name
+            key = tuple(pts)
+            if key in seen:  # drawn exactly on top of another: say so
+                label += f" (same as {seen[key]})"
+            else:
+                seen[key] = name
+            ax.plot(*zip(*pts), linestyle=STYLES[i % len(STYLES)], marker=MARKERS[i % len(MARKERS)],
+                    markevery=max(1, len(pts) // 30), markersize=5, label=label)
+            i += 1
+        ax.set_xlabel("round")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{ylabel} per round{where}")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
+    return fig, notes
+
+
+def plot_accuracy(runs: dict[str, list[dict]], path: str | Path, data: str | None = None) -> list[str]:
+    """Write :func:`accuracy_figure` to ``path``; returns its notes (runs not drawn, and why)."""
+    fig, notes = accuracy_figure(runs, data)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return notes
 
 
 def _human_bytes(n: float) -> str:
@@ -131,19 +200,24 @@ def modality_columns(final_rows: list[dict]) -> list[str]:
 
 
 def compare(run_dirs: list[str | Path], plot_path: str | Path | None = None) -> str:
-    """A Markdown table comparing runs (and an accuracy plot if ``plot_path``).
+    """A Markdown table comparing runs (and an accuracy plot if ``plot_path``, followed by a
+    ``not plotted: <run>: <why>`` line for each run the plot could not show).
 
     When a run has per-modality metrics (a multimodal model), the table adds the
     final ``acc/<m>`` of each modality's own head and the joint output's ``UAR``
     (unweighted average recall); a run without one shows ``-``."""
     import tomllib
 
-    runs = []
+    runs, datas = [], []
     for d in run_dirs:
         d = Path(d)
         rows = load_metrics(d)
         cfg_path = d / "config.toml"
-        algo = tomllib.loads(cfg_path.read_text()).get("algorithm", {}).get("name", "?") if cfg_path.is_file() else "?"
+        raw = tomllib.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        algo = raw.get("algorithm", {}).get("name", "?")
+        data = raw.get("data", {}).get("name")
+        if data and data not in datas:
+            datas.append(data)
         runs.append((d, algo, rows))
     finals = [_final_eval(rows) for _, _, rows in runs]
     mods = modality_columns(finals)
@@ -160,6 +234,7 @@ def compare(run_dirs: list[str | Path], plot_path: str | Path | None = None) -> 
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     fmt = lambda v: "-" if v is None else f"{100 * v:.2f}%"  # noqa: E731
     curves = {}
+    names = [d.name for d, _, _ in runs]
     for (d, algo, rows), final in zip(runs, finals):
         s = summarize(rows)
         cells = [d.name, algo, str(s["rounds"]), fmt(s["final_accuracy"]), fmt(s["best_accuracy"])]
@@ -175,7 +250,9 @@ def compare(run_dirs: list[str | Path], plot_path: str | Path | None = None) -> 
         if dp:
             cells.append(f"{s['dp_epsilon']:.3g} ({s['dp_delta']:.0e})" if "dp_epsilon" in s else "-")
         lines.append("| " + " | ".join(cells) + " |")
-        curves[d.name] = rows
+        # two runs of one name (e.g. seeds in sibling folders) keep both curves
+        label = d.name if names.count(d.name) == 1 else f"{d.parent.name}/{d.name}"
+        curves[label if label not in curves else f"{label} [{len(curves)}]"] = rows
     if plot_path is not None:
-        plot_accuracy(curves, plot_path)
+        lines += plot_accuracy(curves, plot_path, ", ".join(datas) or None)
     return "\n".join(lines)

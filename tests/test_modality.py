@@ -220,9 +220,11 @@ def test_client_models_bad_entries():
 
 def test_client_data_adds_clients_from_another_data_set_with_their_own_model(tmp_path):
     raw = {"name": "src", "rounds": 2, "eval_every": 2, "output_dir": str(tmp_path), "threads": 1,
-           "data": {"name": "mfeat", "views": ["fou"]}, "partition": {"name": "iid", "num_clients": 2},
+           "data": {"name": "digits"}, "partition": {"name": "iid", "num_clients": 2},
            "model": {"name": "mlp", "hidden": [32]}, "algorithm": {"name": "local"},
-           "client_data": [{"data": {"name": "digits"}, "partition": {"name": "iid", "num_clients": 3}}],
+           # another split of the same images (a [[client_data]] set shares [data]'s modalities and shapes)
+           "client_data": [{"data": {"name": "digits", "test_fraction": 0.5},
+                            "partition": {"name": "iid", "num_clients": 3}}],
            "client_models": [{"for_clients": [2, 3, 4], "hidden": [16]}],
            "train": {"local_epochs": 1}}
     cfg = resolve(raw)
@@ -230,14 +232,14 @@ def test_client_data_adds_clients_from_another_data_set_with_their_own_model(tmp
     fed = exp.federation
     assert fed.num_clients == 5 and fed.client_sources == [None, None, 0, 0, 0]
     assert fed.meta_of(3).name == "digits" and fed.clients[3].modalities == ["image"]
-    assert fed.modalities_of(0) == ("fou",) and fed.modalities_of(4) == ("image",)
+    assert fed.modalities_of(0) == ("image",) and fed.modalities_of(4) == ("image",)
     assert len(fed.test_of(4)) == len(fed.sources[0].test) != len(fed.test)
     exp.run()
     last = load_metrics(tmp_path / "src")[-1]
     assert len(last["client_accuracy"]) == 5
     digits_model = exp.transport._model("local", None, 0, 0, fed.meta_of(2))
     assert digits_model.features[0].in_features == 64 and digits_model.features[0].out_features == 16
-    assert exp.transport._model("local").features[0].in_features == 76  # mfeat's fou view, [model]
+    assert exp.transport._model("local").features[0].out_features == 32  # [model]
     assert resolve(cfg.to_dict()).client_data[0].partition.params.num_clients == 3  # saved form resolves
 
 

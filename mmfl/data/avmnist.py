@@ -127,7 +127,8 @@ def find_fsdd(root: str = "") -> Path:
     if where:
         raise DataError(f"{cands[0]}: FSDD not found (no recordings/ folder; set by {where})")
     raise DataError("FSDD not found: set data.fsdd_root (or $MMFL_FSDD_DIR) to a clone of "
-                    "the Free Spoken Digit Dataset (the folder holding recordings/)")
+                    "the Free Spoken Digit Dataset (the folder holding recordings/; "
+                    "git clone https://github.com/Jakobovski/free-spoken-digit-dataset)")
 
 
 def list_fsdd(root: Path) -> list[tuple[Path, int, str, int]]:

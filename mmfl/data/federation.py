@@ -1,14 +1,20 @@
 """Building a run's federation from its config: load the data set, split its training part
 among the clients (the partitioner), assign modalities (and missing-sample masks), and add
-the clients of ``[[client_data]]`` entries. Every draw is seeded from the run seed."""
+the clients of ``[[client_data]]`` entries. Every draw is seeded from the run seed.
+
+Cross-checks (each a one-line :class:`~mmfl.errors.ConfigError` naming both sides): a
+``[[client_data]]`` data set's modalities are some of ``[data]``'s, with the same per-sample
+shapes after its frozen encoders (the clients' models meet ``[data]``'s test and public sets);
+``[[client_models]]`` select modalities and client ids that the federation has."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from mmfl.data import DATASETS, PARTITIONERS
-from mmfl.data.base import ArrayDataset, DataSource, Federation
+from mmfl.data.base import ArrayDataset, DatasetMeta, DataSource, Federation
 from mmfl.data.modality import MODALITY_ASSIGNERS, missing_masks
+from mmfl.errors import ConfigError
 from mmfl.schema import ExperimentConfig
 from mmfl.seeds import derive_seed
 
@@ -41,6 +47,7 @@ def build_federation(cfg: ExperimentConfig, pooled: bool = False) -> Federation:
     sources = []
     for k, extra in enumerate(cfg.client_data):  # [[client_data]]: more clients, from other data sets
         b = DATASETS.get(extra.data.name).factory(extra.data.params)
+        check_source(k, b.meta, bundle.meta)
         prng = np.random.default_rng(derive_seed(cfg.run.seed, "partition", "client_data", k))
         ids = b.client_ids.numpy() if b.client_ids is not None else None
         for part in PARTITIONERS.get(extra.partition.name).factory(b.train.label_array(), extra.partition.params,
@@ -49,9 +56,43 @@ def build_federation(cfg: ExperimentConfig, pooled: bool = False) -> Federation:
             holds.append(tuple(b.meta.modalities))
             client_sources.append(k)
         sources.append(DataSource(meta=b.meta, test=b.test))
+    check_client_models(cfg.client_models, mods, len(clients))
     groups = [next((g for g, entry in enumerate(cfg.client_models) if entry.matches(cid, h)), None)
               for cid, h in enumerate(holds)]
     return Federation(clients=clients, test=bundle.test, meta=bundle.meta, public=bundle.public,
                       client_modalities=None if uniform and not sources else holds,
                       client_groups=groups if any(g is not None for g in groups) else None,
                       client_sources=client_sources if sources else None, sources=sources)
+
+
+def _shape(s) -> tuple:
+    return tuple(int(d) for d in s)
+
+
+def check_source(k: int, meta: DatasetMeta, data_meta: DatasetMeta) -> None:
+    """``[[client_data]]`` entry ``k``'s data set (``meta``) against ``[data]``'s (``data_meta``):
+    each of its modalities is one of ``[data]``'s, with the same per-sample shape. A ConfigError
+    naming the entry, the modality and both shapes otherwise."""
+    ours = data_meta.modalities
+    for m, shape in meta.modalities.items():
+        if m not in ours:
+            raise ConfigError(f"client_data[{k}]: modality '{m}' is not one of [data]'s modalities "
+                              f"({', '.join(ours)}); name it like [data] does (data set '{meta.name}' "
+                              f"has {', '.join(meta.modalities)})")
+        if _shape(shape) != _shape(ours[m]):
+            raise ConfigError(f"client_data[{k}].data: modality '{m}' has shape {_shape(shape)} but [data] "
+                              f"'{m}' has {_shape(ours[m])} (use the same encoder or feature size for both)")
+
+
+def check_client_models(entries, modalities: list[str], num_clients: int) -> None:
+    """``[[client_models]]`` selectors against the federation: ``for_modalities`` names only
+    its modalities, ``for_clients`` only existing client ids."""
+    for i, entry in enumerate(entries):
+        for m in entry.modalities:
+            if m not in modalities:
+                raise ConfigError(f"client_models[{i}].for_modalities: '{m}' is not a modality of this "
+                                  f"federation ({', '.join(modalities)})")
+        for c in entry.clients:
+            if c >= num_clients:
+                raise ConfigError(f"client_models[{i}].for_clients: client {c} does not exist (the federation "
+                                  f"has clients 0..{num_clients - 1})")

@@ -60,10 +60,11 @@ def _names(class_names, k: int) -> list[str]:
     return names + [str(j) for j in range(len(names), k)]
 
 
-def partition_summary(counts, class_names=None, max_rows: int = 50) -> str:
+def partition_summary(counts, class_names=None, max_rows: int = 50, client_ids=None) -> str:
     """A table (rows = clients, columns = classes + total) and a summary line.
 
-    With more than ``max_rows`` clients only the first and last rows are shown.
+    ``client_ids`` labels the rows (default 0..n-1). With more than ``max_rows`` clients only
+    the first and last rows are shown.
     The last line gives min / mean / max client size, the mean per-client label
     entropy (bits; log2 K = balanced) and the mean largest-class share.
     """
@@ -74,7 +75,8 @@ def partition_summary(counts, class_names=None, max_rows: int = 50) -> str:
     names = _names(class_names, k)
     tot = c.sum(axis=1)
     header = ["client"] + names + ["total"]
-    rows = [[str(i)] + [str(v) for v in c[i]] + [str(tot[i])] for i in range(n_cl)]
+    ids = list(range(n_cl)) if client_ids is None else list(client_ids)
+    rows = [[str(ids[i])] + [str(v) for v in c[i]] + [str(tot[i])] for i in range(n_cl)]
     if n_cl > max_rows:
         half = max_rows // 2
         rows = rows[:half] + [["..."] * len(header)] + rows[n_cl - (max_rows - half):]
@@ -100,17 +102,37 @@ def plot_partition(counts, path, class_names=None, title: str | None = None) -> 
 
     Uses the Agg canvas directly (no pyplot, no global backend change).
     """
-    import matplotlib
+    return plot_groups([(counts, class_names, None, title)], path)
+
+
+def plot_groups(groups, path, suptitle: str | None = None) -> Path:
+    """:func:`plot_partition` of several groups of clients, one panel each (e.g. ``[data]``'s
+    clients and each ``[[client_data]]`` set's, every panel with its own classes). ``groups``:
+    ``(counts, class_names, client_ids or None, title)`` tuples."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+
+    heights = [min(40.0, max(3.0, 0.25 * np.asarray(g[0]).shape[0] + 1.5)) for g in groups]
+    fig = Figure(figsize=(8, min(60.0, sum(heights))))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(groups), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+    for ax, (counts, class_names, ids, title) in zip(axes, groups):
+        _bars(ax, counts, class_names, ids, title)
+    if suptitle:
+        fig.suptitle(suptitle)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=100)
+    return path
+
+
+def _bars(ax, counts, class_names, client_ids, title) -> None:
+    import matplotlib
 
     c = np.asarray(counts, dtype=np.int64)
     n_cl, k = c.shape
     names = _names(class_names, k)
-    height = min(40.0, max(3.0, 0.25 * n_cl + 1.5))
-    fig = Figure(figsize=(8, height))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
     colors = matplotlib.colormaps["tab20" if k > 10 else "tab10"]
     left = np.zeros(n_cl)
     ypos = np.arange(n_cl)
@@ -123,13 +145,51 @@ def plot_partition(counts, path, class_names=None, title: str | None = None) -> 
     ax.set_xlabel("samples")
     ax.invert_yaxis()
     if n_cl <= 50:
-        ax.set_yticks(ypos)
+        ax.set_yticks(ypos, [str(i) for i in (range(n_cl) if client_ids is None else client_ids)])
     if title:
         ax.set_title(title)
     if k <= 20:
         ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small", title="class")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=100)
-    return path
+
+
+def source_groups(fed, cfg) -> list[dict]:
+    """The federation's clients by where their data comes from: ``[data]``'s, then each
+    ``[[client_data]]`` entry's. Each group: ``title`` (data set, partition, client ids),
+    ``ids``, ``counts`` (``[len(ids), K]`` over that data set's own classes) and ``class_names``."""
+    out = []
+    for src in [None] + list(range(len(cfg.client_data))):
+        ids = [c for c in range(fed.num_clients) if fed.source_of(c) == src]
+        if not ids:
+            continue
+        meta = fed.meta_of(ids[0])
+        k = meta.num_classes
+        counts = np.stack([np.bincount(fed.clients[c].label_array(), minlength=k)[:k] for c in ids])
+        entry = cfg if src is None else cfg.client_data[src]
+        where = "" if src is None else f"client_data[{src}] "
+        span = f"client {ids[0]}" if len(ids) == 1 else f"clients {ids[0]}-{ids[-1]}"
+        out.append({"title": f"{where}{entry.data.name}: {entry.partition.name} partition, {span}",
+                    "ids": ids, "counts": counts, "class_names": list(meta.class_names)})
+    return out
+
+
+def federation_summary(fed, cfg) -> str:
+    """:func:`partition_summary` of each group of :func:`source_groups`, each with its own
+    data set's class names, under a line naming the data set, partition and client ids."""
+    groups = source_groups(fed, cfg)
+    if len(groups) == 1:
+        g = groups[0]
+        return (f"{cfg.data.name}: {cfg.partition.name} partition over {fed.num_clients} clients\n"
+                + partition_summary(g["counts"], g["class_names"]))
+    parts = [f"{fed.num_clients} clients from {len(groups)} data sets"]
+    for g in groups:
+        parts += ["", g["title"], partition_summary(g["counts"], g["class_names"], client_ids=g["ids"])]
+    return "\n".join(parts)
+
+
+def plot_federation(fed, cfg, path) -> Path:
+    """:func:`plot_groups` of :func:`source_groups`: one panel per data set, titled."""
+    groups = source_groups(fed, cfg)
+    if len(groups) == 1:
+        groups[0]["title"] = f"{cfg.data.name}: {cfg.partition.name} partition over {fed.num_clients} clients"
+    return plot_groups([(g["counts"], g["class_names"], g["ids"], g["title"]) for g in groups], path,
+                       suptitle=f"{cfg.run.name}: class counts per client" if len(groups) > 1 else None)
