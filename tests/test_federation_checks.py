@@ -140,3 +140,16 @@ def test_plot_federation_has_one_titled_panel_per_data_set_with_its_classes(tmp_
     assert [g["ids"] for g in groups] == [[0, 1], [2, 3]]
     assert [g["counts"].shape for g in groups] == [(2, 3), (2, 4)]
     assert groups[1]["class_names"] == ["news0", "news1", "news2", "news3"]
+
+
+def test_token_ids_against_float_features_of_the_same_width_is_one_line():
+    from mmfl.data.base import DatasetMeta
+    from mmfl.data.federation import check_source
+    from mmfl.errors import ConfigError
+
+    floats = DatasetMeta(name="a", num_classes=2, modalities={"text": (8,)}, class_names=["x", "y"], info={})
+    tokens = DatasetMeta(name="b", num_classes=2, modalities={"text": (8,)}, class_names=["x", "y"],
+                         info={"token_vocab_size": {"text": 50}})
+    check_source(0, floats, floats)
+    with pytest.raises(ConfigError, match=r"client_data\[0\].data: modality 'text' holds token ids"):
+        check_source(0, tokens, floats)

@@ -82,6 +82,11 @@ def check_source(k: int, meta: DatasetMeta, data_meta: DatasetMeta) -> None:
         if _shape(shape) != _shape(ours[m]):
             raise ConfigError(f"client_data[{k}].data: modality '{m}' has shape {_shape(shape)} but [data] "
                               f"'{m}' has {_shape(ours[m])} (use the same encoder or feature size for both)")
+        tokens = [m in (x.info or {}).get("token_vocab_size", {}) for x in (meta, data_meta)]
+        if tokens[0] != tokens[1]:
+            what = ["token ids (text_encoder 'tokens')" if t else "float features" for t in tokens]
+            raise ConfigError(f"client_data[{k}].data: modality '{m}' holds {what[0]} but [data] '{m}' holds "
+                              f"{what[1]} (use the same text encoder for both)")
 
 
 def check_client_models(entries, modalities: list[str], num_clients: int) -> None:
