@@ -253,3 +253,25 @@ def test_per_sample_csv_tables_are_sequences_and_unknown_files_are_not_text(tmp_
     err(tmp_path, rows[:2] + [dict(rows[2], imu="bad.csv")], r"row 3, column 'imu': .*bad\.csv: data line 2")
     (tmp_path / "r3.json").write_text("[1, 2]", encoding="utf-8")
     err(tmp_path, rows[:2] + [dict(rows[2], imu="r3.json")], r"row 3, column 'imu': r3.json: unsupported file type")
+
+
+def test_image_encoder_gives_frozen_features_and_transparency_is_white(tmp_path):
+    """image_encoder = "pixels:<s>" (the cheap frozen encoder; mobilenet_v2 goes through the same
+    path): an image column becomes float [s*s] features; a transparent pixel reads as white."""
+    from PIL import Image
+
+    rows = []
+    for i in range(6):
+        rgba = np.zeros((8, 8, 4), dtype=np.uint8)
+        rgba[..., 3] = 0 if i % 2 else 255  # odd images: fully transparent (-> white), even: opaque black
+        Image.fromarray(rgba, "RGBA").save(tmp_path / f"{i}.png")
+        rows.append({"img": f"{i}.png", "label": i % 2, "split": "test" if i >= 4 else "train"})
+    write_manifest(tmp_path / "m.jsonl", rows)
+    b = load(root=str(tmp_path), manifest="m.jsonl", image_encoder="pixels:4")
+    assert b.meta.modalities == {"img": (16,)} and b.meta.info["image_encoder"] == {"img": "pixels:4"}
+    x = b.train.features["img"]
+    assert torch.allclose(x[1], torch.ones(16)) and torch.allclose(x[0], torch.zeros(16))
+    raw = load(root=str(tmp_path), manifest="m.jsonl")  # default: pixels kept as [C, H, W]
+    assert raw.meta.modalities == {"img": (3, 8, 8)} and float(raw.train.features["img"][1].min()) == 1.0
+    with pytest.raises(ConfigError, match=r"data.image_encoder"):
+        load(root=str(tmp_path), manifest="m.jsonl", image_encoder="resnet")
