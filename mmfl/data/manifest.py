@@ -24,9 +24,6 @@ every label is an integer), stored in ``meta.class_names`` and ``meta.info["labe
 
 from __future__ import annotations
 
-import csv
-import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -41,10 +38,10 @@ from mmfl.data.manifest_cells import (EXTENSIONS, READERS, file_kind, fit_length
                                       zscore, zscore_stats)
 from mmfl.data.manifest_text import (DEFAULT_TEXT_ENCODER, TOKENS, build_vocab, check_text_encoder,  # noqa: F401
                                      column_encoders, encode_column, encode_texts, tokenize)
+from mmfl.data.manifest_rows import INTEGER, SPLITS, empty, label_ids, read_rows, split_rows
 from mmfl.data.split import check_fraction, stratified_split  # noqa: F401  (re-exported)
 from mmfl.errors import ConfigError, DataError
 
-SPLITS = ("train", "test", "public")
 
 
 @dataclass
@@ -137,88 +134,6 @@ class ManifestParams:
             raise ConfigError(f"data.rename: expected a table column -> distinct modality names, got {self.rename!r}")
 
 
-def _read_rows(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
-    """Manifest -> (columns in order, rows as dicts); Parquet/Arrow/Feather files and Hugging Face
-    ``datasets`` folders are read by :func:`mmfl.data.tables.read_rows`."""
-    from mmfl.data import tables
-
-    if tables.is_table(path):
-        return tables.read_rows(path)
-    if not path.exists() and tables.is_hf_folder(path.parent):
-        raise DataError(f"{path}: manifest not found ({path.parent} is a Hugging Face datasets folder: "
-                        "set data.manifest = \".\" to read it)")
-    if not path.is_file():
-        raise DataError(f"{path}: manifest not found")
-    try:
-        if path.suffix.lower() == ".jsonl":
-            rows, cols = [], {}
-            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}: line {n}: invalid JSON ({e})") from None
-                if not isinstance(row, dict):
-                    raise DataError(f"{path}: line {n}: expected a JSON object")
-                rows.append(row)
-                cols.update(dict.fromkeys(row))
-            return list(cols), rows
-        with path.open(newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            rows = []
-            for r in reader:
-                if None in r:  # more cells than header columns: an unquoted comma, e.g. a list
-                    raise DataError(f"{path}: line {reader.line_num}: {len(reader.fieldnames) + len(r[None])} cells "
-                                    f"but {len(reader.fieldnames)} header columns (quote cells that contain commas)")
-                rows.append(dict(r))
-            return list(reader.fieldnames or []), rows
-    except (UnicodeDecodeError, csv.Error) as e:
-        raise DataError(f"{path}: cannot parse manifest ({e})") from None
-
-
-def _empty(v: Any) -> bool:
-    return v is None or (isinstance(v, str) and not v.strip()) or (isinstance(v, float) and v != v)
-
-
-def _label_key(v: Any) -> tuple[str, int | None]:
-    """A label cell -> (its name, its integer value or None): ``3``, ``3.0``, ``"3"`` and ``" 3 "`` are 3."""
-    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
-        return str(int(v)), int(v)
-    if isinstance(v, float) and v.is_integer():
-        return str(int(v)), int(v)
-    s = str(v).strip()
-    if _INT.fullmatch(s):
-        return str(int(s)), int(s)
-    if _FLOAT_INT.fullmatch(s):  # "3.0", as pandas writes an integer column with gaps
-        return str(int(float(s))), int(float(s))
-    return s, None
-
-
-_INT = re.compile(r"[-+]?\d+")
-_FLOAT_INT = re.compile(r"[-+]?\d+\.0*")
-
-
-def label_ids(values: list[Any], known: list[int], classes: list[str]) -> tuple[np.ndarray, list[str]]:
-    """Labels -> (int64 ids, class names): ids of the sorted distinct labels of the rows ``known``
-    (numeric order if all are integers, else string order), or of ``classes`` when given.
-    Rows outside ``known`` (public rows) with an unknown or empty label get id -1.
-    Raises ``ValueError((row index, label))`` for a label of a ``known`` row not in ``classes``."""
-    keys = [None if _empty(v) else _label_key(v) for v in values]
-    if classes:
-        names = list(classes)
-    else:
-        found = {keys[i] for i in known}
-        numeric = all(k[1] is not None for k in found)
-        names = [k[0] for k in sorted(found, key=(lambda k: (k[1], k[0])) if numeric else (lambda k: k[0]))]
-    index = {n: i for i, n in enumerate(names)}
-    ids = np.array([-1 if k is None else index.get(k[0], -1) for k in keys], dtype=np.int64)
-    for i in known:
-        if ids[i] < 0:
-            raise ValueError((i, keys[i][0]))
-    return ids, names
-
-
 def _per_column(value, default, columns: list[str], key: str) -> dict[str, Any]:
     """A setting that is one value for all ``columns`` or a table column -> value."""
     if not isinstance(value, dict):
@@ -230,31 +145,6 @@ def _per_column(value, default, columns: list[str], key: str) -> dict[str, Any]:
     return {m: value.get(m, default) for m in columns}
 
 
-def _split_rows(rows, cols, p: ManifestParams, labels_raw, where) -> np.ndarray:
-    """Each row's split name ("train" / "test" / "public") as a str array."""
-    if p.split_column in cols:
-        split = [str(r.get(p.split_column) or "").strip().lower() for r in rows]
-        for n, s in enumerate(split, 1):
-            if not s:
-                raise DataError(f"{where(n, p.split_column)}: empty cell (every row needs a {p.split_column})")
-            if s not in SPLITS:
-                raise DataError(f"{where(n, p.split_column)}: must be 'train' or 'test' (or 'public': "
-                                f"CreamFL's public set), got {s!r}")
-        split = np.array(split)
-        for need in ("train", "test"):
-            if not (split == need).any():
-                raise DataError(f"{where(None, p.split_column)}: no {need} rows")
-        return split
-    for n, v in enumerate(labels_raw, 1):
-        if _empty(v):
-            raise DataError(f"{where(n, p.label_column)}: empty cell (every row needs a {p.label_column})")
-    y, _ = label_ids(labels_raw, list(range(len(rows))), [])
-    tr, te = stratified_split(y, p.test_fraction, p.seed)
-    split = np.empty(len(rows), dtype=object)
-    split[tr], split[te] = "train", "test"
-    return split.astype(str)
-
-
 @DATASETS.register("manifest", ManifestParams,
                    help="your own data: a manifest.csv/.jsonl of labels, modality files or inline values")
 def load_manifest(p: ManifestParams) -> DatasetBundle:
@@ -264,7 +154,7 @@ def load_manifest(p: ManifestParams) -> DatasetBundle:
         raise DataError(f"{root}: manifest root directory not found")
     mpath = Path(p.manifest).expanduser()
     mpath = mpath if mpath.is_absolute() else root / mpath
-    cols, rows = _read_rows(mpath)
+    cols, rows = read_rows(mpath)
     if not rows:
         raise DataError(f"{mpath}: no rows")
     if p.label_column not in cols:
@@ -281,13 +171,13 @@ def load_manifest(p: ManifestParams) -> DatasetBundle:
         return f"{mpath}: row {n}, column {col!r}" if n is not None else f"{mpath}: column {col!r}"
 
     labels_raw = [r.get(p.label_column) for r in rows]
-    split = _split_rows(rows, cols, p, labels_raw, where)
+    split = split_rows(rows, cols, p, labels_raw, where)
     for n, row in enumerate(rows, 1):
         need = [p.label_column] if split[n - 1] != "public" else []
         if p.client_column in cols and split[n - 1] == "train":
             need.append(p.client_column)
         for col in need:
-            if _empty(row.get(col)):
+            if empty(row.get(col)):
                 what = "train row" if col == p.client_column else "train and test row"
                 raise DataError(f"{where(n, col)}: empty cell (every {what} needs a {col})")
     known = np.flatnonzero(split != "public")
@@ -316,7 +206,7 @@ def load_manifest(p: ManifestParams) -> DatasetBundle:
     client_ids = None
     if p.client_column in cols:
         keys = [str(rows[i][p.client_column]).strip() for i in idx["train"]]
-        numeric = all(_INT.fullmatch(k) for k in keys)
+        numeric = all(INTEGER.fullmatch(k) for k in keys)
         names = sorted(set(keys), key=(lambda k: int(k)) if numeric else None)
         index = {k: i for i, k in enumerate(names)}
         client_ids = torch.tensor([index[k] for k in keys], dtype=torch.int64)
@@ -338,7 +228,7 @@ def _read_columns(rows, mods, root, p, where) -> tuple[dict[str, list], dict[str
     for n, row in enumerate(rows, 1):
         for m in mods:
             cell = row.get(m)
-            if _empty(cell):
+            if empty(cell):
                 raise DataError(f"{where(n, m)}: empty cell (missing modalities are not supported yet)")
             try:
                 kind, val = read_cell(cell, root, p, states, m, as_text[m])
