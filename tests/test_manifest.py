@@ -125,16 +125,29 @@ def test_max_length_pads_and_cuts_the_last_axis_and_writes_lengths(tmp_path):
     err(tmp_path, rows, r"row 2, column 'acc': ragged shapes: \(2, 3\) here, \(2, 5\) in row 1 "
                         r"\(set data.max_length")
     b = load(root=str(tmp_path), manifest="m.jsonl", max_length=6)
-    assert b.meta.modalities == {"acc": (2, 6), "hr": (6,)}
+    assert b.meta.modalities == {"acc": (2, 6), "hr": (1, 6)}  # a [T] sequence is one channel: [1, T]
     x, lengths = b.train.features["acc"], b.train.features[LENGTH + "acc"]
     assert lengths.tolist() == [5, 3, 6] and b.test.features[LENGTH + "acc"].tolist() == [4]
     assert torch.equal(x[0, :, :5], torch.from_numpy(seqs[0])) and x[0, :, 5:].abs().sum() == 0
     assert torch.equal(x[2], torch.from_numpy(seqs[2][:, :6]))  # "end": the first 6 steps kept
     assert b.train.features[LENGTH + "hr"].tolist() == [1, 2, 3]
-    assert b.train.features["hr"][2].tolist() == [1, 2, 3, 0, 0, 0]
+    assert b.train.features["hr"][2].tolist() == [[1, 2, 3, 0, 0, 0]]
     b = load(root=str(tmp_path), manifest="m.jsonl", max_length={"acc": 4, "hr": 5}, truncate="start")
-    assert b.meta.info["max_length"] == {"acc": 4, "hr": 5} and b.meta.modalities == {"acc": (2, 4), "hr": (5,)}
+    assert b.meta.info["max_length"] == {"acc": 4, "hr": 5} and b.meta.modalities == {"acc": (2, 4), "hr": (1, 5)}
     assert torch.equal(b.train.features["acc"][2], torch.from_numpy(seqs[2][:, 4:]))  # the last 4 kept
+
+
+def test_time_axis_first_reads_time_major_arrays_as_channels_by_time(tmp_path):
+    """[T_i, C] files (a table saved row per time step) with time_axis = "first" are [C, T] at
+    load, padded on time; without it, the error says which option to set."""
+    seqs = [np.arange(3 * t, dtype=np.float32).reshape(t, 3) for t in (4, 2, 5)]
+    for i, s in enumerate(seqs):
+        np.save(tmp_path / f"s{i}.npy", s)
+    rows = [{"acc": f"s{i}.npy", "label": i % 2, "split": "test" if i == 2 else "train"} for i in range(3)]
+    err(tmp_path, rows, r"only the last axis \(time\) may differ.*time_axis = 'first'", max_length=5)
+    b = load(root=str(tmp_path), manifest="m.jsonl", max_length=5, time_axis="first")
+    assert b.meta.modalities == {"acc": (3, 5)} and b.train.features[LENGTH + "acc"].tolist() == [4, 2]
+    assert torch.equal(b.train.features["acc"][0, :, :4], torch.from_numpy(seqs[0].T))
 
 
 def test_max_length_errors(tmp_path):

@@ -85,6 +85,9 @@ class ManifestParams:
     max_length: int | dict[str, int] = field(default=0, metadata={
         "help": "pad (0) or cut array columns on their last axis to this length, writing length/<m> "
                 "(0 = off: shapes must agree); one int, or a table column -> int"})
+    time_axis: Literal["last", "first"] = field(default="last", metadata={
+        "help": "where time is in array values: 'last' ([C, T], the model's layout) or 'first' ([T, C], e.g. "
+                "a table saved row per time step: moved to the last axis at load)"})
     truncate: Literal["end", "start"] = field(default="end", metadata={
         "help": "what max_length cuts from a longer sequence: 'end' keeps the first steps, 'start' the last"})
     normalize: bool | list[str] = field(default=False, metadata={
@@ -105,6 +108,8 @@ class ManifestParams:
                 raise ConfigError(f"data.{key}: must be >= 1, got {getattr(self, key)}")
         if self.image_mode not in ("L", "RGB"):
             raise ConfigError(f"data.image_mode: must be 'L' or 'RGB', got {self.image_mode!r}")
+        if self.time_axis not in ("last", "first"):
+            raise ConfigError(f"data.time_axis: must be 'last' or 'first', got {self.time_axis!r}")
         if self.truncate not in ("end", "start"):
             raise ConfigError(f"data.truncate: must be 'end' or 'start', got {self.truncate!r}")
         if isinstance(self.text_encoder, dict):
@@ -260,7 +265,12 @@ def _encode_columns(values, kinds, mods, train_idx, p, where) -> tuple[dict[str,
                 info["vocab"][m] = extra["vocab"]
                 info["token_vocab_size"][m] = len(extra["vocab"])
         else:
-            x, lengths = _stack(values[m], max_len.get(m, 0), p.truncate, kinds[m], m, where)
+            vals = values[m]
+            if kinds[m] == "array" and p.time_axis == "first":  # [T, C, ...] -> [C, ..., T]
+                vals = [np.moveaxis(v, 0, -1) if v.ndim > 1 else v for v in vals]
+            if kinds[m] == "array" and max_len.get(m, 0):  # a sequence of scalars [T] is one channel [1, T]
+                vals = [v[None] if v.ndim == 1 else v for v in vals]
+            x, lengths = _stack(vals, max_len.get(m, 0), p.truncate, kinds[m], m, where)
             if kinds[m] == "image" and image_enc.get(m):
                 x = _image_features(x, image_enc[m], p.image_size)
                 info["image_encoder"][m] = image_enc[m]
@@ -298,7 +308,8 @@ def _stack(vals: list[np.ndarray], length: int, truncate: str, kind: str, m: str
             raise DataError(f"{where(n, m)}: a scalar; data.max_length needs sequences ([T] or [C, T])")
         if v.shape[:-1] != first[:-1]:
             raise DataError(f"{where(n, m)}: shape {tuple(v.shape)} here, {tuple(first)} in row 1: only the "
-                            "last axis may differ (data.max_length pads/cuts it)")
+                            "last axis (time) may differ (data.max_length pads/cuts it; for [T, C] "
+                            "values set data.time_axis = 'first')")
         x, t = fit_length(v, length, truncate)
         out.append(x)
         lengths.append(t)
