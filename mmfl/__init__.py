@@ -13,7 +13,7 @@ Quick start (docs/api.md)::
 ``import mmfl`` is cheap: the API (:mod:`mmfl.api`) is imported on first use.
 """
 
-__version__ = "0.1.0"
+from mmfl._version import __version__  # noqa: F401  (the package version)
 
 # name -> attribute of mmfl.api, loaded on first access (PEP 562)
 _API = {"run": "run", "load_run": "load_run", "configure": "configure", "Result": "Result",

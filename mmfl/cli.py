@@ -154,7 +154,7 @@ def _version() -> str:
     try:
         return version("mmfl")
     except PackageNotFoundError:
-        from mmfl import __version__
+        from mmfl._version import __version__
 
         return __version__
 
@@ -165,7 +165,7 @@ def summary_json(summary: dict) -> str:
 
 
 def cmd_run(args) -> int:
-    from mmfl import api
+    import mmfl.api as api
 
     track = [f"tracking.backends={json.dumps(args.track)}"] if getattr(args, "track", None) else []
     res = api.run(args.config, set=args.overrides + track, resume=args.resume, overwrite=args.overwrite,
@@ -176,7 +176,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from mmfl import api
+    import mmfl.api as api
     from mmfl.report import compare
 
     dirs = []

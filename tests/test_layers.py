@@ -3,7 +3,7 @@ layer or the layers below it, at module level and inside functions alike, so no 
 anywhere exists to dodge a cycle.
 
     base (errors, registry, schema, seeds, report) -> data -> models -> core -> algorithms
-    -> engine -> config -> apps (cli, flower, sweep, bench, vqa_eval)
+    -> engine -> config -> apps (api, cli, flower, sweep, bench, vqa_eval)
 """
 
 from __future__ import annotations
@@ -16,14 +16,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "mmfl"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("mmfl.errors", "mmfl.registry", "mmfl.schema", "mmfl.schema_trust", "mmfl.seeds", "mmfl.report")),
+    ("base", ("mmfl.errors", "mmfl.registry", "mmfl.schema", "mmfl.schema_trust", "mmfl.schema_tools", "mmfl.seeds",
+              "mmfl.report", "mmfl.config_raw", "mmfl._version")),
     ("data", ("mmfl.data",)),
     ("models", ("mmfl.models",)),
     ("core", ("mmfl.core",)),
     ("algorithms", ("mmfl.algorithms",)),
     ("engine", ("mmfl.engine",)),
     ("config", ("mmfl.config",)),
-    ("apps", ("mmfl.cli", "mmfl.flower", "mmfl.sweep", "mmfl.bench", "mmfl.vqa_eval")),
+    ("apps", ("mmfl.api", "mmfl.cli", "mmfl.flower", "mmfl.sweep", "mmfl.bench", "mmfl.vqa_eval")),
 ]
 FACADE = "mmfl"  # mmfl/__init__.py: load_config / Experiment on first attribute access (PEP 562)
 
