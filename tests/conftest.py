@@ -13,11 +13,26 @@ import os
 import shutil
 import tempfile
 
-_SESSION_TMP = tempfile.mkdtemp(prefix="mmfl-test-cache-")
+# pytest-xdist workers (scripts/test.sh runs the suite in parallel) share the controller's
+# folder: they inherit its environment; the cache writes to a temporary name and renames
+_WORKER = "PYTEST_XDIST_WORKER" in os.environ and "MMFL_CACHE_DIR" in os.environ
+_SESSION_TMP = os.environ["MMFL_CACHE_DIR"] if _WORKER else tempfile.mkdtemp(prefix="mmfl-test-cache-")
 os.environ["MMFL_CACHE_DIR"] = _SESSION_TMP
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_SESSION_TMP, "torchinductor"))
 os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(_SESSION_TMP, "triton"))
 
 
+# the files that start real Flower processes (SuperLink, SuperNodes, Ray) take most of the
+# suite's time: collected first, so that in a parallel run they start first and overlap
+# with the rest instead of running last on their own
+_SLOW_FILES = ("test_flower.py", "test_flower_deploy.py", "test_flower_secagg.py", "test_flower_resume.py",
+               "test_evaluation.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=lambda item: item.path.name not in _SLOW_FILES)  # stable: the order within stays
+
+
 def pytest_sessionfinish(session, exitstatus):
-    shutil.rmtree(_SESSION_TMP, ignore_errors=True)
+    if not _WORKER:  # the controller (or a serial run) removes the shared folder at the end
+        shutil.rmtree(_SESSION_TMP, ignore_errors=True)
