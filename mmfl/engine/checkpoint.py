@@ -29,6 +29,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from mmfl.engine import runfolder
 from mmfl.engine.state import LazyTensors
 from mmfl.errors import MMFLError
 
@@ -43,15 +44,6 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def sha256(path: Path) -> str:
@@ -112,7 +104,7 @@ def save(ckpt_root: Path, rnd: int, server: dict[str, Tensor],
             _check_complete(tmp / name)
             _fsync(tmp / name)
             sums[name] = sha256(tmp / name)
-        _atomic_write_text(tmp / "meta.json", json.dumps({**meta, SUMS: sums}))
+        runfolder.atomic_write(tmp / "meta.json", json.dumps({**meta, SUMS: sums}))
         _fsync(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -121,7 +113,7 @@ def save(ckpt_root: Path, rnd: int, server: dict[str, Tensor],
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync(ckpt_root)
-    _atomic_write_text(ckpt_root / "LATEST", final.name)
+    runfolder.atomic_write(ckpt_root / "LATEST", final.name)
     _fsync(ckpt_root)
     for old in sorted(ckpt_root.glob("round_?????"))[:-keep]:
         if old != final:

@@ -116,3 +116,42 @@ def fs_error(e: OSError, run_dir: Path) -> MMFLError:
     else:
         hint = f"while writing the run folder {run_dir}"
     return MMFLError(f"{where}: {what} ({hint})")
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file, fsync'ed and renamed into place: a crash
+    leaves the old file or the new one, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # the old file stays as it was
+        raise
+    os.replace(tmp, path)
+
+
+def load_saved_config(path: Path) -> dict:
+    """A run folder's config.toml as a dict; one MMFLError line when it is damaged."""
+    try:
+        return tomllib.loads(path.read_text())
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise MMFLError(f"{path}: the saved config is damaged ({str(e).splitlines()[0]}); restore it to "
+                        "resume, or start over with --overwrite") from None
+
+
+def truncate_metrics(path: Path, start: int) -> None:
+    """Keep only rows of rounds before ``start`` (a half-written round is dropped)."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("round", 0) <= start:
+            keep.append(line)
+    atomic_write(path, "".join(k + "\n" for k in keep))

@@ -182,7 +182,7 @@ class Experiment:
             # both sides as written by ExperimentConfig.to_toml (every default filled in); a
             # setting added to mmfl since the run started counts at its default
             mine = tomllib.loads(self.cfg.to_toml())
-            theirs = with_new_defaults(_load_toml(d / "config.toml"), self.cfg)
+            theirs = with_new_defaults(runfolder.load_saved_config(d / "config.toml"), self.cfg)
             mine.pop("rounds"), theirs.pop("rounds", None)
             mine.pop("tracking", None), theirs.pop("tracking", None)  # tracking changes no result
             if mine != theirs:
@@ -199,12 +199,12 @@ class Experiment:
                     self._fall_back(damaged, ckpt, start)
                 self.server.load_state_dict(server)
                 self.store.load_state_dict(clients)
-            _truncate_metrics(d / "metrics.jsonl", start)
-            _atomic_write(d / "config.toml", self.cfg.to_toml())
+            runfolder.truncate_metrics(d / "metrics.jsonl", start)
+            runfolder.atomic_write(d / "config.toml", self.cfg.to_toml())
             return start
         if runfolder.contents(d):
             runfolder.clear(d)  # an mmfl run (_check_dir), --overwrite
-        _atomic_write(d / "config.toml", self.cfg.to_toml())
+        runfolder.atomic_write(d / "config.toml", self.cfg.to_toml())
         return 0
 
     def _fall_back(self, damaged: list[str], ckpt: Path, start: int) -> None:
@@ -240,7 +240,7 @@ class Experiment:
         start = self._prepare_dir(resume, overwrite)
         label_map = (self.federation.meta.info or {}).get("label_map")
         if label_map:  # the ids a manifest gave its labels (mmfl.data.manifest)
-            _atomic_write(self.run_dir / "labels.json", json.dumps(label_map, indent=2))
+            runfolder.atomic_write(self.run_dir / "labels.json", json.dumps(label_map, indent=2))
         if cfg.tracking is not None:
             self.tracking = Tracking(cfg, self.run_dir, start, load_metrics(self.run_dir) if start else [])
         rounds = range(start, cfg.run.rounds)
@@ -339,7 +339,7 @@ class Experiment:
     def _finish(self) -> dict:
         rows = load_metrics(self.run_dir)
         summary = summarize(rows, self.cfg)
-        _atomic_write(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+        runfolder.atomic_write(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         if self.tracking is not None:
             self.tracking.finish(summary)
         plot_accuracy({self.cfg.run.name: rows}, self.run_dir / "accuracy.png")
@@ -357,27 +357,6 @@ def _check_finite(row: dict, rnd: int) -> None:
     for k, v in row.items():  # the accuracy and every loss an algorithm reports (train, test, distill, ...)
         if (k == "accuracy" or k.endswith("loss")) and isinstance(v, float) and not np.isfinite(v):
             raise MMFLError(f"round {rnd + 1}: {k} is {v}; training diverged (lower train.lr?)")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # the old file stays as it was
-        raise
-    os.replace(tmp, path)
-
-
-def _load_toml(path: Path) -> dict:
-    try:
-        return tomllib.loads(path.read_text())
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise MMFLError(f"{path}: the saved config is damaged ({str(e).splitlines()[0]}); restore it to "
-                        "resume, or start over with --overwrite") from None
 
 
 def with_new_defaults(saved: dict, cfg: ExperimentConfig) -> dict:
@@ -403,19 +382,3 @@ def with_new_defaults(saved: dict, cfg: ExperimentConfig) -> dict:
             if default is not None:
                 table[f.name] = tomllib.loads(tomli_w.dumps({"v": default}))["v"]
     return out
-
-
-def _truncate_metrics(path: Path, start: int) -> None:
-    """Keep only rows of rounds before ``start`` (a half-written round is dropped)."""
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if row.get("round", 0) <= start:
-            keep.append(line)
-    _atomic_write(path, "".join(k + "\n" for k in keep))
-
