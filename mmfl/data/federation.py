@@ -76,9 +76,11 @@ def check_source(k: int, meta: DatasetMeta, data_meta: DatasetMeta) -> None:
     ours = data_meta.modalities
     for m, shape in meta.modalities.items():
         if m not in ours:
+            hint = (f"; for a manifest: rename = {{ {m} = \"{next(iter(ours))}\" }}" if meta.name == "manifest"
+                    and len(ours) == 1 else "; for a manifest: its rename option" if meta.name == "manifest" else "")
             raise ConfigError(f"client_data[{k}]: modality '{m}' is not one of [data]'s modalities "
                               f"({', '.join(ours)}); name it like [data] does (data set '{meta.name}' "
-                              f"has {', '.join(meta.modalities)})")
+                              f"has {', '.join(meta.modalities)}{hint})")
         if _shape(shape) != _shape(ours[m]):
             raise ConfigError(f"client_data[{k}].data: modality '{m}' has shape {_shape(shape)} but [data] "
                               f"'{m}' has {_shape(ours[m])} (use the same encoder or feature size for both)")
