@@ -288,3 +288,23 @@ def test_image_encoder_gives_frozen_features_and_transparency_is_white(tmp_path)
     assert raw.meta.modalities == {"img": (3, 8, 8)} and float(raw.train.features["img"][1].min()) == 1.0
     with pytest.raises(ConfigError, match=r"data.image_encoder"):
         load(root=str(tmp_path), manifest="m.jsonl", image_encoder="resnet")
+
+
+def test_pad_true_pads_varying_columns_to_their_longest_and_a_length_column_marks_prepadded_rows(tmp_path):
+    """pad = true: every array column whose time axis varies is padded to its longest sequence
+    (fixed-length columns are left alone); length_column: the valid lengths of sequences the
+    user padded already, read from a column (and not a modality)."""
+    rows = [{"acc": list(range(1, 2 + i)), "hr": [i, i], "label": i % 2, "split": "test" if i == 3 else "train"}
+            for i in range(4)]
+    write_manifest(tmp_path / "m.jsonl", rows)
+    b = load(root=str(tmp_path), manifest="m.jsonl", pad=True)
+    assert b.meta.modalities == {"acc": (1, 4), "hr": (2,)} and LENGTH + "hr" not in b.train.features
+    assert b.train.features[LENGTH + "acc"].tolist() == [1, 2, 3] and b.test.features[LENGTH + "acc"].tolist() == [4]
+    pre = [{"acc": [1, 2, 0, 0], "n": 2, "label": i % 2, "split": "test" if i == 3 else "train"} for i in range(4)]
+    write_manifest(tmp_path / "pre.jsonl", pre)
+    b = load(root=str(tmp_path), manifest="pre.jsonl", length_column="n")
+    assert b.meta.modalities == {"acc": (1, 4)} and b.train.features[LENGTH + "acc"].tolist() == [2, 2, 2]
+    pre[1]["n"] = 0
+    err(tmp_path, pre, r"row 2, column 'n': a length must be an integer >= 1", name="pre.jsonl", length_column="n")
+    with pytest.raises(ConfigError, match="data.pad"):
+        load(root=str(tmp_path), manifest="m.jsonl", pad=["nope"])

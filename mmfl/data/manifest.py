@@ -36,6 +36,7 @@ from mmfl.data.base import LENGTH, ArrayDataset, DatasetBundle, DatasetMeta
 from mmfl.data.manifest_cells import (EXTENSIONS, READERS, file_kind, fit_length, inline_numbers,  # noqa: F401
                                       is_inline_text, read_cell, read_image, read_npy, read_text, read_wav,
                                       zscore, zscore_stats)
+from mmfl.data.manifest_seq import length_columns, per_column, stack_column
 from mmfl.data.manifest_text import (DEFAULT_TEXT_ENCODER, TOKENS, build_vocab, check_text_encoder,  # noqa: F401
                                      column_encoders, encode_column, encode_texts, tokenize)
 from mmfl.data.manifest_rows import INTEGER, SPLITS, empty, label_ids, read_rows, split_rows
@@ -85,6 +86,12 @@ class ManifestParams:
     max_length: int | dict[str, int] = field(default=0, metadata={
         "help": "pad (0) or cut array columns on their last axis to this length, writing length/<m> "
                 "(0 = off: shapes must agree); one int, or a table column -> int"})
+    pad: bool | list[str] = field(default=False, metadata={
+        "help": "zero-pad variable-length array columns to their longest sequence and write length/<m>: true = "
+                "every array column whose last axis varies, or a list of columns (max_length, when set, wins)"})
+    length_column: str | dict[str, str] = field(default="", metadata={
+        "help": "a column holding each row's valid length for already padded sequences: one column for every "
+                "array column, or a table array column -> length column; written as length/<m>"})
     time_axis: Literal["last", "first"] = field(default="last", metadata={
         "help": "where time is in array values: 'last' ([C, T], the model's layout) or 'first' ([T, C], e.g. "
                 "a table saved row per time step: moved to the last axis at load)"})
@@ -129,6 +136,12 @@ class ManifestParams:
             key = f"data.max_length.{k}" if k else "data.max_length"
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{key}: must be an integer >= 0 (0 = no padding), got {v!r}")
+        if not isinstance(self.pad, bool) and not (isinstance(self.pad, list) and all(isinstance(m, str) for m in self.pad)):
+            raise ConfigError(f"data.pad: expected true/false or a list of column names, got {self.pad!r}")
+        cols = self.length_column.values() if isinstance(self.length_column, dict) else [self.length_column]
+        if not all(isinstance(c, str) for c in cols):
+            raise ConfigError(f"data.length_column: expected a column name or a table column -> column, "
+                              f"got {self.length_column!r}")
         if isinstance(self.normalize, list) and not all(isinstance(m, str) for m in self.normalize):
             raise ConfigError(f"data.normalize: expected true/false or a list of column names, got {self.normalize!r}")
         if not isinstance(self.classes, list) or len(set(map(str, self.classes))) != len(self.classes):
@@ -139,15 +152,6 @@ class ManifestParams:
             raise ConfigError(f"data.rename: expected a table column -> distinct modality names, got {self.rename!r}")
 
 
-def _per_column(value, default, columns: list[str], key: str) -> dict[str, Any]:
-    """A setting that is one value for all ``columns`` or a table column -> value."""
-    if not isinstance(value, dict):
-        return {m: value for m in columns}
-    for k in value:
-        if k not in columns:
-            raise ConfigError(f"{key}.{k}: not a column this setting applies to (those columns: "
-                              f"{', '.join(columns) or 'none'})")
-    return {m: value.get(m, default) for m in columns}
 
 
 @DATASETS.register("manifest", ManifestParams,
@@ -164,7 +168,8 @@ def load_manifest(p: ManifestParams) -> DatasetBundle:
         raise DataError(f"{mpath}: no rows")
     if p.label_column not in cols:
         raise DataError(f"{mpath}: no label column {p.label_column!r} (columns: {', '.join(cols)})")
-    special = {p.label_column, p.client_column, p.split_column}
+    length_cols = set(p.length_column.values()) if isinstance(p.length_column, dict) else {p.length_column} - {""}
+    special = {p.label_column, p.client_column, p.split_column, *length_cols}
     mods = list(p.modalities) or [c for c in cols if c not in special]
     if not mods:
         raise DataError(f"{mpath}: no modality columns (columns: {', '.join(cols)})")
@@ -196,6 +201,7 @@ def load_manifest(p: ManifestParams) -> DatasetBundle:
     values, kinds, states = _read_columns(rows, mods, root, p, where)
     idx = {s: np.flatnonzero(split == s) for s in SPLITS}
     feats, info = _encode_columns(values, kinds, mods, idx["train"], p, where)
+    length_columns(rows, cols, feats, kinds, mods, p, where)
     info = {"source": str(mpath), "kinds": kinds, "modality_info": states, **info,
             "label_map": {n: i for i, n in enumerate(class_names)}}
     _standardize(feats, kinds, mods, idx["train"], p, info)
@@ -251,10 +257,20 @@ def _encode_columns(values, kinds, mods, train_idx, p, where) -> tuple[dict[str,
     text_cols = [m for m in mods if kinds[m] == "text"]
     array_cols = [m for m in mods if kinds[m] == "array"]
     encoders = column_encoders(p.text_encoder, text_cols)
-    max_len = _per_column(p.max_length, 0, array_cols, "data.max_length")
+    max_len = per_column(p.max_length, 0, array_cols, "data.max_length")
+    padded = array_cols if p.pad is True else list(p.pad or [])
+    for m in padded:
+        if m not in array_cols:
+            raise ConfigError(f"data.pad: {m!r} is not an array column of the manifest "
+                              f"(array columns: {', '.join(array_cols) or 'none'})")
+        last = {v.shape[-1] if v.ndim else 0 for v in values[m]}  # time last ([T, C] files: time_axis)
+        if p.time_axis == "first":
+            last = {v.shape[0] if v.ndim else 0 for v in values[m]}
+        if not max_len.get(m) and len(last) > 1:  # pad to the longest sequence
+            max_len[m] = max(last)
     feats: dict[str, torch.Tensor] = {}
     image_cols = [m for m in mods if kinds[m] == "image"]
-    image_enc = _per_column(p.image_encoder, "", image_cols, "data.image_encoder")
+    image_enc = per_column(p.image_encoder, "", image_cols, "data.image_encoder")
     info: dict[str, Any] = {"text_encoder": encoders, "image_encoder": {}, "vocab": {}, "token_vocab_size": {},
                             "max_length": {m: L for m, L in max_len.items() if L}}
     for m in mods:
@@ -270,7 +286,7 @@ def _encode_columns(values, kinds, mods, train_idx, p, where) -> tuple[dict[str,
                 vals = [np.moveaxis(v, 0, -1) if v.ndim > 1 else v for v in vals]
             if kinds[m] == "array" and max_len.get(m, 0):  # a sequence of scalars [T] is one channel [1, T]
                 vals = [v[None] if v.ndim == 1 else v for v in vals]
-            x, lengths = _stack(vals, max_len.get(m, 0), p.truncate, kinds[m], m, where)
+            x, lengths = stack_column(vals, max_len.get(m, 0), p.truncate, kinds[m], m, where)
             if kinds[m] == "image" and image_enc.get(m):
                 x = _image_features(x, image_enc[m], p.image_size)
                 info["image_encoder"][m] = image_enc[m]
@@ -288,32 +304,6 @@ def _image_features(x: torch.Tensor, encoder: str, image_size: int) -> torch.Ten
 
     u8 = (x.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
     return image_features(u8, encoder, size=image_size or 224)
-
-
-def _stack(vals: list[np.ndarray], length: int, truncate: str, kind: str, m: str, where):
-    """Per-row arrays -> float32 ``[N, *shape]`` (and int64 lengths ``[N]`` with ``length``)."""
-    first = vals[0].shape
-    if not length:
-        for n, v in enumerate(vals, 1):
-            if v.shape != first:
-                hint = ("set data.image_size" if kind == "image" else
-                        "set data.max_length to pad/cut sequences on the last axis" if kind == "array" else
-                        "audio_length fixes the length")
-                raise DataError(f"{where(n, m)}: ragged shapes: {tuple(v.shape)} here, {tuple(first)} in row 1 "
-                                f"({hint})")
-        return torch.from_numpy(np.stack(vals).astype(np.float32)), None
-    out, lengths = [], []
-    for n, v in enumerate(vals, 1):
-        if v.ndim == 0:
-            raise DataError(f"{where(n, m)}: a scalar; data.max_length needs sequences ([T] or [C, T])")
-        if v.shape[:-1] != first[:-1]:
-            raise DataError(f"{where(n, m)}: shape {tuple(v.shape)} here, {tuple(first)} in row 1: only the "
-                            "last axis (time) may differ (data.max_length pads/cuts it; for [T, C] "
-                            "values set data.time_axis = 'first')")
-        x, t = fit_length(v, length, truncate)
-        out.append(x)
-        lengths.append(t)
-    return torch.from_numpy(np.stack(out).astype(np.float32)), torch.tensor(lengths, dtype=torch.int64)
 
 
 def _standardize(feats, kinds, mods, train_idx, p, info) -> None:
