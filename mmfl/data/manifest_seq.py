@@ -61,7 +61,7 @@ def stack_column(vals: list[np.ndarray], length: int, truncate: str, kind: str, 
         for n, v in enumerate(vals, 1):
             if v.shape != first:
                 hint = ("set data.image_size" if kind == "image" else
-                        "set data.max_length to pad/cut sequences on the last axis" if kind == "array" else
+                        "set data.max_length, or data.pad = true, to pad/cut sequences on the last axis" if kind == "array" else
                         "audio_length fixes the length")
                 raise DataError(f"{where(n, m)}: ragged shapes: {tuple(v.shape)} here, {tuple(first)} in row 1 "
                                 f"({hint})")
