@@ -62,6 +62,19 @@ def test_short_text_manifest_trains_above_chance_with_the_hash_encoder_and_saves
     assert labels == {"film": 0, "politics": 1, "sport": 2}
 
 
+def test_token_ids_train_the_models_embedding_encoder_above_chance(tmp_path):
+    """text_encoder = "tokens" (no pretrained weights): the multimodal model picks its trainable
+    token-embedding encoder for the id column (masked by length/<m>) and learns the texts."""
+    text_manifest(tmp_path)
+    cfg = text_config(tmp_path, text_encoder="tokens", text_max_tokens=8)
+    cfg["model"] = {"name": "multimodal", "feat_dim": 32}
+    exp = Experiment(resolve(cfg), progress=False)
+    exp.run()
+    assert type(exp.server.model.encoders["tweet"]).__name__ == "TokenEncoder"
+    rows = load_metrics(tmp_path / "runs" / "tweets")
+    assert all(math.isfinite(r["train_loss"]) for r in rows) and rows[-1]["accuracy"] >= 0.8  # chance 1/3
+
+
 def _pairs_manifest(root) -> None:
     """Image-text pairs: the image's colour and the text's word both name the class."""
     rng = np.random.default_rng(0)
