@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import copy
 import fnmatch
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmfl.config_raw import load_raw
 from mmfl.errors import ConfigError
 
 DEFAULT_TEMPLATE = "{group}-{setting}-{method}-s{seed}"
@@ -165,7 +165,7 @@ class Grid:
         files = s.config if s.config is not None else g.config if g.config is not None else self.config
         raw: dict = {}
         for f in files:
-            raw = merge(raw, _load_toml(f))
+            raw = merge(raw, load_raw(f))
         where = f"groups.{g.key}"
         for over, w in ((self.over, "set"), (s.over, f"{where}.settings.{s.key}"), (g.over, where),
                         (m.over, f"{where}.methods.{m.key}")):
@@ -272,12 +272,3 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
-
-
-def _load_toml(path: Path) -> dict:
-    if not path.is_file():
-        raise ConfigError(f"{path}: file not found")
-    try:
-        return tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not valid TOML ({e})") from None

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmfl.bench.grid import DEFAULT_TEMPLATE, Entry, Grid, Group, Overrides, When, _flatten, _load_toml, _parent, merge
+from mmfl.bench.grid import DEFAULT_TEMPLATE, Entry, Grid, Group, Overrides, When, _flatten, _parent, merge
+from mmfl.config_raw import load_raw
 from mmfl.errors import ConfigError
 
 GRID_KEYS = {"name", "root", "raw_dir", "report", "tables", "seeds", "workers", "failed_is_done",
@@ -108,7 +109,7 @@ def _read(path: Path, seen: tuple = ()) -> dict:
     path = path.resolve()
     if path in seen:
         raise ConfigError(f"{path}: extends itself")
-    t = _load_toml(path)
+    t = load_raw(path)
     if not isinstance(t.get("root", ""), str) or not isinstance(t.get("tables", ""), str):
         raise ConfigError(f"{path}: root and tables must be paths (strings)")
     for k in ("root", "tables"):
