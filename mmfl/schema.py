@@ -7,6 +7,7 @@ a layer above the runtime): every layer may import this module.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +20,7 @@ from mmfl.schema_trust import (ATTACK_KINDS, REPRESENTATION_ATTACKS, RULES, SECA
                                AttackConfig, DPConfig, PrivacyConfig, Rule, SecureAggregationConfig)
 from mmfl.schema_tools import TRACKING_BACKENDS, TrackingConfig  # noqa: F401  (the tool sections, likewise)
 
+DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"  # the run's device setting (resolved by mmfl.core.device)
 COMPONENTS = ("data", "partition", "modalities", "model", "algorithm")
 
 
@@ -74,6 +76,18 @@ class RunConfig:
                                          "algorithm that does not already"})
     output_dir: str = field(default="runs", metadata={"help": "parent folder of run folders"})
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0 = torch's default)"})
+    device: str = field(default="auto", metadata={
+        "help": "where models, optimizer state, data and every tensor of the run live: auto (cuda if "
+                "available, else mps, else cpu), cpu, cuda, cuda:N or mps; checkpoints are device-independent"})
+    precision: Literal["fp32", "bf16"] = field(default="fp32", metadata={
+        "help": "fp32, or bf16 (autocast: matmuls and convolutions in bfloat16, weights and optimizer "
+                "state in fp32; messages stay fp32)"})
+    gpus_per_client: float = field(default=0.0, metadata={
+        "help": "Flower simulation (Ray): GPUs per ClientApp actor (e.g. 0.1: ten actors share a GPU); "
+                "0 = none"})
+    checkpoint_every: int = field(default=1, metadata={
+        "help": "write a checkpoint every N rounds (and always after the last round); resume restarts from "
+                "the newest one"})
     on_nonfinite: Literal["fail", "drop"] = field(
         default="fail", metadata={"help": "a client reply with NaN/inf: fail the run, or drop that client"})
     on_bad_reply: Literal["drop", "fail"] = field(
@@ -115,6 +129,15 @@ class RunConfig:
             raise ConfigError(f"eval_every: must be >= 1, got {self.eval_every}")
         if self.threads < 0:
             raise ConfigError(f"threads: must be >= 0, got {self.threads}")
+        if not isinstance(self.device, str) or not re.fullmatch(DEVICE_PATTERN, self.device):
+            raise ConfigError(f"device: must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ConfigError(f"precision: must be 'fp32' or 'bf16', got {self.precision!r}")
+        if not self.gpus_per_client >= 0:
+            raise ConfigError(f"gpus_per_client: must be >= 0, got {self.gpus_per_client}")
+        if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
+                or self.checkpoint_every < 1:
+            raise ConfigError(f"checkpoint_every: must be an integer >= 1, got {self.checkpoint_every!r}")
         if self.keep_checkpoints < 1:
             raise ConfigError(f"keep_checkpoints: must be >= 1, got {self.keep_checkpoints}")
         if not self.reply_timeout > 0:

@@ -25,6 +25,7 @@ from mmfl.schema import TrainConfig
 from mmfl.data.base import ArrayDataset, DatasetMeta
 from mmfl.core.evaluation import EvalContext, client_personal_metrics, global_metrics, personalized_metrics
 from mmfl.core.message import Message
+from mmfl.core.device import CPU
 from mmfl.core.replies import ReplySchema, model_schema
 from mmfl.core.state import Stateful, module
 from mmfl.core.training import LossFn, load_into, local_train, model_tensors, state_of, train_at_round
@@ -96,6 +97,7 @@ class ServerContext:
     client_model: Callable[[int], nn.Module] | None = None  # client cid's own initial model (its modalities, group, data)
     dp: Any = None  # the run's [dp] (mmfl.schema.DPConfig); None: no differential privacy
     cohort_size: int = 0  # clients sampled per round (central DP's fixed denominator); 0: unknown
+    device: torch.device = CPU  # the run's device (mmfl.core.device): create every tensor on it
 
     def modalities_of(self, cid: int) -> tuple[str, ...]:
         return tuple(self.meta.modalities) if self.client_modalities is None else self.client_modalities[cid]
@@ -121,6 +123,7 @@ class ClientContext:
     public: ArrayDataset | None = None  # the public set known to server and clients (CreamFL), if any
     extra: dict[str, Any] = field(default_factory=dict)
     dp: Any = None  # the run's [dp] (mmfl.schema.DPConfig); mode "sample": DP-SGD in local training
+    device: torch.device = CPU  # the run's device (mmfl.core.device): create every tensor on it
 
     def model(self, key: str = "local") -> nn.Module:
         return self.model_pool(key)
