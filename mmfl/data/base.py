@@ -10,6 +10,7 @@ clients cost 10,000 index arrays, not 10,000 copies.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -34,11 +35,15 @@ class ArrayDataset:
 
     ``indices`` (optional, int64 ``[n]``) makes this a view on the rows of the
     shared tensors: ``len(self) == n`` and :meth:`get` gathers those rows.
+    ``device`` (optional): where :meth:`get` puts the rows it gathers, for a data set kept in
+    host memory that the run's device could not hold (:meth:`to` with ``keep=False``); a set
+    already on the run's device leaves it None.
     """
 
     features: dict[str, Tensor]
     labels: Tensor
     indices: Tensor | None = None
+    device: torch.device | None = None
 
     def __post_init__(self):
         n = self.labels.shape[0]
@@ -60,49 +65,81 @@ class ArrayDataset:
         valid lengths; ``present/<m>`` masks are kept only where ``keys`` names them)."""
         keys = list(keys)
         keys += [LENGTH + k for k in keys if is_modality(k) and LENGTH + k in self.features and LENGTH + k not in keys]
-        return ArrayDataset({k: self.features[k] for k in keys}, self.labels, self.indices)
+        return ArrayDataset({k: self.features[k] for k in keys}, self.labels, self.indices, self.device)
 
     def subset(self, idx) -> "ArrayDataset":
         """A view on rows ``idx`` (positions within this dataset)."""
-        idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
+        idx = torch.as_tensor(np.asarray(idx), dtype=torch.long, device=self.labels.device)
         base = self.indices[idx] if self.indices is not None else idx
-        return ArrayDataset(self.features, self.labels, base)
+        return ArrayDataset(self.features, self.labels, base, self.device)
 
     def materialize(self) -> "ArrayDataset":
         """A copy holding only this view's rows (no ``indices``)."""
         if self.indices is None:
             return self
-        return ArrayDataset({m: t[self.indices] for m, t in self.features.items()}, self.labels[self.indices])
+        return ArrayDataset({m: t[self.indices] for m, t in self.features.items()}, self.labels[self.indices],
+                            device=self.device)
 
     def get(self, rows: Tensor | None = None) -> tuple[dict[str, Tensor], Tensor]:
-        """Features and labels of ``rows`` (positions within this view; all if None)."""
+        """Features and labels of ``rows`` (positions within this view; all if None), on
+        ``device`` where one is set."""
         if rows is None:
             base = self.indices
         else:
             base = self.indices[rows] if self.indices is not None else rows
         if base is None:
-            return dict(self.features), self.labels
-        return {m: t[base] for m, t in self.features.items()}, self.labels[base]
+            feats, labels = dict(self.features), self.labels
+        else:
+            feats, labels = {m: t[base] for m, t in self.features.items()}, self.labels[base]
+        if self.device is not None and labels.device != self.device:
+            feats = {m: t.to(self.device, non_blocking=True) for m, t in feats.items()}
+            labels = labels.to(self.device, non_blocking=True)
+        return feats, labels
 
     def label_array(self) -> np.ndarray:
         y = self.labels if self.indices is None else self.labels[self.indices]
-        return y.numpy()
+        return y.cpu().numpy()
 
     def batches(self, batch_size: int, shuffle: bool = True, generator: torch.Generator | None = None,
                 drop_last: bool = False) -> Iterator[tuple[dict[str, Tensor], Tensor]]:
-        """Mini-batches by index slicing (no DataLoader overhead)."""
+        """Mini-batches by index slicing (no DataLoader overhead). The order is drawn on the CPU
+        (``generator`` is a CPU generator: the same batches on every device)."""
         n = len(self)
-        order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+        order = torch.randperm(n, generator=generator, device="cpu") if shuffle else torch.arange(n, device="cpu")
+        order = order.to(self.labels.device)
         stop = n - (n % batch_size) if drop_last and n >= batch_size else n
         for s in range(0, stop, batch_size):
             yield self.get(order[s : s + batch_size])
+
+    def to(self, device: torch.device, keep: bool = True, memo: dict | None = None) -> "ArrayDataset":
+        """This set for a run on ``device``: ``keep`` moves its tensors there once (views on one
+        set of shared tensors share the moved copy through ``memo``, ``id(tensor) -> moved``);
+        ``keep=False`` leaves them in host memory and has :meth:`get` move each batch."""
+        if not keep:
+            return ArrayDataset(self.features, self.labels, self.indices, torch.device(device))
+        memo = {} if memo is None else memo
+
+        def move(t: Tensor | None) -> Tensor | None:
+            if t is None or t.device == device:
+                return t
+            if id(t) not in memo:
+                memo[id(t)] = (t, t.to(device))  # the source is kept alive so its id stays unique
+            return memo[id(t)][1]
+
+        return ArrayDataset({m: move(t) for m, t in self.features.items()}, move(self.labels),
+                            move(self.indices))
+
+    def nbytes(self) -> int:
+        """Bytes of the tensors this set refers to (shared tensors counted in full)."""
+        ts = [*self.features.values(), self.labels] + ([self.indices] if self.indices is not None else [])
+        return sum(t.numel() * t.element_size() for t in ts)
 
     @staticmethod
     def concat(parts: list["ArrayDataset"]) -> "ArrayDataset":
         mats = [p.materialize() for p in parts]
         keys = list(mats[0].features)
         return ArrayDataset({m: torch.cat([p.features[m] for p in mats]) for m in keys},
-                            torch.cat([p.labels for p in mats]))
+                            torch.cat([p.labels for p in mats]), device=mats[0].device)
 
 
 @dataclass
@@ -183,6 +220,29 @@ class Federation:
     @property
     def num_clients(self) -> int:
         return len(self.clients)
+
+    def data_sets(self) -> list[ArrayDataset]:
+        """Every data set of the federation (clients, test, public, sources' test sets)."""
+        return [*self.clients, self.test, *([self.public] if self.public is not None else []),
+                *(s.test for s in self.sources)]
+
+    def nbytes(self) -> int:
+        """Bytes of the distinct tensors behind all its data sets (shared tensors once)."""
+        seen: dict[int, Tensor] = {}
+        for d in self.data_sets():
+            for t in [*d.features.values(), d.labels, d.indices]:
+                if t is not None:
+                    seen[id(t)] = t
+        return sum(t.numel() * t.element_size() for t in seen.values())
+
+    def to(self, device: torch.device, keep: bool = True) -> "Federation":
+        """The federation for a run on ``device`` (:meth:`ArrayDataset.to`; views share moved tensors)."""
+        memo: dict = {}
+        move = lambda d: d.to(device, keep, memo)  # noqa: E731
+        return dataclasses.replace(
+            self, clients=[move(c) for c in self.clients], test=move(self.test),
+            public=None if self.public is None else move(self.public),
+            sources=[dataclasses.replace(s, test=move(s.test)) for s in self.sources])
 
     def client_sizes(self) -> list[int]:
         return [len(c) for c in self.clients]
