@@ -129,7 +129,7 @@ class ClientContext:
         return self.model_pool(key)
 
     def generator(self) -> torch.Generator:
-        return torch.Generator().manual_seed(self.seed)
+        return torch.Generator(device="cpu").manual_seed(self.seed)  # CPU: the same batches on every device
 
 
 class Server(Stateful):

@@ -50,6 +50,7 @@ from mmfl.core.training import shuffled_batches
 
 
 MAX_GROUP = 128  # clients per stack: bounds the stacked parameters, momentum and activations
+MEMORY_FRACTION = 0.8  # an accelerator's stack may use this share of its free memory
 Forward = Callable[[dict[str, Tensor], dict[str, Tensor]], dict[str, Tensor]]
 
 
@@ -127,6 +128,54 @@ def model_blocker(model: nn.Module, train) -> str | None:
     return None
 
 
+# ----------------------------------------------------------------------------- how many clients to stack
+
+def stack_size(per_client_bytes: int, free_bytes: int | None, limit: int = MAX_GROUP,
+               fraction: float = MEMORY_FRACTION) -> int:
+    """Clients per stack: as many as ``fraction`` of ``free_bytes`` holds at ``per_client_bytes``
+    each, between 1 and ``limit`` (``free_bytes`` None: unknown, ``limit``)."""
+    if free_bytes is None or per_client_bytes <= 0:
+        return limit
+    return max(1, min(limit, int(fraction * free_bytes) // per_client_bytes))
+
+
+def client_bytes(model: nn.Module, task: BatchedTask, train, activation_bytes: int = 0) -> int:
+    """Device memory one stacked client needs: its parameters, gradients and momentum
+    (``[K, *shape]`` rows of each), its per-client extras (e.g. MOON's two reference models,
+    SCAFFOLD's control variates) and ``activation_bytes`` (one batch's forward and backward,
+    measured by :func:`probe_activation_bytes`)."""
+    params = sum(t.numel() * t.element_size() for t in task.start.values())
+    copies = 2 + (1 if train.momentum else 0)  # parameters, gradients, momentum buffers
+
+    def size(tree) -> int:
+        if isinstance(tree, dict):
+            return sum(size(v) for v in tree.values())
+        return tree.numel() * tree.element_size() if isinstance(tree, Tensor) else 0
+
+    return copies * params + size(task.extras) + activation_bytes
+
+
+def probe_activation_bytes(model: nn.Module, data, batch_size: int, device: torch.device) -> int:
+    """Peak device memory of one client's forward and backward on one batch of ``data``
+    (CUDA only: the allocator's peak statistic; 0 elsewhere)."""
+    if device.type != "cuda" or len(data) == 0:
+        return 0
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    inputs, labels = data.get(torch.arange(min(batch_size, len(data)), device="cpu"))
+    out = model(inputs)["logits"]
+    torch.nn.functional.cross_entropy(out, labels).backward()
+    model.zero_grad(set_to_none=True)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    return int(max(peak, 0) * 1.5)  # headroom: vmap's batched kernels keep a few more buffers
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is an accelerator running out of memory."""
+    return isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and "out of memory" in str(e))
+
+
 # ----------------------------------------------------------------------------- the step schedule
 
 def client_batches(data, batch_size: int, epochs: int, generator: torch.Generator) -> list[Tensor]:
@@ -166,7 +215,8 @@ def train_stacked(model: nn.Module, client: BatchedClient, tasks: list[BatchedTa
     shared = tasks[0].shared
     momentum, wd, lr = train.momentum, train.weight_decay, train.lr
     bufs = {n: torch.zeros_like(stacked[n]) for n in trainable} if momentum else {}
-    totals = torch.zeros(k_all, dtype=torch.float64)
+    device = next(iter(stacked.values())).device
+    totals = torch.zeros(k_all, dtype=torch.float64, device=device)
     same_source = all(d.features is datas[0].features and d.labels is datas[0].labels for d in datas)
 
     def forward(params, inputs):
@@ -184,12 +234,14 @@ def train_stacked(model: nn.Module, client: BatchedClient, tasks: list[BatchedTa
         m = sum(1 for s in steps_sorted if s > t)
         rows = [schedules[order[j]][t] for j in range(m)]
         width = max(r.shape[0] for r in rows)
-        weights = torch.zeros(m, width)
+        weights = torch.zeros(m, width, device=device)
         padded = []
         for j, r in enumerate(rows):
             weights[j, :r.shape[0]] = 1
             padded.append(torch.cat([r, r[:1].expand(width - r.shape[0])]) if r.shape[0] < width else r)
         idx = torch.stack(padded)  # [m, width]
+        if idx.device != datas[0].labels.device:
+            idx = idx.to(datas[0].labels.device)
         if same_source:
             flat = idx.reshape(-1)
             inputs = {mod: t_[flat].view(m, width, *t_.shape[1:]) for mod, t_ in datas[0].features.items()}
@@ -198,6 +250,9 @@ def train_stacked(model: nn.Module, client: BatchedClient, tasks: list[BatchedTa
             got = [datas[order[j]].features for j in range(m)]
             inputs = {mod: torch.stack([got[j][mod][idx[j]] for j in range(m)]) for mod in got[0]}
             labels = torch.stack([datas[order[j]].labels[idx[j]] for j in range(m)])
+        if labels.device != device:  # data kept in host memory (it did not fit on the device)
+            inputs = {mod: t_.to(device, non_blocking=True) for mod, t_ in inputs.items()}
+            labels = labels.to(device, non_blocking=True)
         leaves = {n: stacked[n][:m].detach().requires_grad_(n in trainable) for n in names}
         losses = vloss(leaves, inputs, labels, weights, _rows(extras, m))
         grads = torch.autograd.grad(losses.sum(), [leaves[n] for n in trainable], allow_unused=True)
@@ -216,9 +271,10 @@ def train_stacked(model: nn.Module, client: BatchedClient, tasks: list[BatchedTa
             client.batched_step_hook({n: stacked[n][:m] for n in trainable}, _rows(extras, m))
             totals[:m] += losses.detach().double()
     out: list = [None] * k_all
+    totals = totals.tolist()  # one device sync for the group
     for j, i in enumerate(order):
         state = {n: stacked[n][j].clone() for n in names}
-        out[i] = (state, {"train_loss": float(totals[j]) / max(steps[i], 1), "steps": steps[i]})
+        out[i] = (state, {"train_loss": totals[j] / max(steps[i], 1), "steps": steps[i]})
     return out
 
 

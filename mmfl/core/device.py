@@ -130,3 +130,24 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+DATA_MEMORY_FRACTION = 0.5  # data is kept on an accelerator when it takes at most this share of its free memory
+
+
+def place_federation(federation, device: torch.device, fraction: float = DATA_MEMORY_FRACTION):
+    """``federation`` (an :class:`~mmfl.data.base.Federation`) for a run on ``device``: on the CPU
+    as it is; on an accelerator its tensors are moved there once when they fit in ``fraction``
+    of the free device memory, else they stay in host memory and each batch is moved (one
+    line on stderr says so)."""
+    if device.type == "cpu":
+        return federation
+    need, free = federation.nbytes(), free_memory(device)
+    keep = free is None or need <= fraction * free
+    if not keep:
+        import sys
+
+        print(f"mmfl: note: the data ({need / 2**30:.2f} GiB) does not fit in {fraction:.0%} of {describe(device)}'s "
+              f"free memory ({free / 2**30:.2f} GiB); it stays in host memory and each batch is copied",
+              file=sys.stderr, flush=True)
+    return federation.to(device, keep=keep)

@@ -96,7 +96,7 @@ class _Scalar(Field):
         if value is None:
             return {}
         dtype = torch.bool if isinstance(value, bool) else torch.int64 if isinstance(value, int) else torch.float64
-        return {"": torch.tensor(value, dtype=dtype)}
+        return {"": torch.tensor(value, dtype=dtype, device="cpu")}
 
     def restore(self, current, flat, path, errors):
         t = self._leaf_tensor(current, flat, path, errors)
@@ -115,7 +115,7 @@ class _Rng(Field):
             if current is None:
                 errors.append(f"unexpected key '{path}' (the generator is None)")
             else:
-                current.set_state(t.clone())
+                current.set_state(t.cpu().clone())  # a generator's state is a CPU byte tensor
         return current
 
 
@@ -150,7 +150,8 @@ class _Optimizer(Field):
         for p, st in value.state.items():
             for k, v in st.items():
                 if v is not None:
-                    out[f"{index[id(p)]}/{k}"] = (v if isinstance(v, Tensor) else torch.tensor(v)).detach().clone()
+                    out[f"{index[id(p)]}/{k}"] = (v if isinstance(v, Tensor) else torch.tensor(v, device="cpu")
+                                                  ).detach().clone()
         return out
 
     def restore(self, current, flat, path, errors):
@@ -166,8 +167,8 @@ class _Optimizer(Field):
             else:
                 entries.append((params[int(i)], k, v))
         current.state.clear()
-        for p, k, v in entries:
-            current.state[p][k] = v.clone()
+        for p, k, v in entries:  # on the parameter's device, as torch.optim's load_state_dict puts them
+            current.state[p][k] = v.cpu().clone() if k == "step" else v.to(p.device).clone()
         return current
 
 

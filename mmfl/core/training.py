@@ -113,8 +113,11 @@ def local_train(
     step (gradient modulation, OGM-GE), ``after_step()`` after every optimizer step
     (SCAFFOLD). Returns the mean loss and the number of steps."""
     model.train()
-    opt = make_optimizer([p for p in model.parameters() if p.requires_grad], train)
-    total, steps = 0.0, 0
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = make_optimizer(params, train)
+    # the loss summed on the device in float64 (the same sum as Python floats), read once at the
+    # end: a float() per step would wait for an accelerator at every step
+    total, steps = torch.zeros((), dtype=torch.float64, device=params[0].device if params else "cpu"), 0
     for epoch in range(epochs or train.local_epochs):
         if on_epoch is not None:
             on_epoch(epoch)
@@ -129,9 +132,9 @@ def local_train(
             opt.step()
             if after_step is not None:
                 after_step()
-            total += float(loss.detach())
+            total += loss.detach()
             steps += 1
-    return {"train_loss": total / max(steps, 1), "steps": steps}
+    return {"train_loss": float(total) / max(steps, 1), "steps": steps}
 
 
 @torch.no_grad()

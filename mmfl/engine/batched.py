@@ -9,7 +9,9 @@ import logging
 from typing import Any
 
 from mmfl.algorithms.base import ClientContext
-from mmfl.core.batched import MAX_GROUP, capability_blocker, model_blocker, train_stacked
+from mmfl.core.batched import (MAX_GROUP, capability_blocker, client_bytes, is_out_of_memory, model_blocker,
+                               probe_activation_bytes, stack_size, train_stacked)
+from mmfl.core.device import CPU, describe, free_memory
 from mmfl.core.message import Message
 from mmfl.core.training import seed_torch, train_at_round
 from mmfl.seeds import derive_seed
@@ -41,7 +43,8 @@ def send_batched(transport, route: str, messages: dict[int, Message]) -> tuple[d
         ctx = ClientContext(
             cid=cid, rnd=transport.rnd, seed=derive_seed(transport.seed, transport.rnd, cid, route, call),
             data=fed.clients[cid], test_data=fed.test, meta=fed.meta, train=train,
-            state=transport.store.load(cid), model_pool=transport._model, init_model=transport.make_model)
+            state=transport.store.load(cid), model_pool=transport._model, init_model=transport.make_model,
+            device=getattr(transport, "device", CPU))
         client = transport.spec.client(transport.params, ctx)
         task = client.batched_task(route, messages[cid])
         if task is None:
@@ -55,18 +58,39 @@ def send_batched(transport, route: str, messages: dict[int, Message]) -> tuple[d
     groups: dict[Any, list[int]] = {}
     for j, task in enumerate(tasks):
         groups.setdefault(task.group, []).append(j)
-    groups = {(key, s): members[s:s + MAX_GROUP] for key, members in groups.items()
-              for s in range(0, len(members), MAX_GROUP)}
     template = transport._model("batched")
+    device = getattr(transport, "device", CPU)
+    limit = _stack_limit(transport, template, tasks[0], ctxs[0].data, train, device)
     results: dict[int, tuple] = {}
-    for members in groups.values():
-        outs = train_stacked(template, clients[members[0]], [tasks[j] for j in members],
-                             [ctxs[j].data for j in members], [ctxs[j].generator() for j in members],
-                             train)
+    pending = [members for members in groups.values()]
+    while pending:
+        members = pending.pop(0)
+        if len(members) > limit:
+            pending[:0] = [members[s:s + limit] for s in range(0, len(members), limit)]
+            continue
+        try:
+            outs = train_stacked(template, clients[members[0]], [tasks[j] for j in members],
+                                 [ctxs[j].data for j in members], [ctxs[j].generator() for j in members],
+                                 train)
+        except Exception as e:  # noqa: BLE001 (only an accelerator's out-of-memory is retried)
+            if not is_out_of_memory(e) or len(members) == 1:
+                raise
+            limit = max(1, len(members) // 2)  # fresh generators on retry: the same batches
+            _empty_cache(device)
+            log.warning("batch_clients: out of memory on %s with %d clients stacked; retrying with %d",
+                        device, len(members), limit)
+            info = getattr(transport, "batch_info", None)
+            if info is not None:
+                info["batched_stack_oom"] = info.get("batched_stack_oom", 0) + 1
+            pending.insert(0, members)
+            continue
         for j, o in zip(members, outs):
             results[j] = o
         if getattr(transport, "progress", None) is not None:  # the runner's clients bar
             transport.progress.advance(len(members))
+    info = getattr(transport, "batch_info", None)
+    if info is not None and device.type != "cpu":  # on an accelerator: the largest stack it held
+        info["batched_stack"] = max(info.get("batched_stack", 0), min(limit, max(map(len, groups.values()))))
     for cid, call in zip(cids, calls):
         transport._calls[cid] = call + 1
     replies: dict[int, Message] = {}
@@ -86,6 +110,30 @@ def send_batched(transport, route: str, messages: dict[int, Message]) -> tuple[d
     if info is not None:
         info["batched_clients"] = info.get("batched_clients", 0) + len(cids)
     return replies, {}
+
+
+def _stack_limit(transport, template, task, data, train, device) -> int:
+    """Clients per stack on ``device``: :data:`MAX_GROUP` on the CPU; on an accelerator what its
+    free memory holds (parameters, gradients, momentum, extras and one batch's activations per
+    client, measured once per run), said once in the log."""
+    if device.type == "cpu":
+        return MAX_GROUP
+    cached = transport.__dict__.get("_stack_limit")
+    if cached is None:
+        act = probe_activation_bytes(template, data, train.batch_size, device)
+        per = client_bytes(template, task, train, act)
+        cached = stack_size(per, free_memory(device))
+        transport.__dict__["_stack_limit"] = cached
+        log.info("batch_clients: up to %d clients per stack on %s (%.1f MiB each)", cached, describe(device),
+                 per / 2**20)
+    return cached
+
+
+def _empty_cache(device) -> None:
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 def _blocker(transport, route: str, messages) -> str | None:

@@ -74,7 +74,7 @@ def _check_complete(path: Path) -> None:
 
 def _save_tensors(tensors: dict[str, Tensor], path: Path) -> None:
     try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path))  # device-independent
     except SafetensorError as e:  # an I/O error inside safetensors: an OSError like any other write
         m = re.search(r"code: (\d+)", str(e))
         code = int(m.group(1)) if m else errno.EIO

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from typing import Callable
 
+import torch
 from torch import Tensor, nn
 
 from mmfl.algorithms.base import AlgorithmSpec, ClientContext
 from mmfl.schema import TrainConfig
 from mmfl.data.base import ArrayDataset, DatasetMeta
+from mmfl.core.device import CPU, to_fp32
 from mmfl.core.message import Message
 from mmfl.core.training import seed_torch, train_at_round
 from mmfl.seeds import derive_seed
@@ -68,6 +70,7 @@ def run_client(
     privacy=None,
     attack=None,
     dp=None,
+    device: torch.device = CPU,
 ) -> tuple[Message, dict[str, Tensor]]:
     """Deliver ``msg`` on ``route`` to client ``cid``; return ``(reply, new_state)``.
 
@@ -90,6 +93,9 @@ def run_client(
     ``attack``: the run's :class:`~mmfl.engine.attack.Attack` (None: none); a malicious
     client trains on its attacked data view and sends its attacked reply.
     ``dp``: the run's ``[dp]`` (None: none); ``mode = "sample"`` makes the client train with DP-SGD.
+    ``device``: the run's device (``ctx.device``; the caller has put data, state and message there).
+    Arrays autocast left in bfloat16 (``precision = "bf16"``) are returned as fp32, so a reply's
+    schema and bytes do not depend on the precision.
     """
 
     everything = tuple(meta.modalities)
@@ -105,10 +111,12 @@ def run_client(
     ctx = ClientContext(
         cid=cid, rnd=rnd, seed=derive_seed(seed, rnd, cid, route, call),
         data=data, test_data=test_data, meta=meta, train=train_at_round(train, rnd),
-        state=state, model_pool=pool, init_model=init, modalities=held, public=public, dp=dp,
+        state=state, model_pool=pool, init_model=init, modalities=held, public=public, dp=dp, device=device,
     )
     seed_torch(ctx.seed)  # dropout and any other torch-global randomness (the CPU generator, cheaply)
     reply = spec.client(params, ctx).handle(route, msg)
+    if isinstance(reply, Message) and any(t.dtype == torch.bfloat16 for t in reply.arrays.values()):
+        reply = Message(to_fp32(reply.arrays), reply.scalars)
     if attack is not None:
         reply = attack.reply(cid, route, msg, reply, ctx.seed)
     if privacy is not None:

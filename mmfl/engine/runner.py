@@ -32,6 +32,7 @@ import torch
 
 from mmfl.algorithms import ALGORITHMS
 from mmfl.algorithms.base import ServerContext, Transport
+from mmfl.core.device import place_federation, precision_context, resolve_device, to_device
 from mmfl.core.evaluation import PERSONAL_PREFIX, EvalContext, run_evaluations
 from mmfl.core.personal import personal_test_indices
 from mmfl.core.replies import check_reply
@@ -50,6 +51,10 @@ from mmfl.models.factory import model_factory
 from mmfl.report import load_metrics, plot_accuracy, summarize
 from mmfl.schema import COMPONENTS, REPRESENTATION_ATTACKS, ExperimentConfig
 from mmfl.seeds import derive_seed
+
+
+# settings that change where or how often a run computes, not its result: a resume may change them
+RESUME_MAY_CHANGE = ("device", "gpus_per_client", "checkpoint_every", "threads")
 
 
 def cohort_size(cfg: ExperimentConfig, num_clients: int) -> int:
@@ -81,11 +86,13 @@ class Experiment:
         check_installed(cfg.tracking)  # a missing tracking library: one line before anything runs
         self.tracking: Tracking | None = None  # [tracking]: opened with the run folder (mmfl.engine.tracking)
         self.spec = ALGORITHMS.get(cfg.algorithm.name).factory
+        self.device = resolve_device(cfg.run.device)  # where the run computes (mmfl.core.device)
         self.federation = build_federation(cfg, pooled=self.spec.pooled)
         for cid, c in enumerate(self.federation.clients):
             if len(c) == 0:
                 raise ConfigError(f"partition: client {cid} received no samples; use fewer clients")
-        self.make_model = model_factory(cfg, self.federation.meta)
+        self.federation = place_federation(self.federation, self.device)  # on the device once, if it fits
+        self.make_model = model_factory(cfg, self.federation.meta, self.device)
         fed = self.federation
         if fed.client_modalities is not None or fed.client_groups is not None:  # fail now, not in round 1
             kinds = {(fed.modalities_of(c), fed.group_of(c), fed.source_of(c)) for c in range(fed.num_clients)}
@@ -108,12 +115,14 @@ class Experiment:
             system=self.system, client_groups=self.federation.client_groups,
             client_sources=self.federation.client_sources, dp=cfg.dp,
             cohort_size=cohort_size(cfg, self.federation.num_clients),
-            client_model=lambda cid: self.make_model(fed.modalities_of(cid), fed.group_of(cid), fed.meta_of(cid))))
+            client_model=lambda cid: self.make_model(fed.modalities_of(cid), fed.group_of(cid), fed.meta_of(cid)),
+            device=self.device))
         self.dp_accountant = None  # [dp]: epsilon per round (mmfl.engine.dp)
         if cfg.dp is not None:
             n = self.federation.num_clients
             self.dp_accountant = DPAccountant(cfg.dp, cohort_size(cfg, n), n, lambda r: sample_cohort(cfg, r, n))
-        self.store = make_store(cfg.run.state_store, self.federation.num_clients, cfg.run_dir / "client_state")
+        self.store = make_store(cfg.run.state_store, self.federation.num_clients, cfg.run_dir / "client_state",
+                                self.device)
         if transport is not None:
             self.transport = transport(self)
         elif cfg.secure_aggregation is not None:  # SecAgg+ is Flower's protocol (mmfl.flower.secagg)
@@ -126,7 +135,7 @@ class Experiment:
                 self.make_model, self.store, on_nonfinite=cfg.run.on_nonfinite,
                 batch_clients=cfg.run.batch_clients, privacy=cfg.privacy,
                 local_dp=LocalDP(cfg.dp, cfg.run.seed) if cfg.dp is not None and cfg.dp.mode == "local" else None,
-                attack=cfg.attack, stream=cfg.run.stream_aggregation, dp=cfg.dp)
+                attack=cfg.attack, stream=cfg.run.stream_aggregation, dp=cfg.dp, device=self.device)
         if cfg.dp is not None and cfg.dp.mode == "local" and getattr(self.transport, "local_dp", None) is None:
             raise ConfigError("dp.mode: local DP is applied by the in-process simulation only; this transport "
                               "has no client-side randomizer (use dp.mode = \"central\")")
@@ -185,6 +194,8 @@ class Experiment:
             theirs = with_new_defaults(runfolder.load_saved_config(d / "config.toml"), self.cfg)
             mine.pop("rounds"), theirs.pop("rounds", None)
             mine.pop("tracking", None), theirs.pop("tracking", None)  # tracking changes no result
+            for key in RESUME_MAY_CHANGE:  # a run checkpointed on a GPU resumes on a CPU and vice versa
+                mine.pop(key, None), theirs.pop(key, None)
             if mine != theirs:
                 diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
                 raise ConfigError(f"{d}: config differs from the saved run in {', '.join(diff)} "
@@ -197,7 +208,7 @@ class Experiment:
                 start = int(meta["round"])  # rounds completed = index of the next round
                 if damaged:
                     self._fall_back(damaged, ckpt, start)
-                self.server.load_state_dict(server)
+                self.server.load_state_dict(to_device(server, self.device))
                 self.store.load_state_dict(clients)
             runfolder.truncate_metrics(d / "metrics.jsonl", start)
             runfolder.atomic_write(d / "config.toml", self.cfg.to_toml())
@@ -257,7 +268,8 @@ class Experiment:
             cohort = [0] if self.spec.pooled else sample_cohort(cfg, rnd, self.federation.num_clients)
             self.transport.begin_round(rnd)
             row: dict = {"round": rnd + 1, "clients": len(cohort)}
-            row.update(self.server.round(rnd, cohort, self.transport))
+            with precision_context(self.device, cfg.run.precision):
+                row.update(self.server.round(rnd, cohort, self.transport))
             row.update(self.transport.batch_info)  # batched clients, or why not
             if self.dp_accountant is not None:
                 row.update(self.dp_accountant.metrics(rnd))
@@ -267,7 +279,8 @@ class Experiment:
             row["train_time_s"] = time.perf_counter() - t0
             if (rnd + 1) % cfg.run.eval_every == 0 or rnd + 1 == cfg.run.rounds:
                 self.transport.log.reset()
-                row.update(run_evaluations(self.server, self.evaluations(), self.eval_context(rnd)))
+                with precision_context(self.device, cfg.run.precision):
+                    row.update(run_evaluations(self.server, self.evaluations(), self.eval_context(rnd)))
                 ev = self.transport.log.summary()
                 if ev["bytes_down"] or ev["bytes_up"]:
                     row["eval_bytes_down"], row["eval_bytes_up"] = ev["bytes_down"], ev["bytes_up"]

@@ -17,11 +17,13 @@ import logging
 from collections import defaultdict
 from typing import Callable
 
+import torch
 from torch import nn
 
 from mmfl.algorithms.base import AlgorithmSpec
 from mmfl.schema import TrainConfig
 from mmfl.data.base import Federation
+from mmfl.core.device import CPU
 from mmfl.engine.attack import make_attack
 from mmfl.engine.batched import send_batched
 from mmfl.engine.client_runtime import ModelPool, run_client
@@ -111,14 +113,15 @@ class SimulationTransport:
     def __init__(self, spec: AlgorithmSpec, params, federation: Federation, train: TrainConfig,
                  seed: int, make_model: Callable[[], nn.Module], store: ClientStateStore,
                  on_nonfinite: str = "fail", batch_clients: bool = False, privacy=None, local_dp=None,
-                 attack=None, stream: str = "off", dp=None):
+                 attack=None, stream: str = "off", dp=None, device: torch.device = CPU):
         """``privacy``: the run's ``[privacy]`` rules (``cfg.privacy``; None: none). Every
         reply is checked against its client's data before the server sees it; a breach
         fails the run (:class:`~mmfl.engine.privacy.PrivacyError`). A rule naming a
         modality the data set lacks is a ConfigError here. ``attack``: the run's ``[attack]``
         (``cfg.attack``; None: every client honest, :mod:`mmfl.engine.attack`). ``stream``: the
         run's ``stream_aggregation`` ("auto", "on", "off"; :meth:`send_stream`). ``dp``: the run's
-        ``[dp]``, handed to every client (mode "sample": DP-SGD in local training)."""
+        ``[dp]``, handed to every client (mode "sample": DP-SGD in local training). ``device``: the
+        run's device (every client's ``ctx.device``; the federation and store are already there)."""
         self.spec = spec
         self.params = params
         self.federation = federation
@@ -135,6 +138,7 @@ class SimulationTransport:
         self.num_clients = federation.num_clients
         self.attack = make_attack(attack, federation.num_clients, seed)  # None: no [attack]
         self.stream = stream
+        self.device = device
         self.log = CommLog()
         self.rnd = 0
         self._model = ModelPool(make_model)  # models per (key, client structure)
@@ -210,7 +214,7 @@ class SimulationTransport:
             data=fed.clients[cid], test_data=fed.test_of(cid), meta=fed.meta_of(cid), train=self.train,
             seed=self.seed, state=self.store.load(cid), model_pool=self._model, init_model=self.make_model,
             holds=fed.modalities_of(cid), group=fed.group_of(cid), source=fed.source_of(cid),
-            public=fed.public, privacy=self.privacy, attack=self.attack, dp=self.dp,
+            public=fed.public, privacy=self.privacy, attack=self.attack, dp=self.dp, device=self.device,
         )
         if not self.log.admit(route, cid, msg, reply, self.on_nonfinite, self.rnd):
             return None  # its state is not saved either: the round never happened for it

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mmfl.core.device import to_device
 from mmfl.core.state import load_field, per_client, split_client_key
 
 AUTO_DISK_CLIENTS = 1000  # state_store = "auto": disk from this many clients on
@@ -56,13 +57,19 @@ CLIENTS = per_client()  # the store's declared state: cid -> {name: tensor}
 
 
 class ClientStateStore:
-    """In-memory store: ``cid -> {name: tensor}``; flattens for checkpoints (a :func:`per_client` field)."""
+    """In-memory store: ``cid -> {name: tensor}``; flattens for checkpoints (a :func:`per_client` field).
 
-    def __init__(self):
+    ``device``: the run's device. States are kept where the clients left them (on the device:
+    no copy per round) and written to checkpoints from the CPU; a state restored from a
+    checkpoint (CPU tensors) is moved onto the device when a client loads it."""
+
+    def __init__(self, device: torch.device | None = None):
         self._states: dict[int, dict[str, Tensor]] = {}
+        self.device = device
 
     def load(self, cid: int) -> dict[str, Tensor]:
-        return dict(self._states.get(cid, {}))
+        state = dict(self._states.get(cid, {}))
+        return state if self.device is None else to_device(state, self.device)
 
     def save(self, cid: int, state: dict[str, Tensor]) -> None:
         if state:
@@ -77,8 +84,8 @@ class ClientStateStore:
         return sum(t.numel() * t.element_size() for s in self._states.values() for t in s.values())
 
     def state_dict(self) -> dict[str, Tensor]:
-        """Flat ``"{cid}/{name}" -> tensor`` (for safetensors)."""
-        return {k: t.contiguous() for k, t in CLIENTS.flatten(self._states).items()}
+        """Flat ``"{cid}/{name}" -> tensor`` on the CPU (for safetensors)."""
+        return {k: t.cpu().contiguous() for k, t in CLIENTS.flatten(self._states).items()}
 
     def load_state_dict(self, flat: Mapping[str, Tensor]) -> None:
         self._states = load_field(CLIENTS, flat, owner="client state")
@@ -94,12 +101,12 @@ class ClientStateStore:
 
 
 def _tensor_bytes(t: Tensor) -> bytes:
-    return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
 def _from_bytes(data: bytes, shape, dtype: torch.dtype) -> Tensor:
     if not data:
-        return torch.empty(shape, dtype=dtype)
+        return torch.empty(shape, dtype=dtype, device="cpu")
     return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
 
 
@@ -115,9 +122,10 @@ class DiskClientStateStore:
     index, never the states themselves.
     """
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, device: torch.device | None = None):
         self.root = Path(root)
         self._open = False
+        self.device = device  # where load() puts a client's state (None: the CPU, as read)
 
     # --- files
     def _ensure_open(self) -> None:
@@ -150,7 +158,7 @@ class DiskClientStateStore:
                 return i
         if not create:
             return -1
-        row = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+        row = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         self._entries.append({"name": name, "shape": list(shape), "dtype": dt, "row_bytes": row,
                               "file": f"k{len(self._entries):05d}.bin"})
         self._present.append(np.zeros(0, dtype=bool))
@@ -192,6 +200,10 @@ class DiskClientStateStore:
 
     # --- the interface
     def load(self, cid: int) -> dict[str, Tensor]:
+        state = self._read(cid)
+        return state if self.device is None else to_device(state, self.device)
+
+    def _read(self, cid: int) -> dict[str, Tensor]:
         self._ensure_open()
         if cid in self._index:
             rows = self._index[cid]
@@ -231,11 +243,11 @@ class DiskClientStateStore:
         return len(self.clients())
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for cid in self.clients() for t in self.load(cid).values())
+        return sum(t.numel() * t.element_size() for cid in self.clients() for t in self._read(cid).values())
 
     def state_dict(self) -> dict[str, Tensor]:
         """Every client's state, flat (materializes the store: for tests and small runs)."""
-        return {f"{cid}/{k}": t for cid in self.clients() for k, t in self.load(cid).items()}
+        return {f"{cid}/{k}": t for cid in self.clients() for k, t in self._read(cid).items()}
 
     def load_state_dict(self, flat: Mapping[str, Tensor]) -> None:
         """Apply a checkpoint's changes (``"{cid}/{name}"`` rows, ``"{cid}/.deleted"``) to the
@@ -311,14 +323,17 @@ class DiskClientStateStore:
 
 
 def _nbytes(shape, dtype: torch.dtype) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
 
 
-def make_store(kind: str, num_clients: int, root: str | Path):
-    """The store ``RunConfig.state_store`` asks for (``root``: the disk store's folder)."""
+def make_store(kind: str, num_clients: int, root: str | Path, device: torch.device | None = None):
+    """The store ``RunConfig.state_store`` asks for (``root``: the disk store's folder; ``device``:
+    where clients get their state, None or the CPU: as stored)."""
     if kind == "auto":
         kind = "disk" if num_clients >= AUTO_DISK_CLIENTS else "memory"
-    return DiskClientStateStore(root) if kind == "disk" else ClientStateStore()
+    if device is not None and device.type == "cpu":
+        device = None
+    return DiskClientStateStore(root, device) if kind == "disk" else ClientStateStore(device)
 
 
 class LazyTensors(Mapping):

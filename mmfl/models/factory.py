@@ -16,9 +16,10 @@ from mmfl.schema import ExperimentConfig
 from mmfl.seeds import derive_seed
 
 
-def model_factory(cfg: ExperimentConfig, meta) -> Callable[..., nn.Module]:
+def model_factory(cfg: ExperimentConfig, meta, device: torch.device | None = None) -> Callable[..., nn.Module]:
     """``make(holds=None, group=None, meta=None)`` builds a model with the run's initial
-    weights (seeded).
+    weights (seeded), on ``device`` (None: the CPU). The weights are drawn on the CPU from the
+    seeded CPU generator and then moved, so a run starts from the same model on every device.
 
     ``group``: the ``[[client_models]]`` entry of the client (None: ``[model]``, which is
     also the server's model). ``holds``: the modalities of the client the model is for
@@ -36,10 +37,12 @@ def model_factory(cfg: ExperimentConfig, meta) -> Callable[..., nn.Module]:
         if partial and "holds" not in inspect.signature(entry.factory).parameters:
             raise ConfigError(f"model.name: '{comp.name}' needs every modality on every client; "
                               f"use model 'multimodal' for clients holding only {', '.join(holds)}")
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(cfg.run.seed, "model-init"))
+        with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+            torch.default_generator.manual_seed(derive_seed(cfg.run.seed, "model-init"))
             if partial:
-                return entry.factory(comp.params, meta, holds=list(holds))
-            return entry.factory(comp.params, meta)
+                model = entry.factory(comp.params, meta, holds=list(holds))
+            else:
+                model = entry.factory(comp.params, meta)
+        return model if device is None or device.type == "cpu" else model.to(device)
 
     return make
