@@ -75,7 +75,8 @@ def send_batched(transport, route: str, messages: dict[int, Message]) -> tuple[d
         except Exception as e:  # noqa: BLE001 (only an accelerator's out-of-memory is retried)
             if not is_out_of_memory(e) or len(members) == 1:
                 raise
-            limit = max(1, len(members) // 2)  # fresh generators on retry: the same batches
+            limit = max(1, (len(members) + 1) // 2)  # fresh generators on retry: the same batches
+            transport.__dict__["_oom_limit"] = limit  # later sends start from what fitted
             _empty_cache(device)
             log.warning("batch_clients: out of memory on %s with %d clients stacked; retrying with %d",
                         device, len(members), limit)
@@ -116,8 +117,9 @@ def _stack_limit(transport, template, task, data, train, device) -> int:
     """Clients per stack on ``device``: :data:`MAX_GROUP` on the CPU; on an accelerator what its
     free memory holds (parameters, gradients, momentum, extras and one batch's activations per
     client, measured once per run), said once in the log."""
+    learned = transport.__dict__.get("_oom_limit", MAX_GROUP)  # an earlier out-of-memory's split
     if device.type == "cpu":
-        return MAX_GROUP
+        return learned
     cached = transport.__dict__.get("_stack_limit")
     if cached is None:
         act = probe_activation_bytes(template, data, train.batch_size, device)
@@ -126,7 +128,7 @@ def _stack_limit(transport, template, task, data, train, device) -> int:
         transport.__dict__["_stack_limit"] = cached
         log.info("batch_clients: up to %d clients per stack on %s (%.1f MiB each)", cached, describe(device),
                  per / 2**20)
-    return cached
+    return min(cached, learned)
 
 
 def _empty_cache(device) -> None:
