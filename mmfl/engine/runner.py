@@ -331,6 +331,12 @@ class Experiment:
         return float(sum(r.get("sim_time_s", 0.0) for r in load_metrics(self.run_dir)))
 
     def _checkpoint(self, rnd: int) -> None:
+        """After round ``rnd``: a checkpoint every ``checkpoint_every`` rounds and after the last one.
+        Between checkpoints a disk store keeps the rounds' changes in its journal; it commits them
+        only once a checkpoint holds them (mmfl.engine.state), so resume replays the newest one."""
+        done = rnd + 1
+        if done % self.cfg.run.checkpoint_every and done != self.cfg.run.rounds:
+            return
         # named by rounds completed, like the metrics rows: round_00003 holds the state after round 3
         checkpoint.save(self.run_dir / "checkpoints", rnd + 1, self.server.state_dict(),
                         self.store.write_checkpoint, {"round": rnd + 1}, keep=self.cfg.run.keep_checkpoints)
