@@ -183,7 +183,16 @@ class Result:
 
     @property
     def plot_path(self) -> Path:
+        """Where :meth:`plot` draws test accuracy per round (a run does not draw it itself)."""
         return self.run_dir / "accuracy.png"
+
+    def plot(self) -> Path:
+        """Draw ``accuracy.png`` (test accuracy per round, from ``metrics.jsonl``) and return its path;
+        what ``mmfl report RUN`` and ``mmfl run --plot`` write."""
+        from mmfl.report import plot_accuracy
+
+        plot_accuracy({self.run_dir.name: self.rows}, self.plot_path)
+        return self.plot_path
 
     # --- what the run wrote -----------------------------------------------
     @property

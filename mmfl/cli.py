@@ -7,7 +7,7 @@
                                    models + parameters; FedCMI's case presets
     mmfl partition [CONFIG]        per-client class counts of a config's partition (and who
                                    holds which modalities)
-    mmfl report RUN [RUN ...]      comparison table (+ plot) of finished runs
+    mmfl report RUN [RUN ...]      comparison table (+ plot; one run: RUN/accuracy.png) of finished runs
     mmfl flower ...                the same config on Flower (simulate, submit, loopback; docs/flower.md)
     mmfl vqa RUN --root DIR        VQA accuracy of a finished CreamFL-style run's server model (docs/vqa.md)
     mmfl bench GRID.toml           run a benchmark grid's missing runs in parallel, write its tables
@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(only `rounds` may differ from the saved config)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--plot", action="store_true", help="draw accuracy.png in the run folder when the run "
+                   "finishes (off by default: matplotlib costs 0.5-1 s; `mmfl report RUN` draws it later)")
     p.add_argument("--track", action="append", choices=("tensorboard", "mlflow", "wandb"), help="send the run to "
                    "this offline tracker (repeatable; = [tracking] backends, docs/tracking.md)")
 
@@ -103,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="compare finished runs: table and accuracy plot")
     p.add_argument("runs", nargs="+", help="run folders")
-    p.add_argument("--plot", metavar="PNG", help="write the accuracy-per-round plot here")
+    p.add_argument("--plot", metavar="PNG", help="write the accuracy-per-round plot here (default with one "
+                   "run: RUN/accuracy.png)")
 
     from mmfl.flower.cli import add_flower_parser  # imports no Flower: cheap
 
@@ -171,6 +174,8 @@ def cmd_run(args) -> int:
     res = api.run(args.config, set=args.overrides + track, resume=args.resume, overwrite=args.overwrite,
                   progress=not args.no_progress)
     print(summary_json(res.summary))
+    if getattr(args, "plot", False):
+        print(f"plot: {res.plot()}")
     print(f"results: {res.run_dir}")
     return 0
 
@@ -251,9 +256,10 @@ def cmd_partition(args) -> int:
 def cmd_report(args) -> int:
     from mmfl.report import compare
 
-    print(compare(args.runs, plot_path=args.plot))
-    if args.plot:
-        print(f"plot: {args.plot}")
+    plot = args.plot or (str(Path(args.runs[0]) / "accuracy.png") if len(args.runs) == 1 else None)
+    print(compare(args.runs, plot_path=plot))
+    if plot:
+        print(f"plot: {plot}")
     return 0
 
 

@@ -329,6 +329,19 @@ def test_report_adds_per_modality_accuracy_and_uar(tmp_path, tiny, capsys):
     assert out.splitlines()[0] == plain_header
 
 
+def test_run_draws_accuracy_png_only_with_plot_or_from_report(tmp_path, tiny, capsys):
+    base = ["run", str(tiny), "--no-progress", "--set", out_dir(tmp_path), "--set", "rounds=1"]
+    run_ok(capsys, [*base, "--set", "name=lazy"])
+    d = tmp_path / "runs" / "lazy"
+    assert (d / "summary.json").is_file() and not (d / "accuracy.png").exists()
+    out = run_ok(capsys, ["report", str(d)])  # one run: its own accuracy.png
+    assert f"plot: {d / 'accuracy.png'}" in out.splitlines()
+    assert (d / "accuracy.png").read_bytes()[:8] == PNG_MAGIC
+    out = run_ok(capsys, [*base, "--set", "name=eager", "--plot"])
+    assert f"plot: {tmp_path / 'runs' / 'eager' / 'accuracy.png'}" in out.splitlines()
+    assert (tmp_path / "runs" / "eager" / "accuracy.png").read_bytes()[:8] == PNG_MAGIC
+
+
 def test_report_compares_two_runs(tmp_path, tiny, capsys):
     base = ["run", str(tiny), "--no-progress", "--set", out_dir(tmp_path), "--set", "rounds=1"]
     run_ok(capsys, [*base, "--set", "name=alpha"])
@@ -357,7 +370,7 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
         summary = json.loads((d / "summary.json").read_text())
         assert summary["algorithm"] == algo and summary["data"] == "mfeat" and summary["rounds"] == 2
         assert summary["final_accuracy"] > 0.5
-        assert (d / "accuracy.png").read_bytes()[:8] == PNG_MAGIC
+        assert not (d / "accuracy.png").exists()  # a run draws no plot (the demo draws demo.png)
         assert f'name = "{algo}"' in (d / "config.toml").read_text()
         assert (d / "checkpoints" / "LATEST").read_text().strip() == "round_00002"  # rounds completed
         assert (d / "checkpoints" / "round_00002" / "server.safetensors").is_file()

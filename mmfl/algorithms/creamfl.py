@@ -80,6 +80,7 @@ from mmfl.algorithms.fedavg import weighted_mean_scalar
 from mmfl.algorithms.multimodal import FEDIOT_MULTIMODAL_WEIGHT
 from mmfl.algorithms.pcme import SAMPLES, VIB_WEIGHT
 from mmfl.algorithms.public_terms import DEFAULT_CHUNK
+from mmfl.core import optim
 from mmfl.core.aggregation import AGGREGATION_RULES, aggregate, check_rule, rule_kwargs, rule_params
 from mmfl.core.message import Message
 from mmfl.core.replies import ReplySchema
@@ -215,8 +216,8 @@ class CreamFLServer(Server):
         self.public = select_public(ctx.public, params.public_size)
         # Alg. 1's two server phases (public epoch, distillation eq. 7), each with its own persistent,
         # checkpointed Adam state ("per_phase"), or one Adam for both ("shared", the authors' code)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=params.server_lr)
-        self.opt_kd = torch.optim.Adam(self.model.parameters(), lr=params.server_lr) \
+        self.opt = optim.Adam(self.model.parameters(), lr=params.server_lr)
+        self.opt_kd = optim.Adam(self.model.parameters(), lr=params.server_lr) \
             if params.server_optimizer == "per_phase" else self.opt
         self.consensus: dict[str, Tensor] = {}
 

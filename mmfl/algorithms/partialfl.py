@@ -48,6 +48,7 @@ from mmfl.algorithms.registry import preset, register
 from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.fedavg import weighted_mean_scalar
 from mmfl.algorithms.multimodal import only_held
+from mmfl.core import optim
 from mmfl.core.aggregation import aggregate
 from mmfl.core.message import Message
 from mmfl.core.replies import ReplySchema
@@ -161,7 +162,7 @@ class PartialFLServer(Server):
             raise ConfigError(f"modalities: client {lacking[0]} lacks the private modality {self.p!r}, which "
                               "PartialFL's global model needs; only the shareable one may be missing")
         self.fs = ctx.make_model() if params.align else None  # F_s: its encoders[S] + proj[S]
-        self.fs_opt = torch.optim.Adam(self.fs.parameters(), lr=params.server_lr) if self.fs is not None else None
+        self.fs_opt = optim.Adam(self.fs.parameters(), lr=params.server_lr) if self.fs is not None else None
         self.xs: dict[int, Tensor] = {}  # the shareable data each client uploaded once
         self.lens: dict[int, Tensor] = {}  # and its valid lengths, where S is a padded sequence
         self.uploaded = False

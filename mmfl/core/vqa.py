@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmfl.data.vqa import NO_ANSWER, VQAData, VQASplit, normalize_answer
+from mmfl.core import optim
 from mmfl.core.training import shuffled_batches
 from mmfl.errors import ConfigError
 
@@ -252,7 +253,7 @@ def finetune_vqa(represent: Represent, encoder_params: list[nn.Parameter], data:
         groups = [{"params": list(head.parameters()), "lr": p.lr}]
         if not frozen:
             groups.append({"params": list(encoder_params), "lr": p.encoder_lr})
-        opt = torch.optim.Adam(groups, weight_decay=p.weight_decay)
+        opt = optim.Adam(groups, weight_decay=p.weight_decay)
         gen = torch.Generator().manual_seed(p.seed)
         losses = []
         for _ in range(p.epochs):

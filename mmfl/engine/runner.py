@@ -10,7 +10,7 @@ Run folder ``<output_dir>/<name>/``:
 - ``checkpoints/round_NNNNN/``: the state after the last round (see
   :mod:`mmfl.engine.checkpoint`);
 - ``labels.json``: class label -> id, when the data set maps its labels (a manifest);
-- ``summary.json`` and ``accuracy.png`` when the run finishes;
+- ``summary.json`` when the run finishes (``mmfl report RUN`` draws ``accuracy.png``);
 - ``.lock``: held by the process writing the folder (see :mod:`mmfl.engine.runfolder`).
 """
 
@@ -48,7 +48,7 @@ from mmfl.engine.tracking import Tracking, check_installed
 from mmfl.engine.state import DiskClientStateStore, make_store
 from mmfl.errors import ConfigError, MMFLError
 from mmfl.models.factory import model_factory
-from mmfl.report import load_metrics, plot_accuracy, summarize
+from mmfl.report import load_metrics, summarize
 from mmfl.schema import COMPONENTS, REPRESENTATION_ATTACKS, ExperimentConfig
 from mmfl.seeds import derive_seed
 
@@ -344,6 +344,12 @@ class Experiment:
         return float(sum(r.get("sim_time_s", 0.0) for r in load_metrics(self.run_dir)))
 
     def _checkpoint(self, rnd: int) -> None:
+        """After round ``rnd``: a checkpoint every ``checkpoint_every`` rounds and after the last one.
+        Between checkpoints a disk store keeps the rounds' changes in its journal; it commits them
+        only once a checkpoint holds them (mmfl.engine.state), so resume replays the newest one."""
+        done = rnd + 1
+        if done % self.cfg.run.checkpoint_every and done != self.cfg.run.rounds:
+            return
         # named by rounds completed, like the metrics rows: round_00003 holds the state after round 3
         checkpoint.save(self.run_dir / "checkpoints", rnd + 1, self.server.state_dict(),
                         self.store.write_checkpoint, {"round": rnd + 1}, keep=self.cfg.run.keep_checkpoints)
@@ -355,7 +361,8 @@ class Experiment:
         runfolder.atomic_write(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         if self.tracking is not None:
             self.tracking.finish(summary)
-        plot_accuracy({self.cfg.run.name: rows}, self.run_dir / "accuracy.png")
+        # no accuracy.png here (matplotlib's import is 0.5-1 s of a short run): `mmfl report RUN`,
+        # `mmfl run --plot` or Result.plot() draw it from metrics.jsonl
         return summary
 
 

@@ -19,13 +19,16 @@ Two stores share one interface (``load``/``save``/``state_dict``/
 ``RunConfig.state_store`` picks one (:func:`make_store`; ``auto`` = disk from
 :data:`AUTO_DISK_CLIENTS` clients on).
 
-Checkpoint protocol (the runner): after a round, ``write_checkpoint(path)``
-writes the store's part of the checkpoint; once that checkpoint is in place,
-``commit()``. On resume, ``load_state_dict(checkpoint's clients part)``. For the
-disk store, the committed files are never ahead of the latest checkpoint and at
-most one round behind it, and replaying that checkpoint's changes (full rows,
-idempotent) brings them exactly to it; an uncommitted journal is discarded on
-open. So a crash anywhere resumes exactly.
+Checkpoint protocol (the runner): after a checkpointed round (every
+``checkpoint_every`` rounds and the last), ``write_checkpoint(path)`` writes the
+store's part of the checkpoint; once that checkpoint is in place, ``commit()``.
+Between checkpoints the disk store's journal holds every round's changes since
+the last commit (a client saved again reuses its slot), so the checkpoint holds
+all changes since the previous one. On resume, ``load_state_dict(checkpoint's
+clients part)``. For the disk store, the committed files are never ahead of the
+latest checkpoint and at most one checkpoint behind it, and replaying that
+checkpoint's changes (full rows, idempotent) brings them exactly to it; an
+uncommitted journal is discarded on open. So a crash anywhere resumes exactly.
 """
 
 from __future__ import annotations
@@ -221,12 +224,15 @@ class DiskClientStateStore:
         if not state:
             self._index[cid] = None
             return
-        rows = {}
+        rows, before = {}, self._index.get(cid) or {}
         for name, t in state.items():
             data = _tensor_bytes(t)
-            os.pwrite(self._journal, data, self._jsize)
-            rows[name] = (self._jsize, tuple(t.shape), t.dtype)
-            self._jsize += len(data)
+            old = before.get(name)  # saved again before a commit (checkpoint_every > 1): same slot
+            off = old[0] if old is not None and _nbytes(old[1], old[2]) == len(data) else self._jsize
+            os.pwrite(self._journal, data, off)
+            rows[name] = (off, tuple(t.shape), t.dtype)
+            if off == self._jsize:
+                self._jsize += len(data)
         self._index[cid] = rows
 
     def clients(self) -> list[int]:
