@@ -100,7 +100,8 @@ def _i2t_ranks(img: Tensor, txt: Tensor, t2i: Tensor, chunk: int) -> Tensor:
         js = cols[(t2i >= s) & (t2i < e)]
         rows = t2i[js] - s
         vals = sims[rows, js]
-        best = torch.full((e - s,), float("-inf"), device=sims.device).scatter_reduce(0, rows, vals, reduce="amax")
+        best = torch.full((e - s,), float("-inf"), dtype=sims.dtype, device=sims.device).scatter_reduce(
+            0, rows, vals, reduce="amax")
         ge = (sims >= best[:, None]).sum(dim=1)
         matched_ge = torch.zeros(e - s, dtype=torch.long, device=sims.device).index_add_(0, rows, (vals >= best[rows]).long())
         rank = ge - matched_ge
@@ -130,6 +131,11 @@ def recall_at_k(img: Tensor, txt: Tensor, txt_to_img: Tensor | None = None, ks: 
     _check(img, txt, txt_to_img, img_labels, txt_labels)
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
+    with torch.autocast(device_type=img.device.type, enabled=False):  # fp32 scores (bf16 would tie ranks)
+        return _recall_at_k(img, txt, txt_to_img, ks, chunk, img_labels, txt_labels)
+
+
+def _recall_at_k(img, txt, txt_to_img, ks, chunk, img_labels, txt_labels) -> dict[str, float]:
     img = F.normalize(img.float(), dim=1)
     txt = F.normalize(txt.float(), dim=1)
     if img_labels is not None:
