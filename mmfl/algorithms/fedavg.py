@@ -320,7 +320,8 @@ class FedAvgClient(TrainingClient, BatchedClient):
         model = self.load_model(msg)
         self.begin(model, msg)
         sample_loss, penalty = self.dpsgd_losses(msg.arrays)
-        noise = torch.Generator(device="cpu").manual_seed(derive_seed(self.ctx.seed, "dpsgd-noise"))  # the same on every device
+        # a CPU generator: the same noise on every device
+        noise = torch.Generator(device="cpu").manual_seed(derive_seed(self.ctx.seed, "dpsgd-noise"))
         stats = dpsgd_train(model, self.ctx.data, self.ctx.train, dp.clip_norm, dp.noise_multiplier,
                             self.ctx.generator(), noise, sample_loss, penalty)
         # this client's accountant: Opacus's RDP history (z, q, steps), kept in its persistent state

@@ -51,7 +51,8 @@ def global_local_contrastive_scores(local: Tensor, global_other: Tensor, chunk: 
             logits = rows @ g_t  # [chunk, P]
             positive = (rows * global_other[s:e]).sum(-1)  # the diagonal, i_local^(k) . t_global^(k)
             if exclude_positive:
-                logits[torch.arange(e - s, device=logits.device), torch.arange(s, e, device=logits.device)] = float("-inf")
+                dev = logits.device
+                logits[torch.arange(e - s, device=dev), torch.arange(s, e, device=dev)] = float("-inf")
             out[c, s:e] = positive - torch.logsumexp(logits, dim=1)
             del logits
     return out

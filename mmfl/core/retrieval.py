@@ -103,7 +103,8 @@ def _i2t_ranks(img: Tensor, txt: Tensor, t2i: Tensor, chunk: int) -> Tensor:
         best = torch.full((e - s,), float("-inf"), dtype=sims.dtype, device=sims.device).scatter_reduce(
             0, rows, vals, reduce="amax")
         ge = (sims >= best[:, None]).sum(dim=1)
-        matched_ge = torch.zeros(e - s, dtype=torch.long, device=sims.device).index_add_(0, rows, (vals >= best[rows]).long())
+        matched_ge = torch.zeros(e - s, dtype=torch.long, device=sims.device).index_add_(
+            0, rows, (vals >= best[rows]).long())
         rank = ge - matched_ge
         rank[best == float("-inf")] = NO_MATCH  # an image without captions
         out[s:e] = rank

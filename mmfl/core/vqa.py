@@ -174,7 +174,8 @@ class _Frozen:
         zi, zq = [], []
         with torch.no_grad():
             for s in range(0, len(split), chunk):
-                a, b = _reps(represent, split, torch.arange(s, min(s + chunk, len(split)), device=split.question.device))
+                rows = torch.arange(s, min(s + chunk, len(split)), device=split.question.device)
+                a, b = _reps(represent, split, rows)
                 zi.append(a)
                 zq.append(b)
         self.zi, self.zq = torch.cat(zi), torch.cat(zq)
