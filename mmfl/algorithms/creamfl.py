@@ -329,7 +329,7 @@ class CreamFLServer(Server):
     def train_public(self, rnd: int) -> float:
         """Alg. 1 line 18: one epoch of the image-text task on the public pairs."""
         a, b = self.pair
-        gen = torch.Generator().manual_seed(derive_seed(self.ctx.seed, rnd, "server-public"))
+        gen = torch.Generator(device="cpu").manual_seed(derive_seed(self.ctx.seed, rnd, "server-public"))
         total, steps = 0.0, 0
         self.begin_phase(self.opt)
         self.model.train()
@@ -349,7 +349,7 @@ class CreamFLServer(Server):
         """Eq. 7: ``kd_weight * sum_m MSE(f_m(x^(k)), agg_m^(k))`` over the public set."""
         if not agg or not self.params.distill_epochs or not self.params.kd_weight:
             return 0.0
-        gen = torch.Generator().manual_seed(derive_seed(self.ctx.seed, rnd, "server-distill"))
+        gen = torch.Generator(device="cpu").manual_seed(derive_seed(self.ctx.seed, rnd, "server-distill"))
         n = len(self.public)
         total, steps = 0.0, 0
         self.begin_phase(self.opt_kd)

@@ -47,7 +47,7 @@ def public_reps(model: nn.Module, public, modalities, batch_size: int = 512) -> 
 def info_nce(a: Tensor, b: Tensor, temperature: float) -> Tensor:
     """Symmetric InfoNCE (CLIP) of paired, normalised ``a``, ``b`` ``[B, d]``: row k's positive is row k."""
     logits = a @ b.t() / temperature
-    target = torch.arange(a.shape[0])
+    target = torch.arange(a.shape[0], device=a.device)
     return 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits.t(), target))
 
 
@@ -65,13 +65,13 @@ def inter_loss(local: Tensor, global_other: Tensor, rows: Tensor, tau: float) ->
     """Eq. 1, mean over the batch: ``-log softmax_j(local_k . other_j / tau)[j = k]`` over all |P| j.
 
     local ``[B, d]`` (public rows ``rows``), global_other ``[P, d]``. Memory ``B x P``."""
-    return F.cross_entropy(local @ global_other.t() / tau, rows)
+    return F.cross_entropy(local @ global_other.t() / tau, rows.to(local.device))
 
 
 def intra_loss(local: Tensor, global_same: Tensor, prev: Tensor, tau: float) -> Tensor:
     """Eq. 2, mean over the batch: ``-log e^{l.g/tau} / (e^{l.g/tau} + e^{l.p/tau})``; all ``[B, d]``."""
     logits = torch.stack([(local * global_same).sum(-1), (local * prev).sum(-1)], dim=1) / tau
-    return F.cross_entropy(logits, torch.zeros(local.shape[0], dtype=torch.long))
+    return F.cross_entropy(logits, torch.zeros(local.shape[0], dtype=torch.long, device=local.device))
 
 
 def variance_weights(local: Tensor) -> Tensor:
@@ -121,11 +121,11 @@ def target_quality(glob: dict[str, Tensor], agg: dict[str, Tensor], pair: tuple[
     a, b = pair
     out = {}
     if a in glob and b in glob and glob[a].shape[0] == glob[b].shape[0]:
-        r = evaluate_retrieval(glob[a], glob[b], torch.arange(glob[a].shape[0]), "plain")
+        r = evaluate_retrieval(glob[a], glob[b], torch.arange(glob[a].shape[0], device=glob[a].device), "plain")
         out["server_public_r1_sum"] = r["i2t_r1"] + r["t2i_r1"]
         if a in agg and b in agg:
             r = evaluate_retrieval(F.normalize(agg[a], dim=-1), F.normalize(agg[b], dim=-1),
-                                   torch.arange(agg[a].shape[0]), "plain")
+                                   torch.arange(agg[a].shape[0], device=agg[a].device), "plain")
             out["target_public_r1_sum"] = r["i2t_r1"] + r["t2i_r1"]
     for m, t in agg.items():
         out[f"target_cos/{m}"] = float(F.cosine_similarity(t, glob[m], dim=-1).mean())
@@ -154,5 +154,5 @@ def select_public(public, size: int):
     server and every client pick the same rows without exchanging them."""
     if not size or size >= len(public):
         return public
-    gen = torch.Generator().manual_seed(derive_seed("public-subset", len(public)))
-    return public.subset(torch.randperm(len(public), generator=gen)[:size].sort().values)
+    gen = torch.Generator(device="cpu").manual_seed(derive_seed("public-subset", len(public)))
+    return public.subset(torch.randperm(len(public), generator=gen, device="cpu")[:size].sort().values)

@@ -92,7 +92,7 @@ def attention_weights(dists, alpha: float, sigma: float, mode: str = "paper",
     the peers. ``paper``: xi_ij = alpha * A'(d_ij) = alpha * exp(-d_ij/sigma)/sigma (eq. 5),
     scaled to sum to 1 if they exceed it (``rescaled``), xi_ii = 1 - sum. ``normalized``:
     xi_ii = self_weight, xi_ij = (1 - self_weight) * A'(d_ij) / sum_h A'(d_ih). No peers: (1, [], False)."""
-    d = torch.as_tensor(list(dists), dtype=torch.float64)
+    d = torch.as_tensor(list(dists), dtype=torch.float64, device="cpu")  # host numbers: a few per client
     if d.numel() == 0:
         return 1.0, d, False
     if mode == "normalized":

@@ -143,7 +143,7 @@ class FedAvgServer(Server):
         """[dp] mode = "sample": keep client ``cid``'s epsilon from its reply (``dp/epsilon``, from its
         own RDP accountant over the rounds it trained)."""
         if self.dp_epsilon is None:
-            self.dp_epsilon = torch.zeros(self.ctx.num_clients, dtype=torch.float64)
+            self.dp_epsilon = torch.zeros(self.ctx.num_clients, dtype=torch.float64, device=self.ctx.device)
         if "dp/epsilon" in reply.scalars:
             self.dp_epsilon[cid] = float(reply.scalars["dp/epsilon"])
 
@@ -152,7 +152,7 @@ class FedAvgServer(Server):
         ``dp/epsilon_mean``, their mean over the clients that have trained, and ``dp/delta``. With
         ``noise_multiplier = 0`` epsilon is inf (clients send none: a reply's scalars must be finite)."""
         dp = self.ctx.dp
-        trained = self.dp_epsilon[self.dp_epsilon > 0] if self.dp_epsilon is not None else torch.zeros(0)
+        trained = self.dp_epsilon[self.dp_epsilon > 0] if self.dp_epsilon is not None else torch.zeros(0, device="cpu")
         if dp.noise_multiplier == 0:
             eps = mean = float("inf")
         else:
@@ -320,7 +320,8 @@ class FedAvgClient(TrainingClient, BatchedClient):
         model = self.load_model(msg)
         self.begin(model, msg)
         sample_loss, penalty = self.dpsgd_losses(msg.arrays)
-        noise = torch.Generator().manual_seed(derive_seed(self.ctx.seed, "dpsgd-noise"))
+        # a CPU generator: the same noise on every device
+        noise = torch.Generator(device="cpu").manual_seed(derive_seed(self.ctx.seed, "dpsgd-noise"))
         stats = dpsgd_train(model, self.ctx.data, self.ctx.train, dp.clip_norm, dp.noise_multiplier,
                             self.ctx.generator(), noise, sample_loss, penalty)
         # this client's accountant: Opacus's RDP history (z, q, steps), kept in its persistent state

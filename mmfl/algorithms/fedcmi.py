@@ -97,12 +97,12 @@ def class_temperatures(s_dom: Tensor, s_weak: Tensor, labels: Tensor, num_classe
     the classes present; T^c = T / (1 + beta log(rho_c / rho)) if rho_c > rho, else T.
     Classes absent from the client keep T.
     """
-    num = torch.zeros(num_classes, dtype=torch.float64).index_add_(0, labels, s_dom.double())
-    den = torch.zeros(num_classes, dtype=torch.float64).index_add_(0, labels, s_weak.double())
+    num = torch.zeros(num_classes, dtype=torch.float64, device=s_dom.device).index_add_(0, labels, s_dom.double())
+    den = torch.zeros(num_classes, dtype=torch.float64, device=s_dom.device).index_add_(0, labels, s_weak.double())
     seen = torch.bincount(labels, minlength=num_classes) > 0
     rho_c = torch.where(seen, num / den.clamp_min(1e-12), torch.zeros_like(num))
     rho = rho_c[seen].mean()
-    t = torch.full((num_classes,), float(temperature), dtype=torch.float64)
+    t = torch.full((num_classes,), float(temperature), dtype=torch.float64, device=s_dom.device)
     above = seen & (rho_c > rho)
     t[above] = temperature / (1 + beta * torch.log(rho_c[above] / rho))
     return t.float()

@@ -175,8 +175,8 @@ def fomo_weights(own_loss: float, peer_losses, distances, eps: float = 1e-12) ->
     """``(raw, w)``: raw_j = (L_i(theta_i) - L_i(theta_j)) / ||theta_j - theta_i|| (eq. 5) and
     w_j = max(0, raw_j) / sum_j max(0, raw_j) (eq. 6); all zero when no peer improves the loss.
     A peer at distance 0 is the own model (raw 0)."""
-    losses = torch.as_tensor(list(peer_losses), dtype=torch.float64)
-    dist = torch.as_tensor(list(distances), dtype=torch.float64)
+    losses = torch.as_tensor(list(peer_losses), dtype=torch.float64, device="cpu")  # host numbers, one per peer
+    dist = torch.as_tensor(list(distances), dtype=torch.float64, device="cpu")
     raw = (own_loss - losses) / dist.clamp_min(eps)
     raw = torch.where(dist > 0, raw, torch.zeros_like(raw))
     pos = raw.clamp_min(0.0)
@@ -231,7 +231,7 @@ def split_validation(data: ArrayDataset, fraction: float, seed: int) -> tuple[Ar
         n_val = min(max(1, n_val), n - 1)
     if n_val <= 0:
         return data, data
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    perm = torch.randperm(n, generator=torch.Generator(device="cpu").manual_seed(seed), device="cpu")
     return data.subset(perm[n_val:].sort().values), data.subset(perm[:n_val].sort().values)
 
 
@@ -289,7 +289,7 @@ class FedFomoServer(PersonalizedServer):
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
         n = ctx.num_clients
-        self.affinity = torch.zeros(n, n, dtype=torch.float64)  # P; the diagonal is never used
+        self.affinity = torch.zeros(n, n, dtype=torch.float64, device=ctx.device)  # P; the diagonal is never used
 
     def extra_reply_arrays(self) -> ReplySchema:
         """A reply also carries the peers it scored and their affinity updates and weights (one
@@ -305,7 +305,7 @@ class FedFomoServer(PersonalizedServer):
         if not candidates:
             return []
         rng = np.random.default_rng(derive_seed(self.ctx.seed, rnd, cid, "fedfomo-peers"))
-        scores = self.affinity[cid, candidates].numpy()
+        scores = self.affinity[cid, candidates].cpu().numpy()
         return select_peers(scores, candidates, self.params.num_peers, self.epsilon(rnd), rng)
 
     def configure_train(self, rnd, cohort):
@@ -324,9 +324,9 @@ class FedFomoServer(PersonalizedServer):
         for cid in sorted(replies):
             r = replies[cid]
             self.store(cid, {k: v for k, v in r.arrays.items() if not k.startswith("fomo/")})
-            ids = r.arrays[PEERS].long()
+            ids = r.arrays[PEERS].long().to(self.affinity.device)
             if ids.numel():
-                self.affinity[cid, ids] += r.arrays[DELTA].double()  # p_{i,j} += update
+                self.affinity[cid, ids] += r.arrays[DELTA].double().to(self.affinity.device)  # p_{i,j} += update
                 w = r.arrays[WEIGHTS]
                 positive.append(int((w > 0).sum()))
                 kept += int(not bool((w > 0).any()))
@@ -349,7 +349,7 @@ class FedFomoClient(Client):
         train_part, val = split_validation(ctx.data, self.params.val_fraction, int(msg.scalars["val_seed"]))
         peers = peer_states(msg, own)
         ids = sorted(peers)
-        raw = w = torch.zeros(0, dtype=torch.float64)
+        raw = w = torch.zeros(0, dtype=torch.float64, device="cpu")  # host numbers (fomo_weights)
         if ids:
             base = mean_loss(model, val)  # L_i(theta_i^{t-1})
             names = [n for n, p in model.named_parameters() if p.requires_grad]
@@ -363,8 +363,8 @@ class FedFomoClient(Client):
         stats = local_train(model, train_part, ctx.train, ctx.generator(),
                             loss_fn=lambda m, x, y: personal_loss(m, x, y, self.params.probe))
         keep_own(ctx, model)
-        arrays = {**state_of(model), PEERS: torch.tensor(ids, dtype=torch.int64),
-                  DELTA: affinity_update(raw) if ids else raw, WEIGHTS: w}
+        arrays = {**state_of(model), PEERS: torch.tensor(ids, dtype=torch.int64, device=ctx.device),
+                  DELTA: (affinity_update(raw) if ids else raw).to(ctx.device), WEIGHTS: w.to(ctx.device)}
         return Message(arrays=arrays, scalars={"num_examples": len(train_part), "train_loss": stats["train_loss"],
                                                "steps": stats["steps"]})
 

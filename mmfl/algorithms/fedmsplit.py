@@ -175,7 +175,8 @@ class FedMSplitServer(MultimodalServer):
         n = ctx.num_clients
         self.edge_bias: dict[str, Tensor] = {}  # module -> b^u [N, N] (G1), learned graph only
         if params.graph == "learned":
-            self.edge_bias = {u: torch.zeros(n, n, dtype=torch.float64) for u, pk in self._pkeys.items() if pk}
+            self.edge_bias = {u: torch.zeros(n, n, dtype=torch.float64, device=ctx.device)
+                              for u, pk in self._pkeys.items() if pk}
         self._round: dict | None = None  # this round's graphs and what each client was sent (for (G4))
         self._eval_models: dict[tuple, nn.Module] = {}
 
@@ -193,7 +194,7 @@ class FedMSplitServer(MultimodalServer):
         vectors = torch.stack([_flat(self.uploads[c], pkeys) for c in cids])
         bias = None
         if module in self.edge_bias:
-            idx = torch.tensor(cids)
+            idx = torch.tensor(cids, device=self.edge_bias[module].device)
             bias = self.edge_bias[module][idx][:, idx]
         return cids, attention_matrix(vectors, self.params.tau, bias), vectors
 
@@ -263,7 +264,7 @@ class FedMSplitServer(MultimodalServer):
                 cids, a, vectors = graphs[u]
                 g = theta_sent - _flat(replies[cid].arrays, pkeys)  # pseudo-gradient of client cid
                 grad = edge_gradient(a[i], vectors, g, mix)
-                idx = torch.tensor(cids)
+                idx = torch.tensor(cids, device=self.edge_bias[u].device)
                 self.edge_bias[u][cid, idx] = normalized_step(self.edge_bias[u][cid, idx], grad,
                                                               float(self.params.graph_lr))
                 updated += 1

@@ -74,7 +74,8 @@ def model_contrastive_loss(z: Tensor, z_glob: Tensor, z_prev: Tensor | None, tau
         return z.new_zeros(()) if reduction == "mean" else z.new_zeros(z.shape[0])
     logits = torch.stack([F.cosine_similarity(z, z_glob, dim=-1),
                           F.cosine_similarity(z, z_prev, dim=-1)], dim=1) / tau  # line 17
-    return F.cross_entropy(logits, torch.zeros(z.shape[0], dtype=torch.long), reduction=reduction)
+    return F.cross_entropy(logits, torch.zeros(z.shape[0], dtype=torch.long, device=z.device),
+                           reduction=reduction)
 
 
 def l2_representation_loss(z: Tensor, z_glob: Tensor, reduction: str = "mean") -> Tensor:
@@ -141,7 +142,7 @@ class MoonClient(FedAvgClient):
         """:func:`representation_probe` and the CE of the trained ``model`` on the client's
         first ``probe_rows`` samples (every model in eval mode), as ``moon/*`` scalars."""
         n = min(self.params.probe_rows, len(self.ctx.data))
-        inputs, labels = self.ctx.data.get(torch.arange(n))
+        inputs, labels = self.ctx.data.get(torch.arange(n, device=self.ctx.data.labels.device))
         mode = model.training
         out = model.eval()(inputs)
         model.train(mode)

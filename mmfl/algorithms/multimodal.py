@@ -231,7 +231,10 @@ def proximal(model: nn.Module, anchor: dict[str, Tensor], skip: Callable[[str], 
     """||w - w^t||^2 over the trainable parameters present in ``anchor`` (FedProx eq. 2)."""
     terms = [((p - anchor[n]) ** 2).sum() for n, p in model.named_parameters()
              if p.requires_grad and n in anchor and not skip(n)]
-    return torch.stack(terms).sum() if terms else torch.zeros(())
+    if terms:
+        return torch.stack(terms).sum()
+    p = next(model.parameters(), None)
+    return torch.zeros((), device=p.device if p is not None else "cpu")
 
 
 class MFedProxServer(MultimodalServer):

@@ -105,7 +105,7 @@ def anchored_contrastive(anchor: Tensor, positive: Tensor, tau: float) -> Tensor
     b = anchor.shape[0]
     pos = (anchor * positive).sum(-1, keepdim=True) / tau  # [B, 1]
     neg = anchor @ anchor.t() / tau
-    neg = neg.masked_fill(torch.eye(b, dtype=torch.bool), float("-inf"))  # j != i
+    neg = neg.masked_fill(torch.eye(b, dtype=torch.bool, device=neg.device), float("-inf"))  # j != i
     logits = torch.cat([pos, neg], dim=1)
     return (torch.logsumexp(logits, dim=1) - pos.squeeze(1)).mean()
 
@@ -219,7 +219,7 @@ class PartialFLServer(Server):
     def train_server(self, x: Tensor, zprime: Tensor, rnd: int, cid: int, lengths: Tensor | None = None) -> float:
         """ServerTrain (Alg. 1 line 40): L^{L->S} (eq. 2), anchor z_T = F_s(X_T), positive z'_T."""
 
-        gen = torch.Generator().manual_seed(derive_seed(self.ctx.seed, rnd, "server-train", cid))
+        gen = torch.Generator(device="cpu").manual_seed(derive_seed(self.ctx.seed, rnd, "server-train", cid))
         total, steps = 0.0, 0
         bs = self.params.server_batch_size
         for rows in shuffled_batches(x.shape[0], bs, gen, self.params.server_epochs):

@@ -49,8 +49,11 @@ def sample_embeddings(mu: Tensor, logvar: Tensor, samples: int, generator: torch
     """J samples of ``N(mu, diag(exp(logvar)))`` per item by reparameterisation (eq. 6):
     ``z^j = mu + exp(logvar / 2) * eps^j``, ``eps^j ~ N(0, I)``.
 
-    mu, logvar ``[B, D]`` -> ``[B, J, D]``; gradients reach mu and logvar."""
-    eps = torch.randn(mu.shape[0], samples, mu.shape[1], generator=generator, dtype=mu.dtype, device=mu.device)
+    mu, logvar ``[B, D]`` -> ``[B, J, D]``; gradients reach mu and logvar. ``eps`` is drawn on
+    ``generator``'s device (a CPU generator: the same draws on every device), else on mu's."""
+    where = generator.device if generator is not None else mu.device
+    eps = torch.randn(mu.shape[0], samples, mu.shape[1], generator=generator, dtype=mu.dtype,
+                      device=where).to(mu.device)
     return mu.unsqueeze(1) + torch.exp(0.5 * logvar).unsqueeze(1) * eps
 
 

@@ -138,13 +138,14 @@ class PFedWirelessServer(Server):
         init = state_of(self.model)
         self.w: dict[int, dict[str, Tensor]] = {
             c: {key: v for key, v in init.items() if self._holds_key(c, key)} for c in range(k)}
-        self.xi = {g: torch.full((k, k), 1.0 / k, dtype=torch.float64) for g in self.groups}  # eq. 3
-        self.age = {g: torch.zeros(k, dtype=torch.int64) for g in self.groups}  # A_k^m
-        self.pending = {g: torch.zeros(k, dtype=torch.bool) for g in self.groups}  # W_k^m not yet sent
+        dev = ctx.device
+        self.xi = {g: torch.full((k, k), 1.0 / k, dtype=torch.float64, device=dev) for g in self.groups}  # eq. 3
+        self.age = {g: torch.zeros(k, dtype=torch.int64, device=dev) for g in self.groups}  # A_k^m
+        self.pending = {g: torch.zeros(k, dtype=torch.bool, device=dev) for g in self.groups}  # W_k^m not yet sent
         # what the coefficient update of the next round needs (Alg. 1 line 11: "retain the gradient")
         self.prev_round = -1
-        self.prev_u = {g: torch.zeros(k, dtype=torch.bool) for g in self.groups}
-        self.prev_coeff = {g: torch.zeros(k, k, dtype=torch.float64) for g in self.groups}
+        self.prev_u = {g: torch.zeros(k, dtype=torch.bool, device=dev) for g in self.groups}
+        self.prev_coeff = {g: torch.zeros(k, k, dtype=torch.float64, device=dev) for g in self.groups}
         self.prev_w: dict[str, dict[int, dict[str, Tensor]]] = {g: {} for g in self.groups}
         self._eval_models: dict[tuple, nn.Module] = {}
 
@@ -218,7 +219,7 @@ class PFedWirelessServer(Server):
         updated = 0
         for g in self.groups:
             ups = [c for c in sched[g] if c in replies]
-            u = torch.zeros(self.K, dtype=torch.bool)
+            u = torch.zeros(self.K, dtype=torch.bool, device=self.xi[g].device)
             u[ups] = True
             uploads = {c: {key: replies[c].arrays[key] for key in self.group_keys[g]} for c in ups}
             for c in ups:

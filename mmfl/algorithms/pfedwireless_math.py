@@ -70,7 +70,7 @@ def aggregate_row(coeff: Tensor, uploads: dict[int, dict[str, Tensor]]) -> dict[
 def flat(tensors: dict[str, Tensor], keys: list[str]) -> Tensor:
     """The tensors named ``keys`` (in that order) as one float64 vector."""
     if not keys:
-        return torch.zeros(0, dtype=torch.float64)
+        return torch.zeros(0, dtype=torch.float64, device=next(iter(tensors.values())).device if tensors else "cpu")
     return torch.cat([tensors[k].reshape(-1).to(torch.float64) for k in keys])
 
 
@@ -89,7 +89,7 @@ def coefficient_gradient(coeff: Tensor, uploads: dict[int, Tensor], w_agg: Tenso
     dW_k/dxi^_i = xi_i (w_i - W_k) for i in S, 0 outside S. ``coeff``: row k of
     :func:`masked_coefficients`; ``uploads``: ``{k': flat w_k'}`` (the k' in S); ``w_agg``:
     flat W_k; ``grad_w``: flat grad_W F_k (:func:`pseudo_gradient`)."""
-    out = torch.zeros(coeff.shape[0], dtype=torch.float64)
+    out = torch.zeros(coeff.shape[0], dtype=torch.float64, device=coeff.device)
     for c, w in uploads.items():
         out[c] = float(coeff[c]) * float(torch.dot(w.to(torch.float64) - w_agg, grad_w))
     return out

@@ -75,8 +75,8 @@ def class_means(model: nn.Module, data, key: str, num_classes: int,
                 mask = out["present"][m]
                 y = labels[mask]
                 if m not in sums:
-                    sums[m] = torch.zeros(num_classes, v.shape[1], dtype=torch.float64)
-                    counts[m] = torch.zeros(num_classes, dtype=torch.float64)
+                    sums[m] = torch.zeros(num_classes, v.shape[1], dtype=torch.float64, device=v.device)
+                    counts[m] = torch.zeros(num_classes, dtype=torch.float64, device=v.device)
                 sums[m].index_add_(0, y, v[mask].double())
                 counts[m].index_add_(0, y, torch.ones_like(y, dtype=torch.float64))
     finally:
@@ -163,8 +163,9 @@ class MFedProtoServer(MultimodalServer):
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
         c, d = self.ctx.meta.num_classes, self.model.feat_dim
-        self.protos = {m: torch.zeros(c, d) for m in sorted(self.ctx.meta.modalities)}
-        self.counts = {m: torch.zeros(c) for m in sorted(self.ctx.meta.modalities)}
+        dev = self.ctx.device
+        self.protos = {m: torch.zeros(c, d, device=dev) for m in sorted(self.ctx.meta.modalities)}
+        self.counts = {m: torch.zeros(c, device=dev) for m in sorted(self.ctx.meta.modalities)}
 
     def extra_reply_arrays(self):
         """A reply also carries its prototypes ``proto/<m>`` [C, d] and their counts ``proto_count/<m>`` [C]."""
@@ -237,8 +238,8 @@ def prototype_logits(feats: Tensor, protos: Tensor, distance: str = "squared") -
 def restrict_classes(protos: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
     """The prototype rows of the classes that have one and a map class -> row (-1: none)."""
     idx = (counts > 0).nonzero().squeeze(1)
-    lookup = torch.full((counts.shape[0],), -1, dtype=torch.long)
-    lookup[idx] = torch.arange(idx.numel())
+    lookup = torch.full((counts.shape[0],), -1, dtype=torch.long, device=counts.device)
+    lookup[idx] = torch.arange(idx.numel(), device=counts.device)
     return protos[idx], lookup
 
 

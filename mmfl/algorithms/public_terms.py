@@ -42,7 +42,7 @@ def global_local_contrastive_scores(local: Tensor, global_other: Tensor, chunk: 
     C, P, d = local.shape
     if global_other.shape != (P, d):
         raise ValueError(f"global_other: expected shape {(P, d)}, got {tuple(global_other.shape)}")
-    out = torch.empty(C, P, dtype=torch.float32)
+    out = torch.empty(C, P, dtype=torch.float32, device=local.device)
     g_t = global_other.t()
     for c in range(C):
         for s in range(0, P, chunk):
@@ -51,7 +51,8 @@ def global_local_contrastive_scores(local: Tensor, global_other: Tensor, chunk: 
             logits = rows @ g_t  # [chunk, P]
             positive = (rows * global_other[s:e]).sum(-1)  # the diagonal, i_local^(k) . t_global^(k)
             if exclude_positive:
-                logits[torch.arange(e - s), torch.arange(s, e)] = float("-inf")
+                dev = logits.device
+                logits[torch.arange(e - s, device=dev), torch.arange(s, e, device=dev)] = float("-inf")
             out[c, s:e] = positive - torch.logsumexp(logits, dim=1)
             del logits
     return out

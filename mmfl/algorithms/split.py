@@ -268,7 +268,7 @@ class SplitClient(Client):
     def _batch(self, i: int) -> tuple[dict[str, Tensor], Tensor]:
         order = self.ctx.state[ORDER]
         e, s, stop = batch_schedule(order.shape[1], self.ctx.train.batch_size, order.shape[0])[i]
-        return self.ctx.data.get(order[e, s:stop])
+        return self.ctx.data.get(order[e, s:stop].to(self.ctx.data.labels.device))
 
     def _clear(self) -> None:
         write(self.ctx.state, STATE, None)
@@ -283,8 +283,8 @@ class SplitClient(Client):
         self._clear()
         n, g = len(self.ctx.data), self.ctx.generator()
         self.ctx.state.update({W + k: msg.arrays[k].detach().clone() for k in keys})
-        self.ctx.state[ORDER] = torch.stack([torch.randperm(n, generator=g)
-                                             for _ in range(self.ctx.train.local_epochs)])
+        self.ctx.state[ORDER] = torch.stack([torch.randperm(n, generator=g, device="cpu")  # CPU: the same
+                                             for _ in range(self.ctx.train.local_epochs)]).to(self.ctx.device)
         nb = len(batch_schedule(n, self.ctx.train.batch_size, self.ctx.train.local_epochs))
         return Message(scalars={"num_batches": nb, "num_examples": n})
 
@@ -292,8 +292,8 @@ class SplitClient(Client):
         i = int(msg.scalars["batch"])
         inputs, labels = self._batch(i)
         model, _ = self._load()
-        self.ctx.state[BATCH] = torch.tensor(i)
-        self.ctx.state[SEED] = torch.tensor(self.ctx.seed)
+        self.ctx.state[BATCH] = torch.tensor(i, device=self.ctx.device)
+        self.ctx.state[SEED] = torch.tensor(self.ctx.seed, device=self.ctx.device)
         with torch.no_grad():
             seed_torch(self.ctx.seed)  # the recompute in sl_backward draws the same dropout
             acts = client_forward(model, inputs, self.u)
@@ -312,7 +312,8 @@ class SplitClient(Client):
         masks, z = {}, {}
         for m in model.holds:
             mask = inputs.get(PRESENT + m)
-            masks[m] = (mask.to(torch.bool).reshape(b) if mask is not None else torch.ones(b, dtype=torch.bool))
+            masks[m] = (mask.to(torch.bool).reshape(b) if mask is not None
+                        else torch.ones(b, dtype=torch.bool, device=rep.device))
             if ZREP + m in msg.arrays:
                 rows = masks[m].nonzero(as_tuple=True)[0]
                 zm = msg.arrays[ZREP + m]

@@ -154,7 +154,7 @@ def mean(updates: list[dict[str, Tensor]], weights: list[float | dict[str, float
         if not stack.is_floating_point():
             out[key] = stack.max(0).values
             continue
-        w = torch.full((stack.shape[0],), 1.0 / stack.shape[0], dtype=stack.dtype)
+        w = torch.full((stack.shape[0],), 1.0 / stack.shape[0], dtype=stack.dtype, device=stack.device)
         out[key] = torch.einsum("c,c...->...", w, stack)
     return out
 
@@ -181,7 +181,7 @@ def per_sample_mean(local: Tensor, w: Tensor, chunk: int = 8192) -> Tensor:
     """``sum_c w[c, p] * local[c, p]`` (CreamFL eq. 6): local ``[C, P, d]``, w ``[C, P]`` -> ``[P, d]``,
     in ``local``'s dtype, ``chunk`` rows at a time."""
     C, P, d = local.shape
-    out = torch.empty(P, d, dtype=local.dtype)
+    out = torch.empty(P, d, dtype=local.dtype, device=local.device)
     for s in range(0, P, chunk):
         e = min(P, s + chunk)
         out[s:e] = torch.einsum("cp,cpd->pd", w[:, s:e].to(local.dtype), local[:, s:e])
@@ -216,13 +216,13 @@ def per_sample_rule(weights_of: Callable[..., Tensor]) -> Rule:
 
 def uniform_weights(local: Tensor, **context: Any) -> Tensor:
     """``1/C`` for every client and sample (reamFL+Mean, FedMD's consensus). ``[C, P, d] -> [C, P]``."""
-    return torch.full((local.shape[0], local.shape[1]), 1.0 / local.shape[0])
+    return torch.full((local.shape[0], local.shape[1]), 1.0 / local.shape[0], device=local.device)
 
 
 def data_weights_per_sample(local: Tensor, data_weights: list[float], **context: Any) -> Tensor:
     """Each client's data weight over their sum, the same for every sample (float32; reamFL+Avg:
     ``n_c / sum_c n_c``). ``[C, P, d] -> [C, P]``."""
-    raw = torch.tensor(data_weights, dtype=torch.float32)
+    raw = torch.tensor(data_weights, dtype=torch.float32, device=local.device)
     return (raw / raw.sum()).unsqueeze(1).expand(-1, local.shape[1])
 
 

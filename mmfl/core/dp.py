@@ -26,7 +26,7 @@ import math
 import torch
 from torch import Tensor
 
-from mmfl.core.robust import clip_scales, integer_max
+from mmfl.core.robust import clip_scales, device_of, integer_max
 
 
 def update_deltas(updates: list[dict[str, Tensor]], previous: dict[str, Tensor]) -> list[dict[str, Tensor]]:
@@ -50,7 +50,8 @@ def update_deltas(updates: list[dict[str, Tensor]], previous: dict[str, Tensor])
 
 def flat_norm(delta: dict[str, Tensor]) -> Tensor:
     """The L2 norm of a whole update (all its keys flattened together), a float64 scalar."""
-    return torch.sqrt(sum((t ** 2).sum() for t in delta.values()) + torch.zeros((), dtype=torch.float64))
+    return torch.sqrt(sum((t ** 2).sum() for t in delta.values())
+                      + torch.zeros((), dtype=torch.float64, device=device_of(delta)))
 
 
 def clip_update(delta: dict[str, Tensor], clip_norm: float) -> tuple[dict[str, Tensor], float]:
@@ -63,9 +64,11 @@ def clip_update(delta: dict[str, Tensor], clip_norm: float) -> tuple[dict[str, T
 
 def gaussian_like(like: dict[str, Tensor], std: float, seed: int) -> dict[str, Tensor]:
     """``N(0, std^2)`` noise of each key's shape, float64, drawn key by key in sorted order from a
-    generator seeded with ``seed``."""
-    gen = torch.Generator().manual_seed(int(seed))
-    return {k: torch.randn(like[k].shape, generator=gen, dtype=torch.float64) * std for k in sorted(like)}
+    generator seeded with ``seed``, on the CPU (the same noise on every device), then moved to
+    ``like[k]``'s device."""
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    return {k: (torch.randn(like[k].shape, generator=gen, dtype=torch.float64, device="cpu") * std).to(like[k].device)
+            for k in sorted(like)}
 
 
 def _apply(previous: dict[str, Tensor], delta: dict[str, Tensor], updates: list[dict[str, Tensor]]

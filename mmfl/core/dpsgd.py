@@ -54,9 +54,10 @@ def steps_per_epoch(n: int, batch_size: int) -> int:
 def poisson_batches(n: int, rate: float, steps: int, generator: torch.Generator) -> Iterator[Tensor]:
     """Row positions of ``steps`` Poisson-sampled batches of ``range(n)``: each row is kept with
     probability ``rate``, independently per row and step (``torch.rand(n) < rate``, as Opacus's
-    ``UniformWithReplacementSampler``). A batch may be empty."""
+    ``UniformWithReplacementSampler``). A batch may be empty. Drawn on the CPU (``generator`` is a
+    CPU generator: the same batches on every device); the positions are CPU tensors."""
     for _ in range(steps):
-        yield (torch.rand(n, generator=generator) < rate).nonzero().reshape(-1)
+        yield (torch.rand(n, generator=generator, device="cpu") < rate).nonzero().reshape(-1)
 
 
 def clip_and_noise(grad_samples: list[Tensor], clip_norm: float, noise_multiplier: float,
@@ -67,7 +68,9 @@ def clip_and_noise(grad_samples: list[Tensor], clip_norm: float, noise_multiplie
     ``||g_i||`` is taken over all parameters together; the result per parameter is
     ``(sum_i g_i min(1, C / (||g_i|| + 1e-6)) + N(0, (z C)^2 I)) / expected_batch_size``, of
     ``shape``. The noise is drawn parameter by parameter with ``torch.normal`` from ``generator``
-    (no draw when z C = 0): Opacus's ``DPOptimizer`` computes the same, draw for draw."""
+    (no draw when z C = 0): Opacus's ``DPOptimizer`` computes the same, draw for draw. The noise is
+    drawn on the CPU (``generator`` is a CPU generator: the same noise on every device) and moved
+    to the gradients' device."""
     if grad_samples[0].shape[0] == 0:
         factor = grad_samples[0].new_zeros((0,))
     else:
@@ -78,7 +81,9 @@ def clip_and_noise(grad_samples: list[Tensor], clip_norm: float, noise_multiplie
     for g in grad_samples:
         summed = torch.einsum("i,i...", factor.to(g.dtype), g)
         if std > 0:
-            summed = summed + torch.normal(mean=0, std=std, size=summed.shape, generator=generator, dtype=summed.dtype)
+            noise = torch.normal(mean=0, std=std, size=summed.shape, generator=generator, dtype=summed.dtype,
+                                 device="cpu")
+            summed = summed + noise.to(summed.device)
         out.append(summed / expected_batch_size)
     return out
 
@@ -158,7 +163,7 @@ def dpsgd_train(model: nn.Module, data: ArrayDataset, train, clip_norm: float, n
             for p in params:
                 p.grad_sample = None
             if rows.numel():
-                inputs, labels = data.get(rows)
+                inputs, labels = data.get(rows.to(data.labels.device))
                 losses = sample_loss(model, inputs, labels)  # [b]
                 losses.sum().backward()
                 samples = [p.grad_sample if p.grad_sample is not None else p.new_zeros((len(rows), *p.shape))
@@ -186,7 +191,8 @@ def record_steps(history: Tensor | None, noise_multiplier: float, rate: float, s
     """Opacus's ``RDPAccountant.history`` as a float64 tensor ``[m, 3]`` of rows (z, q, steps), with
     ``steps`` more steps at (z, q) added: to the last row when it has the same z and q (as
     ``RDPAccountant.step`` merges them), else as a new row."""
-    row = torch.tensor([[float(noise_multiplier), float(rate), float(steps)]], dtype=torch.float64)
+    row = torch.tensor([[float(noise_multiplier), float(rate), float(steps)]], dtype=torch.float64,
+                       device=history.device if history is not None else "cpu")
     if history is None or history.numel() == 0:
         return row
     history = history.clone()

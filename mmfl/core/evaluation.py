@@ -156,7 +156,7 @@ def retrieval_scores(img: Tensor, txt: Tensor, test: ArrayDataset, meta) -> dict
         img, txt, t2i = pairs_to_retrieval(img, txt, index)
         out = evaluate_retrieval(img, txt, t2i)
     else:
-        out = evaluate_retrieval(img, txt, torch.arange(len(test)))
+        out = evaluate_retrieval(img, txt, torch.arange(len(test), device=img.device))
         if meta.num_classes > 1:  # also by class: a hit is an item of the query's class
             labels = test.get()[1]
             by_class = evaluate_retrieval(img, txt, None, "plain", class_level=True, img_labels=labels,

@@ -65,7 +65,7 @@ def _check(img: Tensor, txt: Tensor, txt_to_img: Tensor | None, img_labels, txt_
 def _ranks(query: Tensor, gallery: Tensor, match_rows, chunk: int) -> Tensor:
     """Per query row: the number of non-matching gallery items scoring ``>=`` its best matching item
     (:data:`NO_MATCH` where it has none). ``match_rows(start, stop) -> bool [stop-start, N_g]``."""
-    out = torch.empty(query.shape[0], dtype=torch.long)
+    out = torch.empty(query.shape[0], dtype=torch.long, device=query.device)
     for s in range(0, query.shape[0], chunk):
         e = min(s + chunk, query.shape[0])
         sims = query[s:e] @ gallery.T
@@ -80,7 +80,7 @@ def _ranks(query: Tensor, gallery: Tensor, match_rows, chunk: int) -> Tensor:
 def _t2i_ranks(txt: Tensor, img: Tensor, t2i: Tensor, chunk: int) -> Tensor:
     """Instance pairing, caption queries: one matching image each; its score is read from the same
     similarity matrix, so ``>=`` counts it exactly once."""
-    out = torch.empty(txt.shape[0], dtype=torch.long)
+    out = torch.empty(txt.shape[0], dtype=torch.long, device=txt.device)
     for s in range(0, txt.shape[0], chunk):
         e = min(s + chunk, txt.shape[0])
         sims = txt[s:e] @ img.T
@@ -92,17 +92,19 @@ def _t2i_ranks(txt: Tensor, img: Tensor, t2i: Tensor, chunk: int) -> Tensor:
 def _i2t_ranks(img: Tensor, txt: Tensor, t2i: Tensor, chunk: int) -> Tensor:
     """Instance pairing, image queries: best matching caption by a scatter-max over the chunk's
     matching entries, then (items >= best) minus (matching items >= best)."""
-    out = torch.empty(img.shape[0], dtype=torch.long)
-    cols = torch.arange(txt.shape[0])
+    out = torch.empty(img.shape[0], dtype=torch.long, device=img.device)
+    cols = torch.arange(txt.shape[0], device=txt.device)
     for s in range(0, img.shape[0], chunk):
         e = min(s + chunk, img.shape[0])
         sims = img[s:e] @ txt.T
         js = cols[(t2i >= s) & (t2i < e)]
         rows = t2i[js] - s
         vals = sims[rows, js]
-        best = torch.full((e - s,), float("-inf")).scatter_reduce(0, rows, vals, reduce="amax")
+        best = torch.full((e - s,), float("-inf"), dtype=sims.dtype, device=sims.device).scatter_reduce(
+            0, rows, vals, reduce="amax")
         ge = (sims >= best[:, None]).sum(dim=1)
-        matched_ge = torch.zeros(e - s, dtype=torch.long).index_add_(0, rows, (vals >= best[rows]).long())
+        matched_ge = torch.zeros(e - s, dtype=torch.long, device=sims.device).index_add_(
+            0, rows, (vals >= best[rows]).long())
         rank = ge - matched_ge
         rank[best == float("-inf")] = NO_MATCH  # an image without captions
         out[s:e] = rank
@@ -130,10 +132,15 @@ def recall_at_k(img: Tensor, txt: Tensor, txt_to_img: Tensor | None = None, ks: 
     _check(img, txt, txt_to_img, img_labels, txt_labels)
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
+    with torch.autocast(device_type=img.device.type, enabled=False):  # fp32 scores (bf16 would tie ranks)
+        return _recall_at_k(img, txt, txt_to_img, ks, chunk, img_labels, txt_labels)
+
+
+def _recall_at_k(img, txt, txt_to_img, ks, chunk, img_labels, txt_labels) -> dict[str, float]:
     img = F.normalize(img.float(), dim=1)
     txt = F.normalize(txt.float(), dim=1)
     if img_labels is not None:
-        il, tl = img_labels.long(), txt_labels.long()
+        il, tl = img_labels.long().to(img.device), txt_labels.long().to(img.device)
 
         def i2t_match(s, e):
             return il[s:e, None] == tl[None, :]
@@ -143,7 +150,7 @@ def recall_at_k(img: Tensor, txt: Tensor, txt_to_img: Tensor | None = None, ks: 
 
         ranks = {"i2t": _ranks(img, txt, i2t_match, chunk), "t2i": _ranks(txt, img, t2i_match, chunk)}
     else:
-        t2i = txt_to_img.long()
+        t2i = txt_to_img.long().to(img.device)
         ranks = {"i2t": _i2t_ranks(img, txt, t2i, chunk), "t2i": _t2i_ranks(txt, img, t2i, chunk)}
     out: dict[str, float] = {}
     for direction, r in ranks.items():
@@ -197,7 +204,8 @@ def evaluate_retrieval(img: Tensor, txt: Tensor, txt_to_img: Tensor | None = Non
     if img.shape[0] != FIVE_K or txt_to_img is None:
         raise ValueError(f"the 1K protocol needs exactly {FIVE_K} images and txt_to_img, got {img.shape[0]} images")
     _check(img, txt, txt_to_img, img_labels, txt_labels)
-    txt_to_img = txt_to_img.long()
+    txt_to_img = txt_to_img.long().to(img.device)
+    img_labels, txt_labels = (None if t is None else t.to(img.device) for t in (img_labels, txt_labels))
     folds = []
     for f in range(FIVE_K // FOLD):
         fi, ft, fmap, fil, ftl = _fold(img, txt, txt_to_img, img_labels, txt_labels, f)
@@ -219,11 +227,11 @@ def pairs_to_retrieval(image: Tensor, text: Tensor, image_index: Tensor) -> tupl
     loader's ``meta.info["image_index"][split]``); images are kept once, in order
     of first appearance, so consecutive images stay consecutive (the 1K folds).
     """
-    ids = image_index.long()
+    ids = image_index.long().to(image.device)
     uniq, inverse = torch.unique(ids, return_inverse=True)
-    first = torch.full((uniq.numel(),), ids.numel(), dtype=torch.long).scatter_reduce(
-        0, inverse, torch.arange(ids.numel()), reduce="amin")
+    first = torch.full((uniq.numel(),), ids.numel(), dtype=torch.long, device=ids.device).scatter_reduce(
+        0, inverse, torch.arange(ids.numel(), device=ids.device), reduce="amin")
     order = torch.argsort(first)  # unique images by first appearance
     new_id = torch.empty_like(order)
-    new_id[order] = torch.arange(order.numel())
+    new_id[order] = torch.arange(order.numel(), device=ids.device)
     return image[first[order]], text, new_id[inverse]

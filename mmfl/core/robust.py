@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from mmfl.core.aggregation import AGGREGATION_RULES, by_key, weighted_mean
+from mmfl.core.device import CPU
 from mmfl.errors import ConfigError
 
 WHERE = "algorithm.aggregation_params"
@@ -294,6 +295,10 @@ def bulyan(updates: list[dict[str, Tensor]], weights: Any = None, previous: dict
 
 # ----------------------------------------------------------------------------- norm clipping
 
+def device_of(tree: dict[str, Tensor]) -> torch.device:
+    """The device of the first tensor of ``tree`` (the CPU for an empty one): where a sum over it lives."""
+    return next(iter(tree.values())).device if tree else CPU
+
 def clip_scales(norms: Tensor, threshold: float) -> Tensor:
     """Sun et al. 2019 (norm thresholding): ``1 / max(1, ||dw_k|| / M)`` per update, ``[n] -> [n]``."""
     return 1.0 / torch.clamp(norms / threshold, min=1.0)
@@ -303,7 +308,8 @@ def update_norms(updates: list[dict[str, Tensor]], previous: dict[str, Tensor]) 
     """``||w_k - previous||_2`` over each update's floating keys, float64 ``[n]``."""
     return torch.stack([torch.sqrt(sum(((t.to(torch.float64) - previous[k].to(torch.float64)) ** 2).sum()
                                        for k, t in u.items() if t.is_floating_point())
-                                   + torch.zeros((), dtype=torch.float64)) for u in updates])
+                                   + torch.zeros((), dtype=torch.float64, device=device_of(previous)))
+                        for u in updates])
 
 
 def clipped_mean(name: str, updates, weights, previous, threshold_of, info=None) -> dict[str, Tensor]:

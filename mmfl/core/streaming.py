@@ -34,7 +34,7 @@ from torch import Tensor
 
 from mmfl.core.aggregation import AGGREGATION_RULES, mean, weighted_mean, iot_weighted_mean, scale_weight, weight_for
 from mmfl.core.dp import clip_update, gaussian_like
-from mmfl.core.robust import clip_scales, norm_clip
+from mmfl.core.robust import clip_scales, device_of, norm_clip
 
 
 def foldable(rule: str) -> bool:
@@ -137,7 +137,8 @@ class NormClipFold:
         if missing:
             raise ValueError(f"aggregation rule 'norm_clip': key '{missing[0]}' has no previous value")
         d = {k: t.to(torch.float64) - prev[k].to(torch.float64) for k, t in update.items() if t.is_floating_point()}
-        norm = torch.sqrt(sum((t ** 2).sum() for t in d.values()) + torch.zeros((), dtype=torch.float64))
+        norm = torch.sqrt(sum((t ** 2).sum() for t in d.values())
+                          + torch.zeros((), dtype=torch.float64, device=device_of(prev)))
         scale = clip_scales(norm.reshape(1), self.clip_norm)[0] if self.clip_norm > 0 else 1.0
         self.deltas.add({k: (d[k] * scale) if k in d else t for k, t in update.items()}, weight)
 

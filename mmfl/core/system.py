@@ -182,7 +182,7 @@ class WirelessSystem:
             rows = max(1, min(len(data), 4))
             with torch.random.fork_rng(devices=[]):  # building a model must not move any generator
                 model = self.model_for_client(cid)
-                inputs, _ = data.get(torch.arange(rows))
+                inputs, _ = data.get(torch.arange(rows, device=data.labels.device))
                 self._fwd_flops[key] = count_flops(model, inputs) / rows
         return self._fwd_flops[key]
 

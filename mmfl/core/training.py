@@ -92,7 +92,7 @@ def shuffled_batches(n: int, batch_size: int, generator: torch.Generator, epochs
     ``batch_size``. A batch of one row is skipped (BatchNorm), unless ``keep_single`` and the
     data has a single row (:func:`local_train`'s rule)."""
     for _ in range(epochs):
-        order = torch.randperm(n, generator=generator)
+        order = torch.randperm(n, generator=generator, device="cpu")  # a CPU generator: the same rows on every device
         for s in range(0, n, batch_size):
             rows = order[s:s + batch_size]
             if rows.numel() < 2 and not (keep_single and n < 2):
@@ -182,7 +182,7 @@ def evaluate_model(model: nn.Module, data: ArrayDataset, batch_size: int = 1000,
             if m:
                 row[f"accuracy{suffix}"] = float((p == y).double().mean())
             recall = class_recall(p, y, k)
-            row[f"uar{suffix}"] = float(torch.tensor([r for r in recall if r is not None]).mean())
+            row[f"uar{suffix}"] = float(torch.tensor([r for r in recall if r is not None], device="cpu").mean())
             row[f"class_accuracy{suffix}"] = recall
     return row
 

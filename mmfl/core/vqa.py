@@ -72,7 +72,7 @@ def answer_counts(pred: Tensor, answers: Tensor) -> Tensor:
 def soft_targets(answers: Tensor, num_answers: int) -> Tensor:
     """Per question and vocabulary answer, :func:`soft_score` of that answer: answers int64
     ``[B, A]`` (-1 ignored) -> float32 ``[B, num_answers]``."""
-    counts = torch.zeros(answers.shape[0], num_answers + 1)
+    counts = torch.zeros(answers.shape[0], num_answers + 1, device=answers.device)
     idx = answers.clone()
     idx[idx == NO_ANSWER] = num_answers  # a spare column, dropped
     counts.scatter_add_(1, idx, torch.ones_like(idx, dtype=counts.dtype))
@@ -175,7 +175,8 @@ class _Frozen:
         zi, zq = [], []
         with torch.no_grad():
             for s in range(0, len(split), chunk):
-                a, b = _reps(represent, split, torch.arange(s, min(s + chunk, len(split))))
+                rows = torch.arange(s, min(s + chunk, len(split)), device=split.question.device)
+                a, b = _reps(represent, split, rows)
                 zi.append(a)
                 zq.append(b)
         self.zi, self.zq = torch.cat(zi), torch.cat(zq)
@@ -186,12 +187,12 @@ class _Frozen:
 
 @torch.no_grad()
 def predict(head: VQAHead, reps: Callable[[Tensor], tuple[Tensor, Tensor]], n: int, chunk: int = 4096) -> Tensor:
-    """The head's answer (vocabulary index, int64 ``[n]``) for every question."""
+    """The head's answer (vocabulary index, int64 ``[n]``) for every question (rows: CPU positions)."""
     was = head.training
     head.eval()
-    out = [head(*reps(torch.arange(s, min(s + chunk, n)))).argmax(1) for s in range(0, n, chunk)]
+    out = [head(*reps(torch.arange(s, min(s + chunk, n), device="cpu"))).argmax(1) for s in range(0, n, chunk)]
     head.train(was)
-    return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.long, device=next(head.parameters()).device)
 
 
 def evaluate_vqa(pred: Tensor, split: VQASplit) -> dict:
@@ -199,7 +200,7 @@ def evaluate_vqa(pred: Tensor, split: VQASplit) -> dict:
     (soft score), ``accuracy_official`` (10 choose 9), per ``answer_type`` and per
     ``question_type`` (soft score), and ``oracle`` (the best answer in the vocabulary for every
     question)."""
-    counts = answer_counts(pred, split.answers)
+    counts = answer_counts(pred.to(split.answers.device), split.answers)
     soft, official = soft_score(counts), official_score(counts, split.n_answers)
     best = answer_counts_max(split.answers)
     out = {"accuracy": 100 * float(soft.mean()), "accuracy_official": 100 * float(official.mean()),
@@ -208,7 +209,7 @@ def evaluate_vqa(pred: Tensor, split: VQASplit) -> dict:
                        ("by_question_type", [q.question_type for q in split.records.questions])):
         rows = {}
         for t in sorted(set(types)):
-            mask = torch.tensor([x == t for x in types])
+            mask = torch.tensor([x == t for x in types], device=soft.device)
             rows[t or "(none)"] = {"accuracy": 100 * float(soft[mask].mean()), "questions": int(mask.sum())}
         out[key] = rows
     return out
@@ -217,7 +218,8 @@ def evaluate_vqa(pred: Tensor, split: VQASplit) -> dict:
 def answer_counts_max(answers: Tensor) -> Tensor:
     """Per question, the most human answers any single vocabulary answer got: ``[N, A] -> [N]``."""
     same = (answers.unsqueeze(2) == answers.unsqueeze(1)) & (answers != NO_ANSWER).unsqueeze(2)
-    return same.sum(2).max(1).values if answers.shape[1] else torch.zeros(answers.shape[0], dtype=torch.long)
+    return (same.sum(2).max(1).values if answers.shape[1]
+            else torch.zeros(answers.shape[0], dtype=torch.long, device=answers.device))
 
 
 def finetune_vqa(represent: Represent, encoder_params: list[nn.Parameter], data: VQAData,
@@ -246,15 +248,16 @@ def finetune_vqa(represent: Represent, encoder_params: list[nn.Parameter], data:
         tr_reps = lambda rows: _reps(represent, train, rows)  # noqa: E731
         te_reps = lambda rows: _reps(represent, test, rows)  # noqa: E731
     with torch.no_grad():
-        zi, zq = _reps(represent, train, torch.arange(min(2, len(train))))
+        zi, zq = _reps(represent, train, torch.arange(min(2, len(train)), device=train.question.device))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(p.seed)
-        head = VQAHead(zi.shape[1], zq.shape[1], k, p.hidden, p.fusion, p.dropout)
+        with torch.device("cpu"):  # the seeded CPU init on every device, then moved to the representations'
+            head = VQAHead(zi.shape[1], zq.shape[1], k, p.hidden, p.fusion, p.dropout).to(zi.device)
         groups = [{"params": list(head.parameters()), "lr": p.lr}]
         if not frozen:
             groups.append({"params": list(encoder_params), "lr": p.encoder_lr})
         opt = optim.Adam(groups, weight_decay=p.weight_decay)
-        gen = torch.Generator().manual_seed(p.seed)
+        gen = torch.Generator(device="cpu").manual_seed(p.seed)
         losses = []
         for _ in range(p.epochs):
             head.train()
@@ -263,7 +266,7 @@ def finetune_vqa(represent: Represent, encoder_params: list[nn.Parameter], data:
             total, steps = 0.0, 0
             for rows in shuffled_batches(len(train), p.batch_size, gen):
                 logits = head(*tr_reps(rows))
-                target = soft_targets(train.answers[rows], k)
+                target = soft_targets(train.answers[rows], k).to(logits.device)
                 loss = F.binary_cross_entropy_with_logits(logits, target, reduction="sum") / rows.numel()
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -276,7 +279,8 @@ def finetune_vqa(represent: Represent, encoder_params: list[nn.Parameter], data:
         pred = predict(head, te_reps, len(test))
         out = evaluate_vqa(pred, test)
         out["train_accuracy"] = evaluate_vqa(predict(head, tr_reps, len(train)), train)["accuracy"]
-        out["majority"] = evaluate_vqa(torch.zeros(len(test), dtype=torch.long), test)["accuracy"]
+        out["majority"] = evaluate_vqa(torch.zeros(len(test), dtype=torch.long, device=test.answers.device),
+                                       test)["accuracy"]
     out["majority_answer"] = data.vocab[0]
     out["train_loss"] = losses
     out["predictions"] = [data.vocab[i] for i in pred.tolist()]

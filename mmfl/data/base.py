@@ -86,6 +86,8 @@ class ArrayDataset:
         if rows is None:
             base = self.indices
         else:
+            if rows.device != self.labels.device:  # positions drawn elsewhere (e.g. on the run's device)
+                rows = rows.to(self.labels.device)
             base = self.indices[rows] if self.indices is not None else rows
         if base is None:
             feats, labels = dict(self.features), self.labels

@@ -49,13 +49,14 @@ def malicious_clients(fraction: float, num_clients: int, seed: int) -> list[int]
 
 def flip_labels(data: ArrayDataset, num_classes: int) -> ArrayDataset:
     """``data`` with labels ``y -> num_classes - 1 - y`` (the same features, no copy of them)."""
-    return ArrayDataset(data.features, (num_classes - 1) - data.labels, data.indices)
+    return ArrayDataset(data.features, (num_classes - 1) - data.labels, data.indices, data.device)
 
 
 def attack_arrays(kind: str, received: dict[str, Tensor], sent: dict[str, Tensor], cfg: AttackConfig,
                   generator: torch.Generator) -> dict[str, Tensor]:
     """The arrays of a malicious reply: ``sent`` changed by ``kind`` (see the module docstring);
-    ``received`` are the arrays of the message the client answers."""
+    ``received`` are the arrays of the message the client answers. The random draws come from
+    ``generator`` on the CPU (the same on every device) and are moved to each array's device."""
     out = {}
     for key, w in sent.items():
         if not w.is_floating_point():
@@ -69,15 +70,16 @@ def attack_arrays(kind: str, received: dict[str, Tensor], sent: dict[str, Tensor
         elif kind == "scale":
             out[key] = g + cfg.scale * (w - g)
         elif kind == "gaussian":
-            out[key] = g + cfg.noise_std * torch.randn(w.shape, generator=generator, dtype=w.dtype)
+            out[key] = g + cfg.noise_std * torch.randn(w.shape, generator=generator, dtype=w.dtype,
+                                                       device="cpu").to(w.device)
         elif kind == "constant":
             out[key] = g + cfg.target
         elif kind in REPRESENTATION_ATTACKS and not got and w.dim() == 2:
             if kind == "shuffle_reps":
-                out[key] = w[torch.randperm(w.shape[0], generator=generator)]
+                out[key] = w[torch.randperm(w.shape[0], generator=generator, device="cpu").to(w.device)]
             else:
                 s = float(w.std()) if w.numel() > 1 else 1.0
-                out[key] = s * torch.randn(w.shape, generator=generator, dtype=w.dtype)
+                out[key] = s * torch.randn(w.shape, generator=generator, dtype=w.dtype, device="cpu").to(w.device)
         else:
             out[key] = w
     return out
@@ -116,7 +118,7 @@ class Attack:
                        for k, v in reply.scalars.items()}
             scalars.setdefault("num_examples", n)
             return Message(arrays=dict(reply.arrays), scalars=scalars)
-        gen = torch.Generator().manual_seed(derive_seed(seed, "attack") % (2 ** 63))
+        gen = torch.Generator(device="cpu").manual_seed(derive_seed(seed, "attack") % (2 ** 63))
         with torch.no_grad():
             arrays = attack_arrays(self.kind, msg.arrays, reply.arrays, self.cfg, gen)
         return Message(arrays=arrays, scalars=dict(reply.scalars))

@@ -67,23 +67,24 @@ def label_named(name: str) -> bool:
 # ----------------------------------------------------------------------------- private rows
 
 def _index_rows(data: ArrayDataset, modality: str) -> WindowIndex:
-    """The client's informative rows of ``modality`` (more than one distinct value, present)."""
+    """The client's informative rows of ``modality`` (more than one distinct value, present);
+    the check reads them on the CPU, wherever the run keeps its data."""
     t = data.features[modality]
-    rows = _rows_of(data, modality, None)
+    rows = _rows_of(data, modality, None).cpu()
     flat = rows.reshape(rows.shape[0], -1)
     keep = (flat.amax(1) != flat.amin(1)).numpy() if flat.shape[1] > 1 else np.zeros(len(flat), bool)
     mask = data.features.get(PRESENT + modality)
     if mask is not None:  # samples the client lacks are not its data
-        keep &= (mask if data.indices is None else mask[data.indices]).numpy().astype(bool)
+        keep &= (mask if data.indices is None else mask[data.indices]).cpu().numpy().astype(bool)
     pos = np.nonzero(keep)[0]
-    return WindowIndex(flat[torch.as_tensor(pos, dtype=torch.long)], pos, tuple(t.shape[1:]))
+    return WindowIndex(flat[torch.as_tensor(pos, dtype=torch.long, device="cpu")], pos, tuple(t.shape[1:]))
 
 
 def _rows_of(data: ArrayDataset, modality: str, pos) -> Tensor:
     """Rows ``pos`` (positions within the view; all if None) of ``modality``'s tensor."""
     t, base = data.features[modality], data.indices
     if pos is not None:
-        pos = torch.as_tensor(np.asarray(pos), dtype=torch.long)
+        pos = torch.as_tensor(np.asarray(pos), dtype=torch.long, device=t.device if base is None else base.device)
         base = pos if base is None else base[pos]
     return t if base is None else t[base]
 
@@ -196,7 +197,7 @@ def _label_readings(t: Tensor, num_classes: int, n: int) -> Iterable[tuple[str, 
         return
     raw = t.contiguous().reshape(-1).view(torch.uint8)
     for dt in _LABEL_VIEWS:
-        size = torch.empty((), dtype=dt).element_size()
+        size = torch.empty((), dtype=dt, device="cpu").element_size()
         if dt == t.dtype or raw.numel() % size:
             continue
         if raw.numel() // size == n or not t.is_floating_point():
@@ -235,7 +236,7 @@ class PrivacyChecker:
         """The client's index, cached by its rows (the feature tensor and the view's row
         ids), so a new view object on the same rows (one per round) reuses it."""
         t = data.features[m]
-        rows = b"" if data.indices is None else data.indices.numpy().tobytes()
+        rows = b"" if data.indices is None else data.indices.cpu().numpy().tobytes()
         key = (id(t), m, hashlib.blake2b(rows, digest_size=16).digest())
         hit = self._rows.get(key)
         if hit is None or hit[0]() is not t:
@@ -246,9 +247,9 @@ class PrivacyChecker:
     def _label_stats(self, data: ArrayDataset, num_classes: int) -> tuple[Tensor, Tensor]:
         hit = self._labels.get(id(data))
         if hit is None or hit[0]() is not data:
-            y = torch.as_tensor(data.label_array(), dtype=torch.int64)
+            y = torch.as_tensor(data.label_array(), dtype=torch.int64, device="cpu")
             hist = torch.bincount(y, minlength=num_classes) if y.numel() else \
-                torch.zeros(num_classes, dtype=torch.int64)
+                torch.zeros(num_classes, dtype=torch.int64, device="cpu")
             hit = (weakref.ref(data), y, hist)
             self._labels[id(data)] = hit
         return hit[1], hit[2]
@@ -304,10 +305,11 @@ def _carriers(reply: Message) -> list[tuple[str, str, Tensor]]:
     if len(nums) >= MIN_LABEL_ROWS:
         names = ", ".join(f"'{k}'" for k, _ in nums[:3]) + (", ..." if len(nums) > 3 else "")
         out.append((f"the {len(nums)} numeric scalars ({names}), read in order,", "",
-                    torch.tensor([v for _, v in nums], dtype=torch.float64)))
+                    torch.tensor([v for _, v in nums], dtype=torch.float64, device="cpu")))
     for k, v in reply.scalars.items():
         if isinstance(v, int) and not isinstance(v, bool) and len(str(abs(v))) >= MIN_LABEL_ROWS:
-            out.append((f"scalar '{k}' (its decimal digits)", "", torch.tensor([float(c) for c in str(abs(v))])))
+            out.append((f"scalar '{k}' (its decimal digits)", "",
+                        torch.tensor([float(c) for c in str(abs(v))], device="cpu")))
         elif isinstance(v, str):
             vals = numbers_in(v)
             if len(vals):

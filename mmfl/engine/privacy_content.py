@@ -147,7 +147,7 @@ def byte_views(t: Tensor) -> list[tuple[str, Tensor]]:
         return out
     raw = t.reshape(-1).view(torch.uint8)
     for dt in BYTE_VIEWS:
-        size = torch.empty((), dtype=dt).element_size()
+        size = torch.empty((), dtype=dt, device="cpu").element_size()
         if dt != t.dtype and raw.numel() >= size and raw.numel() % size == 0:
             out.append((f"its bytes read as {str(dt).removeprefix('torch.')}", raw.view(dt)))
     return out

@@ -279,8 +279,8 @@ class Experiment:
             row["train_time_s"] = time.perf_counter() - t0
             if (rnd + 1) % cfg.run.eval_every == 0 or rnd + 1 == cfg.run.rounds:
                 self.transport.log.reset()
-                with precision_context(self.device, cfg.run.precision):
-                    row.update(run_evaluations(self.server, self.evaluations(), self.eval_context(rnd)))
+                # evaluation in fp32 whatever the precision: the metrics describe the model, not bf16 rounding
+                row.update(run_evaluations(self.server, self.evaluations(), self.eval_context(rnd)))
                 ev = self.transport.log.summary()
                 if ev["bytes_down"] or ev["bytes_up"]:
                     row["eval_bytes_down"], row["eval_bytes_up"] = ev["bytes_down"], ev["bytes_up"]
