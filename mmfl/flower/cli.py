@@ -1,6 +1,7 @@
 """``mmfl flower ...``: run an mmfl config on Flower (see docs/flower.md).
 
-    mmfl flower simulate CONFIG [--set k=v] [--num-supernodes N]    Flower's simulation engine (Ray)
+    mmfl flower simulate CONFIG [--set k=v] [--num-supernodes N] [--gpus-per-client G]
+                                                                     Flower's simulation engine (Ray)
     mmfl flower submit CONFIG --superlink HOST:PORT [--root-certificates CA | --insecure]
                                                                      a run on a real deployment
     mmfl flower loopback CONFIG [--num-supernodes N] [--resume]      SuperLink + SuperNodes on 127.0.0.1
@@ -40,6 +41,9 @@ def add_flower_parser(sub) -> None:
     q.add_argument("--num-supernodes", type=int, default=0, help="virtual SuperNodes (default: one per client)")
     q.add_argument("--ray-cpus", type=int, default=0, help="CPUs Ray may use (default: all)")
     q.add_argument("--cpus-per-client", type=float, default=1.0, help="CPUs per ClientApp actor (default 1)")
+    q.add_argument("--gpus-per-client", type=float, default=None, metavar="G",
+                   help="GPUs per ClientApp actor, e.g. 0.25: four actors share a GPU (default: the config's "
+                        "gpus_per_client, 0 = none)")
     q.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
     q.add_argument("--verbose", action="store_true", help="Flower's and Ray's logs")
 
@@ -108,6 +112,8 @@ def main(args) -> int:
 
         run_superlink(args.flower_args, args.operator_address)
         return 0
+    if cmd == "simulate" and args.gpus_per_client is not None:  # the flag overrides the config's value
+        args.overrides = [*args.overrides, f"gpus_per_client={args.gpus_per_client!r}"]
     cfg = _cfg(args)  # a missing config file is said before Flower is imported
     from mmfl.flower import deploy
 

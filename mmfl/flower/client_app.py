@@ -26,6 +26,13 @@ one ``ArrayRecord`` per hosted client, or, on a SuperNode started with
 which outlive the Flower run and the SuperNode process, so the run can be resumed.
 Every message is delivered by
 :func:`mmfl.engine.client_runtime.run_client`, as in the simulator.
+
+Each SuperNode computes on ITS machine's device: the run config's ``device`` is resolved
+where the ClientApp runs (``auto``: this machine's GPU if it has one, else the CPU; an
+explicit ``cuda`` on a machine without one fails the ClientApp with one line). Its clients'
+data is placed there once; each incoming message's arrays and each client's stored state
+are moved onto it, and each reply (and state) is moved back to the CPU before it becomes a
+Flower record. ``precision = "bf16"`` autocasts there; replies travel as fp32.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from mmfl.config import ExperimentConfig, apply_overrides, resolve
+from mmfl.core.device import CPU, place_federation, precision_context, resolve_device, to_cpu, to_device, to_fp32
+from mmfl.core.message import Message
 from mmfl.engine.attack import make_attack
 from mmfl.engine.client_runtime import ModelPool, run_client
 from mmfl.engine.privacy import federation_modalities, make_checker
@@ -65,6 +74,7 @@ class RunEnv:
     model: ModelPool = None  # models per (key, client structure)
     privacy: object = None  # the [privacy] rules' PrivacyChecker (None: no rules)
     attack: object = None  # the [attack] (mmfl.engine.attack.Attack; None: every client honest)
+    device: torch.device = CPU  # this machine's device for the run (the config's ``device`` resolved here)
 
     def __post_init__(self):
         self.model = ModelPool(self.make_model)
@@ -124,9 +134,10 @@ def node_env(config_text: str, node_config: dict) -> NodeEnv:
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         spec = ALGORITHMS.get(cfg.algorithm.name).factory
-        fed = build_federation(cfg, pooled=spec.pooled)
+        device = resolve_device(cfg.run.device)  # on THIS machine: "auto" is its GPU if it has one
+        fed = place_federation(build_federation(cfg, pooled=spec.pooled), device)  # on the device once
         _RUNS.clear()
-        _RUNS[key] = RunEnv(cfg, spec, fed, model_factory(cfg, fed.meta))
+        _RUNS[key] = RunEnv(cfg, spec, fed, model_factory(cfg, fed.meta, device), device=device)
     run = _RUNS[key]
     return NodeEnv(run, hosted_clients(node_config, run.federation.num_clients))
 
@@ -181,22 +192,28 @@ def handle_plain(msg: FlowerMessage, context: Context, config_text: str | None =
     disk = node_state_dir(context, meta, cfg)  # None: the state lives in context.state
     expect = set(meta["expect-state"]) if "expect-state" in meta else set()
     replies, kept = {}, []
+    device = run.device
     for cid, call in zip(messages, meta["calls"]):
         if cid not in env.cids:
             raise MMFLError(f"this SuperNode does not host client {cid} (it hosts {env.cids})")
         state = disk.load(cid, rnd, int(call)) if disk is not None else load_state(context.state, cid)
+        state = to_device(state, device)  # records and state files hold CPU tensors
+        msg_in = Message(to_device(messages[cid].arrays, device), messages[cid].scalars)
         if cid in expect and disk is not None and not disk.has_state_before(cid, rnd):
             raise MMFLError(f"client {cid} kept state before round {rnd + 1} of this resumed run, but this "
                             f"SuperNode has none under {disk.dir}: start it with the state-dir of the "
                             "interrupted run (the same machine and folder)")
-        reply, new_state = run_client(
-            run.spec, cfg.algorithm.params, cid=cid, rnd=rnd, route=route, call=int(call), msg=messages[cid],
-            data=fed.clients[cid], test_data=fed.test_of(cid), meta=fed.meta_of(cid),
-            train=train_for_run(cfg.train, cfg.run.rounds),
-            seed=cfg.run.seed, state=state, model_pool=run.model,
-            init_model=run.make_model, holds=fed.modalities_of(cid), group=fed.group_of(cid),
-            source=fed.source_of(cid), public=fed.public, privacy=run.privacy, attack=run.attack,
-            dp=cfg.dp)
+        with precision_context(device, cfg.run.precision):  # run_client returns bf16 arrays as fp32
+            reply, new_state = run_client(
+                run.spec, cfg.algorithm.params, cid=cid, rnd=rnd, route=route, call=int(call), msg=msg_in,
+                data=fed.clients[cid], test_data=fed.test_of(cid), meta=fed.meta_of(cid),
+                train=train_for_run(cfg.train, cfg.run.rounds),
+                seed=cfg.run.seed, state=state, model_pool=run.model,
+                init_model=run.make_model, holds=fed.modalities_of(cid), group=fed.group_of(cid),
+                source=fed.source_of(cid), public=fed.public, privacy=run.privacy, attack=run.attack,
+                dp=cfg.dp, device=device)
+        reply = Message(to_cpu(to_fp32(reply.arrays)), reply.scalars)  # the wire holds CPU tensors
+        new_state = to_cpu(new_state)
         if reply.nonfinite_key() is None:  # as in the simulator: a rejected reply keeps no state
             if disk is None:
                 save_state(context.state, cid, new_state)

@@ -35,7 +35,8 @@ _DTYPE_BY_NAME = {str(d).removeprefix("torch."): d for d in _VIEW_AS}
 
 
 def tensor_to_array(t: Tensor) -> tuple[Array, str | None]:
-    """An ``Array`` of ``t`` (exact dtype and shape) and the torch dtype name if viewed."""
+    """An ``Array`` of ``t`` (exact dtype and shape) and the torch dtype name if viewed.
+    ``t`` may be on any device: it is copied to the CPU first (numpy needs CPU memory)."""
     t = t.detach().cpu()
     odd = None
     if t.dtype in _VIEW_AS:

@@ -326,7 +326,7 @@ class SecureAggregation:
                 if any(m.arrays.get(name) is not ref and not torch.equal(m.arrays[name], ref) for m in sent[1:]):
                     raise MMFLError(f"secure aggregation: the clients received different '{name}'; the server "
                                     "adds one w^t back to the mean of the differences")
-                x = x + ref.to(torch.float64)
+                x = x + ref.to(device="cpu", dtype=torch.float64)  # the sum came off the wire (CPU)
             out[name] = x.to(getattr(torch, dtype))
         for i, name in enumerate(ints):
             values = [torch.from_numpy(bytes_to_ndarray(bytes(rep.content[META]["secagg.int_values"][i])))

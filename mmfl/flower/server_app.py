@@ -51,7 +51,7 @@ def run_server(grid: Grid, config_text: str, overwrite: bool = False,
 
     def transport(e):
         t = FlowerTransport(grid, e.federation, cfg.run, wait_for_nodes_s=wait_for_nodes_s,
-                            state_file=cfg.run_dir / STATE_FILE)
+                            state_file=cfg.run_dir / STATE_FILE, device=e.device)
         if cfg.secure_aggregation is not None:  # the train round's sum through SecAgg+
             from mmfl.flower.secagg import SecureAggregation
 

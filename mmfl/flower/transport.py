@@ -23,6 +23,10 @@ the run's client-state id, made when the run folder is new and kept on resume, u
 which SuperNodes started with a ``state-dir`` keep their clients' state
 (:mod:`mmfl.flower.node_state`); the file also lists the clients that kept state and
 from which round, so that a resumed run fails with one line on a SuperNode that lacks it.
+
+Replies come off the wire as CPU tensors; ``send`` moves them onto ``device`` (the server's
+run device, ``Experiment.device``) before the algorithm's server sees them. What goes out is
+moved to the CPU by :mod:`mmfl.flower.records`.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Message as FlowerMessage, RecordDict
 from flwr.common.constant import ErrorCode
 
+from mmfl.core.device import CPU, to_device
 from mmfl.core.message import Message
 from mmfl.engine.simulation import CommLog
 from mmfl.errors import MMFLError
@@ -69,8 +74,9 @@ class FlowerTransport:
     clients_in_process = False  # the clients' data is on the SuperNodes: they evaluate there
 
     def __init__(self, grid, federation, run_cfg, wait_for_nodes_s: float | None = None,
-                 state_file: str | Path | None = None):
+                 state_file: str | Path | None = None, device=CPU):
         self.grid = grid
+        self.device = device  # the server's device: replies are moved there
         self.federation = federation
         self.num_clients = federation.num_clients
         self.timeout = float(run_cfg.reply_timeout)
@@ -206,8 +212,14 @@ class FlowerTransport:
         return by_node, missing, calls
 
     def send(self, route: str, messages: dict[int, Message]) -> dict[int, Message]:
+        """Send ``messages`` to their clients' SuperNodes; the accepted replies, on ``device``."""
         if self.secure is not None and route == self.secure.route:
-            return self.secure.send(self, messages)
+            replies = self.secure.send(self, messages)
+        else:
+            replies = self._send(route, messages)
+        return {c: Message(to_device(r.arrays, self.device), r.scalars) for c, r in replies.items()}
+
+    def _send(self, route: str, messages: dict[int, Message]) -> dict[int, Message]:
         mtype = message_type(route)
         by_node, missing, calls = self.group_by_node(messages)
         out = []
