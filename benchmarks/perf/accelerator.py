@@ -203,7 +203,8 @@ def report(res: dict, a, cmd: str) -> list[str]:
     lines += [f"Workloads: cnn = MOON's simple CNN on Fashion-MNIST, {a.per_client} images per client; multimodal = "
               "the multimodal model (MLP encoder per view) on mfeat's six views, 1,600 training digits over the "
               f"cohort; batch 32, 1 local epoch, {a.rounds} rounds (round 1 not timed). Clients/s = cohort / median "
-              "round training time.", "",
+              "round training time. One measurement per cell, not repeated, on a machine shared with other "
+              "work (load averages above).", "",
               "| workload | algorithm | cohort | one-by-one clients/s | stacked clients/s | flower clients/s "
               "| stacked / one-by-one | stacked / flower |", "|---|---|---|---|---|---|---|---|"]
     keys = sorted({(w, alg, k) for w, alg, k, _ in (c.split("|") for c in cells)}, key=lambda t: (t[0], t[1], int(t[2])))
