@@ -5,6 +5,8 @@ run by the benchmark toolkit (``mmfl bench``, docs/benchmarks.md).
     .venv/bin/python benchmarks/creamfl/run.py               # everything -> benchmarks/results/creamfl.md
     .venv/bin/python benchmarks/creamfl/run.py --quick       # a few-minute smoke version (creamfl-quick.md)
     .venv/bin/python benchmarks/creamfl/run.py --tables-only # rebuild the report from finished runs
+    .venv/bin/python benchmarks/creamfl/run.py --profile paper --device cuda  # grid-paper.toml (its wall time)
+    .venv/bin/python benchmarks/creamfl/run.py --profile paper --plan         # list its runs, run nothing
 
 Other options (those of ``mmfl bench``): ``--workers N``, ``--seeds ...`` (run only these),
 ``--group t1|t2|t3|fig4``, ``--raw-dir DIR`` (runs and report there); and ``--fig4-seeds ...``
@@ -15,13 +17,12 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent.parent))  # this checkout's mmfl
-from mmfl.bench import bench_main  # noqa: E402
+sys.path.insert(0, str(HERE.parent))
+from profiles import main  # noqa: E402  (--profile full|quick|paper, --device, --batch-clients, --plan)
 
 
-def toolkit_args(argv: list[str]) -> tuple[Path, list[str]]:
-    """(grid file, ``mmfl bench`` options) of this script's command line."""
-    grid = HERE / ("grid-quick.toml" if "--quick" in argv else "grid.toml")
+def toolkit_args(argv: list[str]) -> list[str]:
+    """This script's command line with ``--fig4-seeds ...`` as the ``--grid-set`` it stands for."""
     out, i = [], 0
     while i < len(argv):
         if argv[i] == "--fig4-seeds":
@@ -30,11 +31,11 @@ def toolkit_args(argv: list[str]) -> tuple[Path, list[str]]:
                 i += 1
                 seeds.append(int(argv[i]))
             out += ["--grid-set", f"groups.fig4.seeds={seeds}"]
-        elif argv[i] != "--quick":
+        else:
             out.append(argv[i])
         i += 1
-    return grid, out
+    return out
 
 
 if __name__ == "__main__":
-    sys.exit(bench_main(*toolkit_args(sys.argv[1:])))
+    sys.exit(main(HERE, toolkit_args(sys.argv[1:])))

@@ -1,0 +1,78 @@
+"""The accelerator benchmark's plan / one-cell mode and the paper benchmarks' profiles
+(benchmarks/perf/accelerator.py, benchmarks/profiles.py, benchmarks/*/grid-paper.toml)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from mmfl.bench import load_grid
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _module(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(path.parent))
+    return mod
+
+
+def test_moon_paper_profile_is_the_papers_grid_10_clients_10_epochs_100_rounds():
+    runs = load_grid(BENCH / "moon" / "grid-paper.toml").runs()
+    assert len(runs) == 45  # 3 betas x 5 methods x 3 seeds
+    assert {r.setting for r in runs} == {"0.1", "0.5", "5"}
+    assert {r.method for r in runs} == {"fedavg", "fedprox", "scaffold", "moon", "local"}
+    assert {r.seed for r in runs} == {0, 1, 2}
+    for r in runs:
+        assert (r.raw["rounds"], r.raw["train"]["local_epochs"], r.raw["partition"]["num_clients"]) == (100, 10, 10)
+        assert r.raw["data"] == {"name": "fashion_mnist", "train_limit": 0}  # the full training set
+    assert {r.raw["partition"]["beta"] for r in runs} == {0.1, 0.5, 5.0}
+
+
+@pytest.mark.parametrize("bench,count,rounds,epochs", [("fedcmi", 288, 100, 5), ("creamfl", 138, 30, 5)])
+def test_paper_profile_grid_expands_to_its_cell_count(bench, count, rounds, epochs):
+    runs = load_grid(BENCH / bench / "grid-paper.toml").runs()
+    assert len(runs) == count
+    assert {(r.raw["rounds"], r.raw["train"]["local_epochs"]) for r in runs} == {(rounds, epochs)}
+
+
+def test_profile_options_pick_the_grid_and_set_device_and_batch_clients():
+    prof = _module(BENCH / "profiles.py", "bench_profiles")
+    here = BENCH / "moon"
+    profile, grid, opts, rest = prof.split_args(here, ["--profile", "paper", "--device", "cuda",
+                                                       "--batch-clients", "false", "--workers", "1"])
+    assert (profile, grid.name, opts["plan"]) == ("paper", "grid-paper.toml", False)
+    assert rest == ["--workers", "1", "--grid-set", 'set.device="cuda"', "--grid-set", "set.batch_clients=false"]
+    run = load_grid(grid, prof.grid_sets(rest)).runs()[0]
+    assert (run.raw["device"], run.raw["batch_clients"]) == ("cuda", False)
+    assert prof.split_args(here, ["--quick", "--plan"])[1].name == "grid-quick.toml"
+    assert prof.main(here, ["--profile", "paper", "--plan"]) == 0  # lists the runs, runs nothing
+
+
+def test_accelerator_plan_checks_every_cell_config_on_cpu(tmp_path):
+    acc = _module(BENCH / "perf" / "accelerator.py", "bench_accelerator")
+    a = acc.parse(["--quick", "--device", "cpu", "--out-dir", str(tmp_path)])
+    cells = acc.plan(a)
+    assert len(cells) == 2 * 2 * 2 * 2 + 4  # workloads x algorithms x cohorts x (one-by-one, stacked) + Flower at 10
+    cfg = acc.config("cnn", "moon", 50, "stacked", a)
+    assert (cfg["device"], cfg["threads"], cfg["batch_clients"], cfg["clients_per_round"]) == ("cpu", 1, True, 50)
+    assert acc.config("cnn", "moon", 50, "one-by-one", a)["batch_clients"] is False
+    assert acc.main(["--quick", "--device", "cpu", "--plan", "--out-dir", str(tmp_path)])["cells"] == cells
+
+
+def test_accelerator_one_cell_measures_throughput_and_kernel_share_on_cpu(tmp_path):
+    acc = _module(BENCH / "perf" / "accelerator.py", "bench_accelerator")
+    res = acc.main(["--device", "cpu", "--workloads", "cnn", "--algorithms", "fedavg", "--cohorts", "3",
+                    "--rounds", "2", "--modes", "one-by-one", "stacked", "--no-write", "--out-dir", str(tmp_path)])
+    cells = res["cells"]
+    assert set(cells) == {"cnn|fedavg|3|one-by-one", "cnn|fedavg|3|stacked"}
+    assert cells["cnn|fedavg|3|stacked"]["batched_clients"] == 3  # really stacked
+    assert all(c["clients_per_s"] > 0 for c in cells.values())
+    for u in res["utilization"].values():
+        assert 0 < u["kernel_s"] and 0 < u["fraction"] < 1.5
