@@ -138,7 +138,7 @@ def test_fallback_is_automatic_and_visible(tmp_path, mnist_root, caplog):
     assert "adam" in rows_of(adam)[0]["batched_fallback"]
     from mmfl.core.batched import model_blocker
     bn = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
-    assert "buffers" in model_blocker(bn, TrainConfig())
+    assert model_blocker(bn, TrainConfig()) is None  # BatchNorm stacks (its own test below)
 
 
 def test_batched_run_resumes_exactly(tmp_path, mnist_root):
@@ -195,3 +195,55 @@ def test_multimodal_encoders_train_stacked_equal_to_sequential(tmp_path, algo):
     assert_close_rows(rows_of(seq), rows_of(bat))
     a, b = seq.server.model.state_dict(), bat.server.model.state_dict()
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < ATOL
+
+
+class _BNNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.bn, self.out = torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3)
+
+    def forward(self, inputs):
+        return {"logits": self.out(torch.relu(self.bn(self.lin(inputs["x"]))))}
+
+
+def test_batchnorm_stacks_with_per_client_running_statistics_equal_to_local_train():
+    # sizes not multiples of the batch: last batches differ in width, so BatchNorm clients step
+    # per width (padding rows never enter batch statistics); buffers are per client
+    torch.manual_seed(0)
+    full = ArrayDataset({"x": torch.randn(200, 6)}, torch.randint(0, 3, (200,)))
+    perm, datas, at = torch.randperm(200), [], 0
+    for n in [30, 37, 18, 64]:
+        datas.append(full.subset(perm[at:at + n].numpy()))
+        at += n
+    train = TrainConfig(local_epochs=2, batch_size=16, lr=0.1, momentum=0.9, weight_decay=1e-3)
+    model = _BNNet()
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    gens = [torch.Generator().manual_seed(100 + i) for i in range(4)]
+    outs = train_stacked(model, _CE(), [BatchedTask(start=start) for _ in datas], datas, gens, train)
+    for i, d in enumerate(datas):
+        ref = _BNNet()
+        ref.load_state_dict(start)
+        stats = local_train(ref, d, train, torch.Generator().manual_seed(100 + i))
+        state, got = outs[i]
+        assert got["train_loss"] == pytest.approx(stats["train_loss"], rel=1e-5)
+        assert_close_states({k: v.detach() for k, v in ref.state_dict().items()}, state)
+        assert int(state["bn.num_batches_tracked"]) == stats["steps"]  # its own running statistics
+
+
+def test_moon_with_batchnorm_trains_stacked_equal_to_sequential(tmp_path, mnist_root):
+    # the multimodal model's CNN encoder has BatchNorm: MOON's frozen references run in eval mode
+    def run(name, batched):
+        exp = Experiment(load_config(None, [
+            "data.name=mnist_idx", f"data.root={mnist_root}", "partition.name=dirichlet", "partition.num_clients=4",
+            "partition.beta=0.5", "clients_per_round=3", "model.name=multimodal", "model.feat_dim=16",
+            "algorithm.name=moon", "train.local_epochs=1", "train.batch_size=16", "train.lr=0.05", "threads=1",
+            "rounds=2", f"output_dir={tmp_path}", f"name={name}", f"batch_clients={batched}"]), progress=False)
+        exp.run()
+        return exp
+
+    seq, bat = run("bnseq", "false"), run("bnbat", "true")
+    assert all(r.get("batched_clients") == 3 for r in rows_of(bat))
+    assert_close_rows(rows_of(seq), rows_of(bat))
+    a, b = seq.server.model.state_dict(), bat.server.model.state_dict()
+    assert any("running_mean" in k for k in a)
+    assert max(float((a[k].double() - b[k].double()).abs().max()) for k in a) < ATOL

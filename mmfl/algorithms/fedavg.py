@@ -361,7 +361,7 @@ class FedAvgClient(TrainingClient, BatchedClient):
         def ref(name):
             state = shared.get(name) if name == "global" else extras.get("refs", {}).get(name)
             return None if state is None else {k: v.detach() if isinstance(v, Tensor) else v
-                                               for k, v in forward(state, inputs).items()}
+                                               for k, v in forward(state, inputs, False).items()}  # eval mode
 
         return self.objective(forward(params, inputs), labels, ref, reduction="none")
 

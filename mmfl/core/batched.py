@@ -28,11 +28,17 @@ longest batch of the step with zero-weight rows (the per-sample loss is
 averaged over its real rows only). Batches of one sample are skipped, as in
 :func:`~mmfl.core.training.local_train`.
 
+BatchNorm: buffers are stacked like parameters (one row per client), so each client's
+running statistics are its own and ``vmap`` updates them in place; its batch statistics
+are those of the client's own batch. Padding rows would enter them, so a model with
+BatchNorm takes one step per distinct batch width (clients whose last batch is short step
+apart). Frozen reference models (MOON's global and previous model) run in eval mode
+(``forward(params, inputs, False)``), as in sequential training.
+
 Where batching cannot apply the transport trains the clients one by one, and
 says so once in the log (logger ``mmfl``) and in every round's metrics row
-(``batched_fallback``): models with buffers (BatchNorm running statistics are
-per batch, not per sample) or active dropout (its random masks differ from
-sequential training), optimizers other than SGD, clients whose start states
+(``batched_fallback``): active dropout (its random masks differ from
+sequential training), recurrent encoders, optimizers other than SGD, clients whose start states
 differ in shape, and algorithms without the capability.
 """
 
@@ -44,6 +50,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmfl.core.message import Message
 from mmfl.core.training import shuffled_batches
@@ -118,8 +125,6 @@ def model_blocker(model: nn.Module, train) -> str | None:
     """Why this model/optimizer cannot be trained batched, or None."""
     if train.optimizer != "sgd":
         return f"optimizer '{train.optimizer}' (batched training implements SGD)"
-    if any(True for _ in model.buffers()):
-        return "the model has buffers (e.g. BatchNorm running statistics, which are per batch)"
     for m in model.modules():
         if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
             return "the model uses dropout (its random masks would differ from sequential training)"
@@ -192,8 +197,9 @@ def _stack(trees: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _rows(tree: dict[str, Any], m: int) -> dict[str, Any]:
-    return {k: _rows(v, m) if isinstance(v, dict) else v[:m] for k, v in tree.items()}
+def _select(tree: dict[str, Any], sel) -> dict[str, Any]:
+    """The stack rows ``sel`` (a slice or an index tensor) of every tensor of ``tree``."""
+    return {k: _select(v, sel) if isinstance(v, dict) else v[sel] for k, v in tree.items()}
 
 
 def train_stacked(model: nn.Module, client: BatchedClient, tasks: list[BatchedTask], datas: list,
@@ -219,8 +225,19 @@ def train_stacked(model: nn.Module, client: BatchedClient, tasks: list[BatchedTa
     totals = torch.zeros(k_all, dtype=torch.float64, device=device)
     same_source = all(d.features is datas[0].features and d.labels is datas[0].labels for d in datas)
 
-    def forward(params, inputs):
-        return functional_call(model, params, (inputs,))
+    batch_stats = any(isinstance(mod, _BatchNorm) for mod in model.modules())
+    model.train()
+
+    def forward(params, inputs, training: bool = True):
+        """The model on one client's ``params`` (parameters and buffers); ``training=False``
+        runs it in eval mode (a frozen reference model: BatchNorm reads its running statistics)."""
+        if training:
+            return functional_call(model, params, (inputs,))
+        model.eval()
+        try:
+            return functional_call(model, params, (inputs,))
+        finally:
+            model.train()
 
     def client_loss(params, inputs, labels, weights, ex):
         per = client.batched_loss(forward, params, inputs, labels, ex, shared)
@@ -229,47 +246,69 @@ def train_stacked(model: nn.Module, client: BatchedClient, tasks: list[BatchedTa
         return loss if pen is None else loss + pen
 
     vloss = vmap(client_loss)
-    steps_sorted = [steps[i] for i in order]
-    for t in range(max(steps, default=0)):
-        m = sum(1 for s in steps_sorted if s > t)
-        rows = [schedules[order[j]][t] for j in range(m)]
+
+    def step(sel, rows: list[Tensor]) -> None:
+        """One SGD step of the stack rows ``sel`` (a slice: views, updated in place; an index
+        tensor: gathered, updated, written back) on their clients' batch ``rows``."""
+        k = len(rows)
         width = max(r.shape[0] for r in rows)
-        weights = torch.zeros(m, width, device=device)
+        weights = torch.zeros(k, width, device=device)
         padded = []
         for j, r in enumerate(rows):
             weights[j, :r.shape[0]] = 1
             padded.append(torch.cat([r, r[:1].expand(width - r.shape[0])]) if r.shape[0] < width else r)
-        idx = torch.stack(padded)  # [m, width]
+        idx = torch.stack(padded)  # [k, width]
         if idx.device != datas[0].labels.device:
             idx = idx.to(datas[0].labels.device)
         if same_source:
             flat = idx.reshape(-1)
-            inputs = {mod: t_[flat].view(m, width, *t_.shape[1:]) for mod, t_ in datas[0].features.items()}
-            labels = datas[0].labels[flat].view(m, width)
+            inputs = {mod: t_[flat].view(k, width, *t_.shape[1:]) for mod, t_ in datas[0].features.items()}
+            labels = datas[0].labels[flat].view(k, width)
         else:
-            got = [datas[order[j]].features for j in range(m)]
-            inputs = {mod: torch.stack([got[j][mod][idx[j]] for j in range(m)]) for mod in got[0]}
-            labels = torch.stack([datas[order[j]].labels[idx[j]] for j in range(m)])
+            members = range(k) if isinstance(sel, slice) else sel.tolist()
+            got = [datas[order[j]] for j in members]
+            inputs = {mod: torch.stack([got[j].features[mod][idx[j]] for j in range(k)]) for mod in got[0].features}
+            labels = torch.stack([got[j].labels[idx[j]] for j in range(k)])
         if labels.device != device:  # data kept in host memory (it did not fit on the device)
             inputs = {mod: t_.to(device, non_blocking=True) for mod, t_ in inputs.items()}
             labels = labels.to(device, non_blocking=True)
-        leaves = {n: stacked[n][:m].detach().requires_grad_(n in trainable) for n in names}
-        losses = vloss(leaves, inputs, labels, weights, _rows(extras, m))
+        part = {n: stacked[n][sel] for n in names}  # views for a slice, copies for an index
+        ex = _select(extras, sel)
+        leaves = {n: part[n].detach().requires_grad_(n in trainable) for n in names}
+        losses = vloss(leaves, inputs, labels, weights, ex)  # BatchNorm updates the buffer leaves in place
         grads = torch.autograd.grad(losses.sum(), [leaves[n] for n in trainable], allow_unused=True)
         with torch.no_grad():
             gd = {n: g for n, g in zip(trainable, grads) if g is not None}
-            gd = client.batched_grad_hook(gd, _rows(extras, m))
+            gd = client.batched_grad_hook(gd, ex)
+            mom = {n: bufs[n][sel] for n in gd} if momentum else {}
             for n, g in gd.items():  # torch.optim.SGD (dampening 0, no nesterov)
-                p = stacked[n][:m]
+                p = part[n]
                 if wd:
                     g = g.add(p, alpha=wd)
                 if momentum:
-                    b = bufs[n][:m]
+                    b = mom[n]
                     b.mul_(momentum).add_(g)  # first step: 0 * momentum + g == g, as SGD's clone
                     g = b
                 p.add_(g, alpha=-lr)
-            client.batched_step_hook({n: stacked[n][:m] for n in trainable}, _rows(extras, m))
-            totals[:m] += losses.detach().double()
+            client.batched_step_hook({n: part[n] for n in trainable}, ex)
+            if not isinstance(sel, slice):  # write the gathered rows back
+                for n in names:
+                    stacked[n][sel] = leaves[n].detach() if n not in trainable else part[n]
+                for n, b in mom.items():
+                    bufs[n][sel] = b
+            totals[sel] += losses.detach().double()
+
+    steps_sorted = [steps[i] for i in order]
+    for t in range(max(steps, default=0)):
+        m = sum(1 for s in steps_sorted if s > t)
+        rows = [schedules[order[j]][t] for j in range(m)]
+        widths = [r.shape[0] for r in rows]
+        if not batch_stats or len(set(widths)) == 1:
+            step(slice(0, m), rows)
+        else:  # BatchNorm's batch statistics must not see padding rows: one step per batch width
+            for w in sorted(set(widths), reverse=True):
+                js = [j for j in range(m) if widths[j] == w]
+                step(torch.tensor(js, device=device), [rows[j] for j in js])
     out: list = [None] * k_all
     totals = totals.tolist()  # one device sync for the group
     for j, i in enumerate(order):
