@@ -162,7 +162,8 @@ CASES = {
 
 def test_every_registered_algorithm_has_a_meta_case():
     covered = {name.split("+")[0] for name in CASES}
-    assert set(ALGORITHMS.names()) <= covered, sorted(set(ALGORITHMS.names()) - covered)
+    shipped = {n for n in ALGORITHMS.names() if not n.startswith("test_")}  # other test files register their own
+    assert shipped <= covered, sorted(shipped - covered)
 
 
 def _tensors(tree):

@@ -342,8 +342,8 @@ class CreamFLServer(Server):
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 self.opt.step()
-                total, steps = total + float(loss.detach()), steps + 1
-        return total / max(steps, 1)
+                total, steps = total + loss.detach().double(), steps + 1
+        return float(total) / max(steps, 1)
 
     def distill(self, agg: dict[str, Tensor], rnd: int) -> float:
         """Eq. 7: ``kd_weight * sum_m MSE(f_m(x^(k)), agg_m^(k))`` over the public set."""
@@ -361,8 +361,8 @@ class CreamFLServer(Server):
             self.opt_kd.zero_grad(set_to_none=True)
             loss.backward()
             self.opt_kd.step()
-            total, steps = total + float(loss.detach()), steps + 1
-        return total / max(steps, 1)
+            total, steps = total + loss.detach().double(), steps + 1
+        return float(total) / max(steps, 1)
 
     evaluations = {"retrieval": ""}  # Recall@K of the global model (mmfl.core.evaluation)
 

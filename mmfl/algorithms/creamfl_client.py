@@ -83,7 +83,7 @@ class CreamFLClient(TrainingClient):
                 self.before_step()
                 opt.step()
                 self.after_step()
-                stats["task"][0] += float(loss.detach())
+                stats["task"][0] += loss.detach().double()  # summed on the device: no sync per step
                 stats["task"][1] += 1
             self.extra_epoch(model, opt, public, gen, stats["task"], pair)
             if glob and (p.inter or p.intra):  # LCR: one pass over the public set after every epoch (eq. 3)
@@ -101,7 +101,7 @@ class CreamFLClient(TrainingClient):
         public = select_public(self.ctx.public, self.params.public_size)
         held = [m for m in self.pair() if m in self.ctx.modalities]
         out = self.reply_arrays(model, public, held)
-        mean = {k: v[0] / max(v[1], 1) for k, v in stats.items()}
+        mean = {k: float(v[0]) / max(v[1], 1) for k, v in stats.items()}
         scalars = {"num_examples": len(self.ctx.data), "train_loss": mean["task"] + mean["lcr"] + mean["kd"],
                    "task_loss": mean["task"]}
         if stats["lcr"][1]:
@@ -131,7 +131,7 @@ class CreamFLClient(TrainingClient):
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            stat[0] += float(loss.detach())
+            stat[0] += loss.detach().double()
             stat[1] += 1
 
     # hooks of the weight-sharing baselines

@@ -228,8 +228,8 @@ class PartialFLServer(Server):
             self.fs_opt.zero_grad(set_to_none=True)
             loss.backward()
             self.fs_opt.step()
-            total, steps = total + float(loss.detach()), steps + 1
-        return total / max(steps, 1)
+            total, steps = total + loss.detach().double(), steps + 1
+        return float(total) / max(steps, 1)
 
     def test_view(self, test):
         return test.with_features([self.p]) if self.params.global_model == "private" else test
@@ -296,7 +296,7 @@ class PartialFLClient(Client):
                 za = out["mod_reps"][priv] if p.global_model == "private" else out["rep"]
                 al = anchored_contrastive(F.normalize(za, dim=-1), zt[rows], p.tau)
                 loss_g = loss_g + p.beta * al
-                stats["align"][0] += float(al.detach())
+                stats["align"][0] += al.detach().double()
                 stats["align"][1] += 1
             if anchor is not None:  # FedProx: mu/2 ||theta_g - theta_g^t||^2
                 own = dict(gmodel.named_parameters())
@@ -304,7 +304,7 @@ class PartialFLClient(Client):
             gopt.zero_grad(set_to_none=True)
             loss_g.backward()
             gopt.step()
-            stats["global"][0] += float(loss_g.detach())
+            stats["global"][0] += loss_g.detach().double()  # summed on the device: no sync per step
             stats["global"][1] += 1
             if lmodel is not None:  # eq. 4: F_k, CE + beta * L^{S->L} against z_T
                 z = branch_embed(lmodel, s, inputs[s], inputs.get(LENGTH + s))
@@ -314,11 +314,11 @@ class PartialFLClient(Client):
                 lopt.zero_grad(set_to_none=True)
                 loss_l.backward()
                 lopt.step()
-                stats["local"][0] += float(loss_l.detach())
+                stats["local"][0] += loss_l.detach().double()
                 stats["local"][1] += 1
         own = state_of(gmodel)
         arrays = {k: own[k] for k in keys}
-        mean = {k: v[0] / max(v[1], 1) for k, v in stats.items()}
+        mean = {k: float(v[0]) / max(v[1], 1) for k, v in stats.items()}
         scalars = {"num_examples": n, "train_loss": mean["global"], "global_loss": mean["global"]}
         if lmodel is not None:
             write(ctx.state, LOCAL, {k: v for k, v in state_of(lmodel).items()

@@ -168,7 +168,7 @@ def dpsgd_train(model: nn.Module, data: ArrayDataset, train, clip_norm: float, n
                 losses.sum().backward()
                 samples = [p.grad_sample if p.grad_sample is not None else p.new_zeros((len(rows), *p.shape))
                            for p in params]
-                total += float(losses.detach().sum())
+                total += losses.detach().sum().double()  # summed on the device: no sync per step
                 seen += len(rows)
             else:  # an empty Poisson batch: the step is noise alone
                 samples = [p.new_zeros((0, *p.shape)) for p in params]
@@ -182,7 +182,7 @@ def dpsgd_train(model: nn.Module, data: ArrayDataset, train, clip_norm: float, n
             opt.step()
         for p in params:
             p.grad_sample = None
-    return {"train_loss": total / max(seen, 1), "steps": steps, "sample_rate": q}
+    return {"train_loss": float(total) / max(seen, 1), "steps": steps, "sample_rate": q}
 
 
 # ----------------------------------------------------------------------------- accounting
