@@ -184,10 +184,32 @@ def is_out_of_memory(e: BaseException) -> bool:
 # ----------------------------------------------------------------------------- the step schedule
 
 def client_batches(data, batch_size: int, epochs: int, generator: torch.Generator) -> list[Tensor]:
-    """The row indices (into the shared feature tensors) of every local step of one
+    """The row indices (into the shared feature tensors, on the CPU) of every local step of one
     client, in order: the batches :func:`~mmfl.core.training.local_train` would draw."""
-    return [data.indices[rows] if data.indices is not None else rows
+    base = data.indices.cpu() if data.indices is not None else None  # one copy, not one per step
+    return [base[rows] if base is not None else rows
             for rows in shuffled_batches(len(data), batch_size, generator, epochs, keep_single=True)]
+
+
+def step_plan(schedules: list[list[Tensor]]) -> tuple[Tensor, Tensor, list[list[int]]]:
+    """Every step's row indices and weights for a stack, built on the CPU in one pass (so an
+    accelerator gets two copies per stack, not a few small ones per client and step):
+    ``idx [T, K, W]`` (a short batch padded with its first row), ``weights [T, K, W]`` (1 on
+    real rows, 0 on padding) and ``widths[t][j]``, the real batch size of stack row ``j`` at
+    step ``t`` (clients in stack order; those with fewer steps are left out of later steps)."""
+    t_max = max((len(s) for s in schedules), default=0)
+    w_max = max((r.shape[0] for s in schedules for r in s), default=1)
+    idx = torch.zeros(t_max, len(schedules), w_max, dtype=torch.long, device="cpu")
+    weights = torch.zeros(t_max, len(schedules), w_max, device="cpu")
+    widths: list[list[int]] = [[] for _ in range(t_max)]
+    for j, sched in enumerate(schedules):
+        for t, r in enumerate(sched):
+            n = r.shape[0]
+            idx[t, j, :n] = r
+            idx[t, j, n:] = r[0]
+            weights[t, j, :n] = 1
+            widths[t].append(n)
+    return idx, weights, widths
 
 
 def _stack(trees: list[dict[str, Any]]) -> dict[str, Any]:
@@ -247,19 +269,10 @@ def train_stacked(model: nn.Module, client: BatchedClient, tasks: list[BatchedTa
 
     vloss = vmap(client_loss)
 
-    def step(sel, rows: list[Tensor]) -> None:
+    def step(sel, idx: Tensor, weights: Tensor) -> None:
         """One SGD step of the stack rows ``sel`` (a slice: views, updated in place; an index
-        tensor: gathered, updated, written back) on their clients' batch ``rows``."""
-        k = len(rows)
-        width = max(r.shape[0] for r in rows)
-        weights = torch.zeros(k, width, device=device)
-        padded = []
-        for j, r in enumerate(rows):
-            weights[j, :r.shape[0]] = 1
-            padded.append(torch.cat([r, r[:1].expand(width - r.shape[0])]) if r.shape[0] < width else r)
-        idx = torch.stack(padded)  # [k, width]
-        if idx.device != datas[0].labels.device:
-            idx = idx.to(datas[0].labels.device)
+        tensor: gathered, updated, written back) on their batches' rows ``idx [k, width]``."""
+        k, width = idx.shape
         if same_source:
             flat = idx.reshape(-1)
             inputs = {mod: t_[flat].view(k, width, *t_.shape[1:]) for mod, t_ in datas[0].features.items()}
@@ -298,17 +311,17 @@ def train_stacked(model: nn.Module, client: BatchedClient, tasks: list[BatchedTa
                     bufs[n][sel] = b
             totals[sel] += losses.detach().double()
 
-    steps_sorted = [steps[i] for i in order]
-    for t in range(max(steps, default=0)):
-        m = sum(1 for s in steps_sorted if s > t)
-        rows = [schedules[order[j]][t] for j in range(m)]
-        widths = [r.shape[0] for r in rows]
+    idx_all, w_all, widths_all = step_plan([schedules[i] for i in order])
+    data_device = datas[0].labels.device
+    idx_all, w_all = idx_all.to(data_device), w_all.to(device)  # once per stack
+    for t, widths in enumerate(widths_all):
+        m, width = len(widths), max(widths)  # the active clients are a prefix (longest first)
         if not batch_stats or len(set(widths)) == 1:
-            step(slice(0, m), rows)
+            step(slice(0, m), idx_all[t, :m, :width], w_all[t, :m, :width])
         else:  # BatchNorm's batch statistics must not see padding rows: one step per batch width
             for w in sorted(set(widths), reverse=True):
-                js = [j for j in range(m) if widths[j] == w]
-                step(torch.tensor(js, device=device), [rows[j] for j in js])
+                js = torch.tensor([j for j in range(m) if widths[j] == w], device="cpu")
+                step(js.to(device), idx_all[t, js.to(data_device), :w], w_all[t, js.to(device), :w])
     out: list = [None] * k_all
     totals = totals.tolist()  # one device sync for the group
     for j, i in enumerate(order):
