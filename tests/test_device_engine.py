@@ -146,6 +146,28 @@ def test_other_errors_in_a_stack_are_not_retried(tmp_path, mnist_root, monkeypat
 
 # ----------------------------------------------------------------------------- precision
 
+def test_bf16_training_learns_like_fp32_across_optimizer_steps():
+    # the context spans a whole round; with autocast's weight cache the forward kept using the
+    # weights of the first step and the model never learned (loss stuck at its start)
+    torch.manual_seed(0)
+    x, y = torch.randn(128, 16), torch.randint(0, 4, (128,))
+
+    def final_loss(precision: str) -> float:
+        torch.manual_seed(1)
+        m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        with precision_context(CPU, precision):
+            for _ in range(60):
+                loss = torch.nn.functional.cross_entropy(m(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        return float(loss.detach())
+
+    fp32, bf16 = final_loss("fp32"), final_loss("bf16")
+    assert fp32 < 0.5 and abs(bf16 - fp32) < 0.1, (fp32, bf16)
+
+
 def test_bf16_autocasts_compute_but_messages_stay_fp32(tmp_path, mnist_root):
     with precision_context(CPU, "bf16"):
         assert (torch.ones(2, 3) @ torch.ones(3, 2)).dtype == torch.bfloat16

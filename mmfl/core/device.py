@@ -89,11 +89,15 @@ def to_cpu(tree: Any) -> Any:
 
 def precision_context(device: torch.device, precision: str = "fp32"):
     """The context the run computes in: ``bf16`` is ``torch.autocast`` to bfloat16 on the run's
-    device (weights, gradients and optimizer state stay fp32); ``fp32`` does nothing."""
+    device (weights, gradients and optimizer state stay fp32; each op casts the current weights,
+    no cache); ``fp32`` does nothing."""
     if precision == "fp32":
         return contextlib.nullcontext()
     if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+        # no weight cache: the context spans whole rounds (many optimizer steps), and autocast's
+        # cache would keep serving the bf16 copy of a weight from before its updates (a model that
+        # stops learning; tests/test_device_engine.py checks it learns as in fp32)
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=False)
     raise ConfigError(f"precision: must be 'fp32' or 'bf16', got {precision!r}")
 
 
@@ -151,3 +155,15 @@ def place_federation(federation, device: torch.device, fraction: float = DATA_ME
               f"free memory ({free / 2**30:.2f} GiB); it stays in host memory and each batch is copied",
               file=sys.stderr, flush=True)
     return federation.to(device, keep=keep)
+
+
+def fp32_messages(messages: dict) -> dict:
+    """``{cid: Message}`` with the bf16 arrays that autocast left in a server's messages cast to
+    fp32 (the same objects where there are none): what crosses to clients does not depend on
+    ``precision``, and a client computing in fp32 can read it."""
+    out = {}
+    for cid, msg in messages.items():
+        if any(t.dtype == torch.bfloat16 for t in msg.arrays.values()):
+            msg = type(msg)(to_fp32(msg.arrays), msg.scalars)
+        out[cid] = msg
+    return out

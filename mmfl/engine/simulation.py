@@ -23,7 +23,7 @@ from torch import nn
 from mmfl.algorithms.base import AlgorithmSpec
 from mmfl.schema import TrainConfig
 from mmfl.data.base import Federation
-from mmfl.core.device import CPU
+from mmfl.core.device import CPU, fp32_messages
 from mmfl.engine.attack import make_attack
 from mmfl.engine.batched import send_batched
 from mmfl.engine.client_runtime import ModelPool, run_client
@@ -155,6 +155,7 @@ class SimulationTransport:
         return send_batched(self, route, messages)
 
     def send(self, route: str, messages: dict[int, Message]) -> dict[int, Message]:
+        messages = fp32_messages(messages)  # precision = "bf16": a server's messages leave as fp32
         sent = messages
         if self.progress is not None:
             self.progress.begin_send(route, len(messages))
@@ -181,6 +182,7 @@ class SimulationTransport:
         makes its replies together, then hands them over one by one."""
         if not self.streams(len(messages)):
             return None
+        messages = fp32_messages(messages)
         accumulator.begin()
         count = 0
         if self.progress is not None:

@@ -43,7 +43,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Message as FlowerMessage, RecordDict
 from flwr.common.constant import ErrorCode
 
-from mmfl.core.device import CPU, to_device
+from mmfl.core.device import CPU, fp32_messages, to_device
 from mmfl.core.message import Message
 from mmfl.engine.simulation import CommLog
 from mmfl.errors import MMFLError
@@ -213,6 +213,7 @@ class FlowerTransport:
 
     def send(self, route: str, messages: dict[int, Message]) -> dict[int, Message]:
         """Send ``messages`` to their clients' SuperNodes; the accepted replies, on ``device``."""
+        messages = fp32_messages(messages)  # precision = "bf16": a server's messages leave as fp32
         if self.secure is not None and route == self.secure.route:
             replies = self.secure.send(self, messages)
         else:
