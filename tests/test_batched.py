@@ -66,7 +66,7 @@ def assert_close_states(a: dict, b: dict):
         assert torch.allclose(a[k], b[k], rtol=0, atol=ATOL), (k, float((a[k] - b[k]).abs().max()))
 
 
-@pytest.mark.parametrize("algo", ["fedavg", "fedprox", "scaffold", "moon"])
+@pytest.mark.parametrize("algo", ["fedavg", "fedprox", "scaffold", "moon", "local", "feddyn", "fedavgm"])
 def test_batched_training_equals_sequential_within_float_tolerance(tmp_path, mnist_root, algo):
     over = [f"algorithm.name={algo}"] + (["algorithm.mu=0.5"] if algo == "fedprox" else [])
     seq = Experiment(cnn_cfg(tmp_path, mnist_root, "seq", *over, "batch_clients=false"), progress=False)

@@ -12,10 +12,12 @@ Table 1 does for SOLO. Only those small evaluation messages cross the network.
 from __future__ import annotations
 
 import numpy as np
+import torch.nn.functional as F
 
 from mmfl.algorithms.registry import register
 from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.fedavg import weighted_mean_scalar
+from mmfl.core.batched import BatchedClient, BatchedTask
 from mmfl.core.evaluation import personalized_metrics
 from mmfl.core.message import Message
 from mmfl.core.state import read, write
@@ -46,7 +48,10 @@ class LocalServer(Server):
         return personalized_metrics(ctx, None, lambda cid: None)
 
 
-class LocalClient(Client):
+class LocalClient(Client, BatchedClient):
+    """Trains its own model (``ctx.state``) on its own data; batched (``batch_clients``): each
+    client's own model is one row of the stack."""
+
     def _model(self):
         model = self.ctx.model("local")
         own = read(self.ctx.state, MODEL)
@@ -56,6 +61,20 @@ class LocalClient(Client):
         model = self._model()
         stats = local_train(model, self.ctx.data, self.ctx.train, self.ctx.generator())
         write(self.ctx.state, MODEL, state_of(model))
+        return Message(scalars={"num_examples": len(self.ctx.data), "train_loss": stats["train_loss"]})
+
+    # --- batched training (mmfl.core.batched): every client's own model, stacked
+    def batched_task(self, route: str, msg: Message) -> BatchedTask | None:
+        if route != "train":
+            return None
+        own = read(self.ctx.state, MODEL)
+        return BatchedTask(start=own if own else self.ctx.init_model().state_dict())
+
+    def batched_loss(self, forward, params, inputs, labels, extras, shared):
+        return F.cross_entropy(forward(params, inputs)["logits"], labels, reduction="none")  # local_train's loss
+
+    def batched_finish(self, route: str, msg: Message, state, stats: dict) -> Message:
+        write(self.ctx.state, MODEL, state)
         return Message(scalars={"num_examples": len(self.ctx.data), "train_loss": stats["train_loss"]})
 
     def evaluate(self, msg: Message) -> Message:

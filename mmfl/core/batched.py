@@ -17,7 +17,7 @@ class declares): the start state and per-client extras of a message
 (``(forward, params, inputs, labels, extras, shared) -> [B]``), an optional
 per-client penalty (FedProx's proximal term), optional gradient and step hooks
 (SCAFFOLD's correction after each step) and how to turn the trained state into the reply
-(:meth:`~BatchedClient.batched_finish`). FedAvg, FedProx, SCAFFOLD and MOON
+(:meth:`~BatchedClient.batched_finish`). FedAvg (and FedAvgM, FedDyn), FedProx, SCAFFOLD, MOON and SOLO (``local``)
 implement it.
 
 Unequal client sizes: clients are ordered by their number of steps (longest
@@ -88,6 +88,8 @@ class BatchedClient:
     depend on the run's algorithm parameters only, never on ``self.ctx``:
     everything per client goes through ``extras``.
     """
+
+    batched_routes: tuple[str, ...] = ("train",)  # the routes tried batched; others go one by one, silently
 
     def batched_task(self, route: str, msg: Message) -> BatchedTask | None:
         """The task for ``msg`` on ``route``, or None to train this message sequentially."""

@@ -30,6 +30,8 @@ def send_batched(transport, route: str, messages: dict[int, Message]) -> tuple[d
     """
     if not getattr(transport, "batch_clients", False) or len(messages) < 2:
         return {}, messages
+    if route not in getattr(transport.spec.client, "batched_routes", ("train",)):
+        return {}, messages  # e.g. SOLO's evaluate route: delivered one by one, nothing to report
     reason = _blocker(transport, route, messages)
     if reason is not None:
         _fallback(transport, reason)
