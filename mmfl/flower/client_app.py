@@ -50,6 +50,7 @@ from torch import nn
 
 from mmfl.config import ExperimentConfig, apply_overrides, resolve
 from mmfl.core.device import CPU, place_federation, precision_context, resolve_device, to_cpu, to_device, to_fp32
+from mmfl.core.evaluation import PERSONAL_ROUTE
 from mmfl.core.message import Message
 from mmfl.engine.attack import make_attack
 from mmfl.engine.client_runtime import ModelPool, run_client
@@ -64,6 +65,9 @@ STATE = "mmfl.state."  # context.state: one ArrayRecord per client (+ ".odd" con
 
 
 @dataclass
+EVAL_ROUTES = ("evaluate", PERSONAL_ROUTE)  # routes only evaluations send (they compute in fp32)
+
+
 class RunEnv:
     """What the clients of a run need on this machine (built once per process and run)."""
 
@@ -203,7 +207,9 @@ def handle_plain(msg: FlowerMessage, context: Context, config_text: str | None =
             raise MMFLError(f"client {cid} kept state before round {rnd + 1} of this resumed run, but this "
                             f"SuperNode has none under {disk.dir}: start it with the state-dir of the "
                             "interrupted run (the same machine and folder)")
-        with precision_context(device, cfg.run.precision):  # run_client returns bf16 arrays as fp32
+        # bf16 for what the server's round sends; evaluation in fp32, as the simulator evaluates
+        precision = "fp32" if route in EVAL_ROUTES else cfg.run.precision
+        with precision_context(device, precision):  # run_client returns bf16 arrays as fp32
             reply, new_state = run_client(
                 run.spec, cfg.algorithm.params, cid=cid, rnd=rnd, route=route, call=int(call), msg=msg_in,
                 data=fed.clients[cid], test_data=fed.test_of(cid), meta=fed.meta_of(cid),
