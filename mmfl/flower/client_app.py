@@ -64,10 +64,10 @@ CONFIG_KEY = "mmfl-config"  # run config: the resolved mmfl config, as TOML text
 STATE = "mmfl.state."  # context.state: one ArrayRecord per client (+ ".odd" config of viewed dtypes)
 
 
-@dataclass
 EVAL_ROUTES = ("evaluate", PERSONAL_ROUTE)  # routes only evaluations send (they compute in fp32)
 
 
+@dataclass
 class RunEnv:
     """What the clients of a run need on this machine (built once per process and run)."""
 
