@@ -14,6 +14,8 @@ filesystem errors as one line.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import errno
 import fcntl
 import json
@@ -23,7 +25,10 @@ import sys
 import tomllib
 from pathlib import Path
 
+import tomli_w
+
 from mmfl.errors import MMFLError
+from mmfl.schema import COMPONENTS, ExperimentConfig
 
 LOCK = ".lock"
 
@@ -155,3 +160,28 @@ def truncate_metrics(path: Path, start: int) -> None:
         if row.get("round", 0) <= start:
             keep.append(line)
     atomic_write(path, "".join(k + "\n" for k in keep))
+
+
+def with_new_defaults(saved: dict, cfg: ExperimentConfig) -> dict:
+    """``saved`` (a run folder's config.toml) with every setting it lacks that ``cfg``'s
+    dataclasses declare set to that field's default: a run written by an older mmfl ran with
+    the behaviour a newly added setting defaults to. Component tables naming another entry
+    than ``cfg`` are left alone (they differ anyway)."""
+    out = copy.deepcopy(saved)
+    tables = {None: cfg.run, "train": cfg.train, "privacy": cfg.privacy, "system": cfg.system, "dp": cfg.dp,
+              "attack": cfg.attack, "secure_aggregation": cfg.secure_aggregation,
+              **{kind: getattr(cfg, kind).params for kind in COMPONENTS}}
+    for key, obj in tables.items():
+        table = out if key is None else out.get(key)
+        if obj is None or not dataclasses.is_dataclass(obj) or not isinstance(table, dict):
+            continue
+        if key in COMPONENTS and table.get("name") != getattr(cfg, key).name:
+            continue
+        for f in dataclasses.fields(obj):
+            if f.name in table or not f.init:
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+            if default is not None:
+                table[f.name] = tomllib.loads(tomli_w.dumps({"v": default}))["v"]
+    return out

@@ -16,8 +16,6 @@ Run folder ``<output_dir>/<name>/``:
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import json
 import os
 import sys
@@ -27,7 +25,6 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import tomli_w
 import torch
 
 from mmfl.algorithms import ALGORITHMS
@@ -40,6 +37,7 @@ from mmfl.core.system import WirelessSystem
 from mmfl.core.training import train_for_run
 from mmfl.data.federation import build_federation
 from mmfl.engine import checkpoint, runfolder
+from mmfl.engine.runfolder import with_new_defaults  # noqa: F401  (its home before)
 from mmfl.engine.dp import DPAccountant, LocalDP, check_dpsgd_models
 from mmfl.engine.progress import RunProgress
 from mmfl.engine.attack import make_attack
@@ -49,7 +47,7 @@ from mmfl.engine.state import DiskClientStateStore, make_store
 from mmfl.errors import ConfigError, MMFLError
 from mmfl.models.factory import model_factory
 from mmfl.report import load_metrics, summarize
-from mmfl.schema import COMPONENTS, REPRESENTATION_ATTACKS, ExperimentConfig
+from mmfl.schema import REPRESENTATION_ATTACKS, ExperimentConfig
 from mmfl.seeds import derive_seed
 
 
@@ -377,28 +375,3 @@ def _check_finite(row: dict, rnd: int) -> None:
     for k, v in row.items():  # the accuracy and every loss an algorithm reports (train, test, distill, ...)
         if (k == "accuracy" or k.endswith("loss")) and isinstance(v, float) and not np.isfinite(v):
             raise MMFLError(f"round {rnd + 1}: {k} is {v}; training diverged (lower train.lr?)")
-
-
-def with_new_defaults(saved: dict, cfg: ExperimentConfig) -> dict:
-    """``saved`` (a run folder's config.toml) with every setting it lacks that ``cfg``'s
-    dataclasses declare set to that field's default: a run written by an older mmfl ran with
-    the behaviour a newly added setting defaults to. Component tables naming another entry
-    than ``cfg`` are left alone (they differ anyway)."""
-    out = copy.deepcopy(saved)
-    tables = {None: cfg.run, "train": cfg.train, "privacy": cfg.privacy, "system": cfg.system, "dp": cfg.dp,
-              "attack": cfg.attack, "secure_aggregation": cfg.secure_aggregation,
-              **{kind: getattr(cfg, kind).params for kind in COMPONENTS}}
-    for key, obj in tables.items():
-        table = out if key is None else out.get(key)
-        if obj is None or not dataclasses.is_dataclass(obj) or not isinstance(table, dict):
-            continue
-        if key in COMPONENTS and table.get("name") != getattr(cfg, key).name:
-            continue
-        for f in dataclasses.fields(obj):
-            if f.name in table or not f.init:
-                continue
-            default = f.default if f.default is not dataclasses.MISSING else (
-                f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-            if default is not None:
-                table[f.name] = tomllib.loads(tomli_w.dumps({"v": default}))["v"]
-    return out
