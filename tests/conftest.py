@@ -13,6 +13,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 # pytest-xdist workers (scripts/test.sh runs the suite in parallel) share the controller's
 # folder: they inherit its environment; the cache writes to a temporary name and renames
 _WORKER = "PYTEST_XDIST_WORKER" in os.environ and "MMFL_CACHE_DIR" in os.environ
@@ -36,3 +38,15 @@ def pytest_collection_modifyitems(session, config, items):
 def pytest_sessionfinish(session, exitstatus):
     if not _WORKER:  # the controller (or a serial run) removes the shared folder at the end
         shutil.rmtree(_SESSION_TMP, ignore_errors=True)
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test (files that run many tiny trainings ask for it:
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

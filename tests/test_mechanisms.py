@@ -26,12 +26,7 @@ from mmfl.core.training import load_into, state_of
 from mmfl.models.multimodal import MultimodalModel, MultimodalParams, branch_of, multimodal
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # ----------------------------------------------------------------------------- helpers

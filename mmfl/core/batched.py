@@ -146,7 +146,7 @@ def stack_size(per_client_bytes: int, free_bytes: int | None, limit: int = MAX_G
     return max(1, min(limit, int(fraction * free_bytes) // per_client_bytes))
 
 
-def client_bytes(model: nn.Module, task: BatchedTask, train, activation_bytes: int = 0) -> int:
+def client_bytes(task: BatchedTask, train, activation_bytes: int = 0) -> int:
     """Device memory one stacked client needs: its parameters, gradients and momentum
     (``[K, *shape]`` rows of each), its per-client extras (e.g. MOON's two reference models,
     SCAFFOLD's control variates) and ``activation_bytes`` (one batch's forward and backward,
@@ -307,8 +307,8 @@ def train_stacked(model: nn.Module, client: BatchedClient, tasks: list[BatchedTa
                 p.add_(g, alpha=-lr)
             client.batched_step_hook({n: part[n] for n in trainable}, ex)
             if not isinstance(sel, slice):  # write the gathered rows back
-                for n in names:
-                    stacked[n][sel] = leaves[n].detach() if n not in trainable else part[n]
+                for n in names:  # parameters stepped in part; buffers updated in place through leaves
+                    stacked[n][sel] = part[n]
                 for n, b in mom.items():
                     bufs[n][sel] = b
             totals[sel] += losses.detach().double()

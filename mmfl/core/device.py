@@ -157,13 +157,15 @@ def place_federation(federation, device: torch.device, fraction: float = DATA_ME
     return federation.to(device, keep=keep)
 
 
+def fp32_message(msg):
+    """``msg`` (a :class:`~mmfl.core.message.Message`) with the bf16 arrays that autocast left in
+    it cast to fp32 (the same object where there are none): what crosses between server and
+    clients does not depend on ``precision``, and a side computing in fp32 can read it."""
+    if any(t.dtype == torch.bfloat16 for t in msg.arrays.values()):
+        return type(msg)(to_fp32(msg.arrays), msg.scalars)
+    return msg
+
+
 def fp32_messages(messages: dict) -> dict:
-    """``{cid: Message}`` with the bf16 arrays that autocast left in a server's messages cast to
-    fp32 (the same objects where there are none): what crosses to clients does not depend on
-    ``precision``, and a client computing in fp32 can read it."""
-    out = {}
-    for cid, msg in messages.items():
-        if any(t.dtype == torch.bfloat16 for t in msg.arrays.values()):
-            msg = type(msg)(to_fp32(msg.arrays), msg.scalars)
-        out[cid] = msg
-    return out
+    """:func:`fp32_message` of every message of ``{cid: Message}`` (a server's send)."""
+    return {cid: fp32_message(msg) for cid, msg in messages.items()}

@@ -125,7 +125,7 @@ def _stack_limit(transport, template, task, data, train, device) -> int:
     cached = transport.__dict__.get("_stack_limit")
     if cached is None:
         act = probe_activation_bytes(template, data, train.batch_size, device)
-        per = client_bytes(template, task, train, act)
+        per = client_bytes(task, train, act)
         cached = stack_size(per, free_memory(device))
         transport.__dict__["_stack_limit"] = cached
         log.info("batch_clients: up to %d clients per stack on %s (%.1f MiB each)", cached, describe(device),

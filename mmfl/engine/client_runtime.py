@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from mmfl.algorithms.base import AlgorithmSpec, ClientContext
 from mmfl.schema import TrainConfig
 from mmfl.data.base import ArrayDataset, DatasetMeta
-from mmfl.core.device import CPU, to_fp32
+from mmfl.core.device import CPU, fp32_message
 from mmfl.core.message import Message
 from mmfl.core.training import seed_torch, train_at_round
 from mmfl.seeds import derive_seed
@@ -115,8 +115,8 @@ def run_client(
     )
     seed_torch(ctx.seed)  # dropout and any other torch-global randomness (the CPU generator, cheaply)
     reply = spec.client(params, ctx).handle(route, msg)
-    if isinstance(reply, Message) and any(t.dtype == torch.bfloat16 for t in reply.arrays.values()):
-        reply = Message(to_fp32(reply.arrays), reply.scalars)
+    if isinstance(reply, Message):
+        reply = fp32_message(reply)
     if attack is not None:
         reply = attack.reply(cid, route, msg, reply, ctx.seed)
     if privacy is not None:

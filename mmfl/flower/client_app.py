@@ -49,7 +49,7 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from mmfl.config import ExperimentConfig, apply_overrides, resolve
-from mmfl.core.device import CPU, place_federation, precision_context, resolve_device, to_cpu, to_device, to_fp32
+from mmfl.core.device import CPU, place_federation, precision_context, resolve_device, to_cpu, to_device
 from mmfl.core.evaluation import PERSONAL_ROUTE
 from mmfl.core.message import Message
 from mmfl.engine.attack import make_attack
@@ -218,7 +218,7 @@ def handle_plain(msg: FlowerMessage, context: Context, config_text: str | None =
                 init_model=run.make_model, holds=fed.modalities_of(cid), group=fed.group_of(cid),
                 source=fed.source_of(cid), public=fed.public, privacy=run.privacy, attack=run.attack,
                 dp=cfg.dp, device=device)
-        reply = Message(to_cpu(to_fp32(reply.arrays)), reply.scalars)  # the wire holds CPU tensors
+        reply = Message(to_cpu(reply.arrays), reply.scalars)  # the wire holds CPU tensors (fp32: run_client)
         new_state = to_cpu(new_state)
         if reply.nonfinite_key() is None:  # as in the simulator: a rejected reply keeps no state
             if disk is None:
