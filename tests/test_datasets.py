@@ -327,10 +327,10 @@ def test_manifest_errors_name_file_and_row(tmp_path):
         with pytest.raises(DataError, match=match):
             load("manifest", root=str(tmp_path), manifest=name, **kw)
 
-    err(base + [{"x": "gone.png", "label": "a"}], r"row 3, column 'x': file not found: .*gone\.png")
+    err(base + [{"x": "gone.png", "label": "a"}], r"row 3, column 'x': file not found: .*gone\.png", missing="error")
     err(base + [{"x": "bad.png", "label": "a"}], r"m\.csv: row 3, column 'x': cannot read .*bad\.png")
-    err(base + [{"x": "", "label": "a"}], r"row 3, column 'x': empty cell")
-    err(base + [{"x": "ok.png", "label": ""}], r"row 3, column 'label': empty cell")
+    err(base + [{"x": "", "label": "a"}], r"row 3, column 'x': empty cell \(data.missing", missing="error")
+    err(base + [{"x": "ok.png", "label": ""}], r"row 3, column 'label': empty cell", unlabelled="error")
     err([{"x": "ok.png", "y": "a"}], "no label column 'label'")
     write_png(tmp_path / "big.png", np.zeros((3, 3), dtype=np.uint8))
     err(base + [{"x": "big.png", "label": "a"}], r"row 3, column 'x': ragged shapes: \(3, 3, 3\)")

@@ -213,7 +213,8 @@ def test_public_rows_and_test_rows_without_a_client(tmp_path):
     assert "word2" in b.meta.info["vocab"]["t"] and b.meta.info["client_names"] == ["c0", "c1"]
     err(tmp_path, [dict(rows[0], client="")] + rows[1:], r"row 1, column 'client': empty cell "
                                                           r"\(every train row needs a client\)", name="m.csv")
-    err(tmp_path, rows[:6] + [dict(rows[6], label="")], r"row 7, column 'label': empty cell", name="m.csv")
+    err(tmp_path, rows[:6] + [dict(rows[6], label="")], r"row 7, column 'label': empty cell \(data.unlabelled",
+        name="m.csv", unlabelled="error")
     err(tmp_path, rows[:6] + [dict(rows[6], split="dev")], r"must be 'train' or 'test' \(or 'public'", name="m.csv")
     err(tmp_path, rows[:6], r"column 'split': no test rows", name="m.csv")
 

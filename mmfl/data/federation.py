@@ -12,7 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from mmfl.data import DATASETS, PARTITIONERS
-from mmfl.data.base import ArrayDataset, DatasetMeta, DataSource, Federation
+from mmfl.data.base import PRESENT, ArrayDataset, DatasetMeta, DataSource, Federation
+from mmfl.data.labels import warn_labels
+from mmfl.data.manifest_missing import warn_absent_clients
 from mmfl.data.modality import MODALITY_ASSIGNERS, missing_masks
 from mmfl.errors import ConfigError
 from mmfl.schema import ExperimentConfig
@@ -31,15 +33,18 @@ def build_federation(cfg: ExperimentConfig, pooled: bool = False) -> Federation:
     holds = MODALITY_ASSIGNERS.get(cfg.modalities.name).factory(cfg.modalities.params, mods, len(parts), mrng)
     masks = missing_masks(bundle.train, parts, holds, cfg.modalities.params.missing_rate, mrng)
     train = bundle.train
-    if masks:
+    if masks:  # simulated on top of the data's own present/<m> (a manifest's empty cells): both apply
+        masks = {k: v & train.features[k] if k in train.features else v for k, v in masks.items()}
         train = ArrayDataset({**train.features, **masks}, train.labels, train.indices)
     if pooled:  # centralized upper bound: one client holding the whole training split
+        warn_labels(labels, bundle.test.label_array(), bundle.meta.num_classes, bundle.meta.class_names)
         return Federation(clients=[train], test=bundle.test, meta=bundle.meta, public=bundle.public)
     clients = []
     for part, held in zip(parts, holds):
         view = train.subset(part)
         if tuple(held) != tuple(mods):
-            view = view.with_features(held)  # the client sees only its modalities
+            keep = [*held, *(PRESENT + m for m in held if PRESENT + m in train.features)]
+            view = view.with_features(keep)  # the client sees only its modalities (and their masks)
         clients.append(view)
     holds = [tuple(h) for h in holds]
     uniform = all(h == tuple(mods) for h in holds)
@@ -59,10 +64,27 @@ def build_federation(cfg: ExperimentConfig, pooled: bool = False) -> Federation:
     check_client_models(cfg.client_models, mods, len(clients))
     groups = [next((g for g, entry in enumerate(cfg.client_models) if entry.matches(cid, h)), None)
               for cid, h in enumerate(holds)]
+    check_labels(cfg, bundle, clients, client_sources, sources)
+    warn_absent_clients(clients, mods)
     return Federation(clients=clients, test=bundle.test, meta=bundle.meta, public=bundle.public,
                       client_modalities=None if uniform and not sources else holds,
                       client_groups=groups if any(g is not None for g in groups) else None,
                       client_sources=client_sources if sources else None, sources=sources)
+
+
+def check_labels(cfg: ExperimentConfig, bundle, clients, client_sources, sources) -> None:
+    """The label warnings of :mod:`mmfl.data.labels` for ``[data]`` and each ``[[client_data]]``
+    source (test classes unseen in training, classes with few training rows, single-class clients;
+    the last not with ``k_classes``, where the classes per client are the user's choice)."""
+    for src, meta, test, train in [(None, bundle.meta, bundle.test, bundle.train.label_array()),
+                                   *[(k, s.meta, s.test, None) for k, s in enumerate(sources)]]:
+        mine = [c for c, s in zip(clients, client_sources) if s == src]
+        ys = [c.label_array() for c in mine]
+        if train is None:
+            train = np.concatenate(ys) if ys else np.zeros(0, np.int64)
+        entry = cfg.partition if src is None else cfg.client_data[src].partition
+        warn_labels(train, test.label_array(), meta.num_classes, meta.class_names, ys,
+                    what="" if src is None else f"client_data[{src}]: ", single_class_ok=entry.name == "k_classes")
 
 
 def _shape(s) -> tuple:

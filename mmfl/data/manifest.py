@@ -32,10 +32,14 @@ import numpy as np
 import torch
 
 from mmfl.data import DATASETS
-from mmfl.data.base import LENGTH, ArrayDataset, DatasetBundle, DatasetMeta
+from mmfl.data.base import LENGTH, PRESENT, ArrayDataset, DatasetBundle, DatasetMeta
+from mmfl.data.labels import LABEL_TYPES, check_label_column
 from mmfl.data.manifest_cells import (EXTENSIONS, READERS, file_kind, fit_length, inline_numbers,  # noqa: F401
                                       is_inline_text, read_cell, read_image, read_npy, read_text, read_wav,
                                       zscore, zscore_stats)
+from mmfl.data.manifest_columns import rename_columns, standardize
+from mmfl.data.manifest_missing import (absent_cells, check_presence, fill, fill_lengths, refuse_absent,
+                                        rows_to_keep)
 from mmfl.data.manifest_seq import length_columns, per_column, stack_column
 from mmfl.data.manifest_text import (DEFAULT_TEXT_ENCODER, TOKENS, build_vocab, check_text_encoder,  # noqa: F401
                                      column_encoders, encode_column, encode_texts, tokenize)
@@ -98,8 +102,17 @@ class ManifestParams:
     truncate: Literal["end", "start"] = field(default="end", metadata={
         "help": "what max_length cuts from a longer sequence: 'end' keeps the first steps, 'start' the last"})
     normalize: bool | list[str] = field(default=False, metadata={
-        "help": "z-score with train-split mean/std: true = every array, image and audio column, or a list "
-                "of columns; per feature for [d], per channel for [C, ...]"})
+        "help": "z-score with train-split mean/std (present rows only): true = every array, image and audio "
+                "column, or a list of columns; per feature for [d], per channel for [C, ...]"})
+    missing: Literal["allow", "error"] = field(default="allow", metadata={
+        "help": "an empty modality cell or one naming a missing file: 'allow' (zeros + present/<m> = False, one "
+                "line per modality at load) or 'error'; a row with no modality at all is left out"})
+    unlabelled: Literal["drop", "error"] = field(default="drop", metadata={
+        "help": "a train/test row with an empty label: 'drop' (left out, counted in one line; no algorithm here "
+                "trains on unlabelled rows yet) or 'error'"})
+    label_type: Literal["auto", "class"] = field(default="auto", metadata={
+        "help": "'auto' refuses a label column that is not classes (fractional numbers, numbers and names "
+                "mixed, numbers distinct on more than half the rows); 'class' takes every value as a class"})
 
     def __post_init__(self):
         if not self.root:
@@ -119,6 +132,10 @@ class ManifestParams:
             raise ConfigError(f"data.time_axis: must be 'last' or 'first', got {self.time_axis!r}")
         if self.truncate not in ("end", "start"):
             raise ConfigError(f"data.truncate: must be 'end' or 'start', got {self.truncate!r}")
+        for key, allowed in (("missing", ("allow", "error")), ("unlabelled", ("drop", "error")),
+                             ("label_type", LABEL_TYPES)):
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"data.{key}: must be {' or '.join(map(repr, allowed))}, got {getattr(self, key)!r}")
         if isinstance(self.text_encoder, dict):
             self.text_encoder = {k: check_text_encoder(v, f"data.text_encoder.{k}")
                                  for k, v in self.text_encoder.items()}
@@ -177,10 +194,23 @@ def load_manifest(p: ManifestParams) -> DatasetBundle:
         if m not in cols or m in special:
             raise DataError(f"{mpath}: {m!r} is not a modality column (columns: {', '.join(cols)})")
 
-    def where(n: int | None, col: str) -> str:
-        return f"{mpath}: row {n}, column {col!r}" if n is not None else f"{mpath}: column {col!r}"
+    numbers = np.arange(1, len(rows) + 1)  # the manifest's row numbers of the rows kept
 
+    def where(n: int | None, col: str) -> str:
+        return f"{mpath}: row {numbers[n - 1]}, column {col!r}" if n is not None else f"{mpath}: column {col!r}"
+
+    if p.missing == "error":
+        refuse_absent(rows, mods, root, where)
+    public = np.array([p.split_column in cols and str(r.get(p.split_column) or "").strip().lower() == "public"
+                       for r in rows], dtype=bool)
+    labelled = np.array([not empty(r.get(p.label_column)) for r in rows], dtype=bool)
+    keep = rows_to_keep(rows, absent_cells(rows, mods, root)[0], labelled, public, p, where)
+    if not len(keep):
+        raise DataError(f"{mpath}: no rows left (every row lacks a label or every modality)")
+    rows, numbers = [rows[i] for i in keep], numbers[keep]
+    absent, missing_files = absent_cells(rows, mods, root)
     labels_raw = [r.get(p.label_column) for r in rows]
+    check_label_column(labels_raw, np.flatnonzero(~public[keep]), p.label_type, p.label_column, where)
     split = split_rows(rows, cols, p, labels_raw, where)
     for n, row in enumerate(rows, 1):
         need = [p.label_column] if split[n - 1] != "public" else []
@@ -198,21 +228,28 @@ def load_manifest(p: ManifestParams) -> DatasetBundle:
         raise DataError(f"{where(i + 1, p.label_column)}: label {lab!r} is not in data.classes "
                         f"({', '.join(p.classes)})") from None
 
-    values, kinds, states = _read_columns(rows, mods, root, p, where)
+    present = {m: ~absent[:, j] for j, m in enumerate(mods)}
     idx = {s: np.flatnonzero(split == s) for s in SPLITS}
-    feats, info = _encode_columns(values, kinds, mods, idx["train"], p, where)
-    length_columns(rows, cols, feats, kinds, mods, p, where)
+    check_presence(present, idx, missing_files, p.rename, mpath)
+    values, kinds, states = _read_columns(rows, mods, root, p, where, present)
+    feats, info = _encode_columns(values, kinds, mods, idx["train"], p, where, present, numbers)
+    length_columns(rows, cols, feats, kinds, mods, p, where, present)
     info = {"source": str(mpath), "kinds": kinds, "modality_info": states, **info,
             "label_map": {n: i for i, n in enumerate(class_names)}}
-    _standardize(feats, kinds, mods, idx["train"], p, info)
+    standardize(feats, kinds, mods, idx["train"], p, info, present)
+    for m in mods:
+        if not present[m].all():
+            feats[PRESENT + m] = torch.from_numpy(present[m].copy())
 
     if p.rename:
-        feats, mods, info = _rename(feats, mods, info, p.rename, where)
+        feats, mods, info = rename_columns(feats, mods, info, p.rename)
     y = torch.from_numpy(labels)
 
-    def subset(s: str) -> ArrayDataset:
+    def subset(s: str) -> ArrayDataset:  # present/<m> only in a split where some row lacks m
         rows_s = torch.from_numpy(idx[s])
-        return ArrayDataset({k: t[rows_s] for k, t in feats.items()}, y[rows_s])
+        out = {k: t[rows_s] for k, t in feats.items()}
+        return ArrayDataset({k: t for k, t in out.items() if not k.startswith(PRESENT) or not bool(t.all())},
+                            y[rows_s])
 
     client_ids = None
     if p.client_column in cols:
@@ -230,8 +267,9 @@ def load_manifest(p: ManifestParams) -> DatasetBundle:
                          public=public)
 
 
-def _read_columns(rows, mods, root, p, where) -> tuple[dict[str, list], dict[str, str], dict[str, dict]]:
-    """Every modality cell read and checked: (values per column, kind per column, reader states)."""
+def _read_columns(rows, mods, root, p, where, present) -> tuple[dict[str, list], dict[str, str], dict[str, dict]]:
+    """Every present modality cell read and checked: (values per column, None where absent; kind
+    per column; reader states)."""
     states: dict[str, dict] = {}
     values: dict[str, list] = {m: [] for m in mods}
     kinds: dict[str, str] = {}
@@ -239,8 +277,9 @@ def _read_columns(rows, mods, root, p, where) -> tuple[dict[str, list], dict[str
     for n, row in enumerate(rows, 1):
         for m in mods:
             cell = row.get(m)
-            if empty(cell):
-                raise DataError(f"{where(n, m)}: empty cell (missing modalities are not supported yet)")
+            if not present[m][n - 1]:
+                values[m].append(None)
+                continue
             try:
                 kind, val = read_cell(cell, root, p, states, m, as_text[m])
             except DataError as e:
@@ -252,8 +291,9 @@ def _read_columns(rows, mods, root, p, where) -> tuple[dict[str, list], dict[str
     return values, kinds, states
 
 
-def _encode_columns(values, kinds, mods, train_idx, p, where) -> tuple[dict[str, torch.Tensor], dict]:
-    """Columns -> stacked tensors (+ ``length/<m>``) and their meta.info entries."""
+def _encode_columns(values, kinds, mods, train_idx, p, where, present, numbers) -> tuple[dict[str, torch.Tensor], dict]:
+    """Columns -> stacked tensors (+ ``length/<m>``) and their meta.info entries. Only present cells
+    are encoded (a frozen encoder never sees an absent one); absent rows are zeros (length 1)."""
     text_cols = [m for m in mods if kinds[m] == "text"]
     array_cols = [m for m in mods if kinds[m] == "array"]
     encoders = column_encoders(p.text_encoder, text_cols)
@@ -263,9 +303,9 @@ def _encode_columns(values, kinds, mods, train_idx, p, where) -> tuple[dict[str,
         if m not in array_cols:
             raise ConfigError(f"data.pad: {m!r} is not an array column of the manifest "
                               f"(array columns: {', '.join(array_cols) or 'none'})")
-        last = {v.shape[-1] if v.ndim else 0 for v in values[m]}  # time last ([T, C] files: time_axis)
+        last = {v.shape[-1] if v.ndim else 0 for v in values[m] if v is not None}  # time last ([T, C]: time_axis)
         if p.time_axis == "first":
-            last = {v.shape[0] if v.ndim else 0 for v in values[m]}
+            last = {v.shape[0] if v.ndim else 0 for v in values[m] if v is not None}
         if not max_len.get(m) and len(last) > 1:  # pad to the longest sequence
             max_len[m] = max(last)
     feats: dict[str, torch.Tensor] = {}
@@ -273,26 +313,35 @@ def _encode_columns(values, kinds, mods, train_idx, p, where) -> tuple[dict[str,
     image_enc = per_column(p.image_encoder, "", image_cols, "data.image_encoder")
     info: dict[str, Any] = {"text_encoder": encoders, "image_encoder": {}, "vocab": {}, "token_vocab_size": {},
                             "max_length": {m: L for m, L in max_len.items() if L}}
+    n = len(next(iter(values.values())))
     for m in mods:
+        have = np.flatnonzero(present[m])  # the rows holding m; positions below are within them
+        pos = {int(r): i for i, r in enumerate(have)}
+        train_have = np.array([pos[int(r)] for r in train_idx if int(r) in pos], dtype=np.int64)
+        first = int(numbers[have[0]])
+
+        def at(i, col, have=have):  # position i (1-based) among the present rows -> its manifest row
+            return where(None if i is None else int(have[i - 1]) + 1, col)
+
+        vals = [values[m][r] for r in have]
         if kinds[m] == "text":
-            x, lengths, extra = encode_column(values[m], train_idx, encoders[m], p.text_max_tokens,
+            x, lengths, extra = encode_column(vals, train_have, encoders[m], p.text_max_tokens,
                                               p.text_vocab_size)
             if "vocab" in extra:
                 info["vocab"][m] = extra["vocab"]
                 info["token_vocab_size"][m] = len(extra["vocab"])
         else:
-            vals = values[m]
             if kinds[m] == "array" and p.time_axis == "first":  # [T, C, ...] -> [C, ..., T]
                 vals = [np.moveaxis(v, 0, -1) if v.ndim > 1 else v for v in vals]
             if kinds[m] == "array" and max_len.get(m, 0):  # a sequence of scalars [T] is one channel [1, T]
                 vals = [v[None] if v.ndim == 1 else v for v in vals]
-            x, lengths = stack_column(vals, max_len.get(m, 0), p.truncate, kinds[m], m, where)
+            x, lengths = stack_column(vals, max_len.get(m, 0), p.truncate, kinds[m], m, at, first_row=f"row {first}")
             if kinds[m] == "image" and image_enc.get(m):
                 x = _image_features(x, image_enc[m], p.image_size)
                 info["image_encoder"][m] = image_enc[m]
-        feats[m] = x
+        feats[m] = fill(x, have, n)
         if lengths is not None:
-            feats[LENGTH + m] = lengths
+            feats[LENGTH + m] = fill_lengths(lengths, have, n)
     info = {k: v for k, v in info.items() if v or k == "vocab"}
     return feats, info
 
@@ -304,49 +353,3 @@ def _image_features(x: torch.Tensor, encoder: str, image_size: int) -> torch.Ten
 
     u8 = (x.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
     return image_features(u8, encoder, size=image_size or 224)
-
-
-def _standardize(feats, kinds, mods, train_idx, p, info) -> None:
-    """z-score the ``normalize`` columns in place with train-split statistics (``info["standardize"]``)."""
-    if p.normalize is True:
-        cols = [m for m in mods if kinds[m] != "text"]
-    elif p.normalize is False:
-        cols = []
-    else:
-        cols = list(p.normalize)
-    tokens = set(info.get("token_vocab_size", {}))
-    for m in cols:
-        if m not in mods:
-            raise ConfigError(f"data.normalize: {m!r} is not a modality column (columns: {', '.join(mods)})")
-        if m in tokens:
-            raise ConfigError(f"data.normalize: {m!r} holds token ids (text_encoder 'tokens'); "
-                              "they cannot be standardized")
-    stats = {}
-    rows = torch.from_numpy(train_idx)
-    for m in cols:
-        lengths = feats.get(LENGTH + m)
-        mean, std = zscore_stats(feats[m][rows], None if lengths is None else lengths[rows])
-        feats[m] = zscore(feats[m], mean, std, lengths)
-        stats[m] = {"mean": mean.flatten().tolist(), "std": std.flatten().tolist(),
-                    "per": "feature" if feats[m].dim() <= 2 else "channel"}
-    if stats:
-        info["standardize"] = stats
-
-
-def _rename(feats, mods, info, rename: dict[str, str], where):
-    """Modality columns renamed (features, ``length/`` keys and per-column meta.info entries)."""
-    for k in rename:
-        if k not in mods:
-            raise ConfigError(f"data.rename.{k}: not a modality column (columns: {', '.join(mods)})")
-    new = [rename.get(m, m) for m in mods]
-    if len(set(new)) != len(new):
-        raise ConfigError(f"data.rename: two modalities would be named alike ({', '.join(new)})")
-    out = {}
-    for k, t in feats.items():
-        aux = k.startswith(LENGTH)
-        m = k[len(LENGTH):] if aux else k
-        out[(LENGTH if aux else "") + rename.get(m, m)] = t
-    per_column = ("kinds", "modality_info", "text_encoder", "image_encoder", "vocab", "token_vocab_size", "max_length", "standardize")
-    info = {k: {rename.get(m, m): v for m, v in val.items()} if k in per_column else val for k, val in info.items()}
-    info["columns"] = {rename.get(m, m): m for m in mods}
-    return out, new, info

@@ -25,9 +25,10 @@ def per_column(value, default, columns: list[str], key: str) -> dict[str, Any]:
     return {m: value.get(m, default) for m in columns}
 
 
-def length_columns(rows, cols, feats, kinds, mods, p, where) -> None:
+def length_columns(rows, cols, feats, kinds, mods, p, where, present=None) -> None:
     """``length_column``: each row's valid length of an already padded array column, from a
-    manifest column, written as ``length/<m>`` (cut to the stored length; integers >= 1)."""
+    manifest column, written as ``length/<m>`` (cut to the stored length; integers >= 1). A row
+    lacking ``m`` (``present[m]`` False) gets length 1 whatever its cell holds."""
     array_cols = [m for m in mods if kinds[m] == "array"]
     if isinstance(p.length_column, dict):
         pairs = per_column(p.length_column, "", array_cols, "data.length_column")
@@ -41,6 +42,9 @@ def length_columns(rows, cols, feats, kinds, mods, p, where) -> None:
         steps = int(feats[m].shape[-1])
         out = []
         for n, row in enumerate(rows, 1):
+            if present is not None and not present[m][n - 1]:
+                out.append(1)
+                continue
             v = row.get(col)
             try:
                 t = int(str(v).strip()) if not isinstance(v, (int, np.integer)) else int(v)
@@ -54,8 +58,9 @@ def length_columns(rows, cols, feats, kinds, mods, p, where) -> None:
         feats[LENGTH + m] = torch.tensor(out, dtype=torch.int64)
 
 
-def stack_column(vals: list[np.ndarray], length: int, truncate: str, kind: str, m: str, where):
-    """Per-row arrays -> float32 ``[N, *shape]`` (and int64 lengths ``[N]`` with ``length``)."""
+def stack_column(vals: list[np.ndarray], length: int, truncate: str, kind: str, m: str, where, first_row="row 1"):
+    """Per-row arrays -> float32 ``[N, *shape]`` (and int64 lengths ``[N]`` with ``length``);
+    ``first_row`` names the row of ``vals[0]`` in messages."""
     first = vals[0].shape
     if not length:
         for n, v in enumerate(vals, 1):
@@ -63,7 +68,7 @@ def stack_column(vals: list[np.ndarray], length: int, truncate: str, kind: str, 
                 hint = ("set data.image_size" if kind == "image" else
                         "set data.max_length, or data.pad = true, to pad/cut sequences on the last axis" if kind == "array" else
                         "audio_length fixes the length")
-                raise DataError(f"{where(n, m)}: ragged shapes: {tuple(v.shape)} here, {tuple(first)} in row 1 "
+                raise DataError(f"{where(n, m)}: ragged shapes: {tuple(v.shape)} here, {tuple(first)} in {first_row} "
                                 f"({hint})")
         return torch.from_numpy(np.stack(vals).astype(np.float32)), None
     out, lengths = [], []
@@ -71,7 +76,7 @@ def stack_column(vals: list[np.ndarray], length: int, truncate: str, kind: str, 
         if v.ndim == 0:
             raise DataError(f"{where(n, m)}: a scalar; data.max_length needs sequences ([T] or [C, T])")
         if v.shape[:-1] != first[:-1]:
-            raise DataError(f"{where(n, m)}: shape {tuple(v.shape)} here, {tuple(first)} in row 1: only the "
+            raise DataError(f"{where(n, m)}: shape {tuple(v.shape)} here, {tuple(first)} in {first_row}: only the "
                             "last axis (time) may differ (data.max_length pads/cuts it; for [T, C] "
                             "values set data.time_axis = 'first')")
         x, t = fit_length(v, length, truncate)

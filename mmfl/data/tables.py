@@ -81,6 +81,14 @@ class Unreadable:
     reason: str
 
 
+@dataclass(frozen=True)
+class MissingFile:
+    """An image/audio cell that stores no bytes and names a file that does not exist: the manifest
+    takes it as a missing modality for that row (``data.missing``), like an empty cell."""
+
+    path: str
+
+
 def is_hf_folder(path: Path) -> bool:
     """Whether ``path`` looks like a ``save_to_disk`` folder (a Dataset or a DatasetDict)."""
     return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
@@ -329,8 +337,8 @@ def _media(v: Any, kind: str | None, source: Path) -> Any:
         if data is None and name:
             file = Path(name).expanduser()
             file = file if file.is_absolute() else Path(source if source.is_dir() else source.parent) / file
-            if not file.is_file():
-                raise DataError(f"no bytes stored and the file {name!r} is not found (save with embedded files)")
+            if not file.is_file():  # a missing modality for this row (data.missing decides)
+                return MissingFile(str(file))
             data = file.read_bytes()
         if data is None:
             return None
