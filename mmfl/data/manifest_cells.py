@@ -197,6 +197,9 @@ def read_cell(cell: Any, root: Path, p, states: dict, col: str, as_text: bool = 
             path = path if path.is_absolute() else root / path
             if not path.is_file():
                 raise DataError(f"file not found: {path}")
+            if path.stat().st_size == 0:
+                raise DataError(f"{path}: empty file (0 bytes); leave the cell empty to mark the modality "
+                                "missing for this row")
             try:
                 return KIND_OF.get(kind, kind), READERS[kind](path, p, states.setdefault(col, {}))
             except DataError as e:

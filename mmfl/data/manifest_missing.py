@@ -129,7 +129,7 @@ def check_presence(present: dict[str, np.ndarray], idx: dict[str, np.ndarray], f
             raise DataError(f"{source}: column {m!r}: every train row lacks it ({n_train} empty cells or missing "
                             "files): nothing could train on it; leave it out of data.modalities or fill it")
         lack = ~have
-        per = ", ".join(f"{s} {int(lack[i].sum())}" for s, i in idx.items() if len(i))
+        per = ", ".join(f"{s} {int(lack[i].sum())}" for s, i in idx.items() if lack[i].any())
         nf = files.get(m, [])
         extra = f"; {len(nf)} of them name a file that does not exist, e.g. {nf[0]}" if nf else ""
         name = names.get(m, m)
