@@ -214,5 +214,5 @@ def test_a_client_lacking_a_modality_on_every_row_is_named_in_one_warning(tmp_pa
     fed = build_federation(cfg)
     assert fed.clients[1].features[PRESENT + "y"][fed.clients[1].indices].sum() == 0
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "every row" in ln]
-    assert lines == ["mmfl: warning: 1 of 3 clients lack 'y' on every row (client 1): they train no 'y' encoder "
+    assert lines == ["mmfl: warning: 1 of 3 clients lack 'y' on every row (client 1 (c2)): they train no 'y' encoder "
                      "on their own data"]

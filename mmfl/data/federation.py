@@ -65,7 +65,7 @@ def build_federation(cfg: ExperimentConfig, pooled: bool = False) -> Federation:
     groups = [next((g for g, entry in enumerate(cfg.client_models) if entry.matches(cid, h)), None)
               for cid, h in enumerate(holds)]
     check_labels(cfg, bundle, clients, client_sources, sources)
-    warn_absent_clients(clients, mods)
+    warn_absent_clients(clients, mods, client_labels(bundle.meta, cfg.partition, range(len(clients))))
     return Federation(clients=clients, test=bundle.test, meta=bundle.meta, public=bundle.public,
                       client_modalities=None if uniform and not sources else holds,
                       client_groups=groups if any(g is not None for g in groups) else None,
@@ -83,8 +83,17 @@ def check_labels(cfg: ExperimentConfig, bundle, clients, client_sources, sources
         if train is None:
             train = np.concatenate(ys) if ys else np.zeros(0, np.int64)
         entry = cfg.partition if src is None else cfg.client_data[src].partition
+        ids = [cid for cid, s in enumerate(client_sources) if s == src]
         warn_labels(train, test.label_array(), meta.num_classes, meta.class_names, ys,
-                    what="" if src is None else f"client_data[{src}]: ", single_class_ok=entry.name == "k_classes")
+                    what="" if src is None else f"client_data[{src}]: ", single_class_ok=entry.name == "k_classes",
+                    client_names=client_labels(meta, entry, ids))
+
+
+def client_labels(meta: DatasetMeta, partition, ids) -> list[str]:
+    """How warnings name clients ``ids``: the id, with the data's own client name under the
+    ``natural`` partition (a manifest's client column), e.g. ``3 (p04)``."""
+    names = (meta.info or {}).get("client_names") if partition.name == "natural" else None
+    return [f"{cid} ({names[j]})" if names and j < len(names) else str(cid) for j, cid in enumerate(ids)]
 
 
 def _shape(s) -> tuple:

@@ -122,7 +122,7 @@ def label_warnings(train: np.ndarray, test: np.ndarray | None, num_classes: int,
             held = np.unique(y[y >= 0])
             if len(held) == 1:
                 label = client_names[cid] if client_names else str(cid)
-                single.append(f"{label} ({name(int(held[0]))}, {len(y)} rows)")
+                single.append(f"{label}: {name(int(held[0]))} ({len(y)} rows)")
         if single:
             lines.append(f"{what}{len(single)} of {len(clients)} clients hold a single class: client "
                          f"{_listed(single)}; their local training sees one label (a label-skew partition "
