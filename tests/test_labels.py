@@ -50,8 +50,9 @@ def test_integer_valued_numbers_distinct_on_most_rows_are_refused(tmp_path):
 def test_labels_mixing_numbers_and_names_are_refused(tmp_path):
     rows = [{"x": [i, 1], "label": [1, "cat", 2, "dog"][i % 4], "split": "train" if i < 6 else "test"}
             for i in range(8)]
-    with pytest.raises(DataError, match=r"m\.jsonl: column 'label': labels mix numbers \(4 rows, e\.g\. row 1: 1\) "
-                                        r"and names \(4 rows, e\.g\. row 2: 'cat'\)"):
+    rows.insert(0, {"x": [9, 9], "label": "", "split": "train"})  # dropped (no label): the row numbers stay the file's
+    with pytest.raises(DataError, match=r"m\.jsonl: column 'label': labels mix numbers \(4 rows, e\.g\. row 2: 1\) "
+                                        r"and names \(4 rows, e\.g\. row 3: 'cat'\)"):
         load(tmp_path, rows, name="m.jsonl")
     assert load(tmp_path, rows, name="m.jsonl", label_type="class").meta.class_names == ["1", "2", "cat", "dog"]
 

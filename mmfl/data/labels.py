@@ -54,20 +54,23 @@ def _kind(v: Any) -> tuple[str, float | None]:
 
 
 def check_label_column(values: list[Any], rows, label_type: str, column: str,
-                       where: Callable[[int | None, str], str]) -> None:
+                       where: Callable[[int | None, str], str], numbers=None) -> None:
     """The label cells of the (labelled, non-public) ``rows`` (0-based positions into ``values``)
-    as classes, or a DataError naming the manifest, the row and ``data.label_type``."""
+    as classes, or a DataError naming the manifest, the row and ``data.label_type``.
+    ``where(n, column)`` names position ``n`` (1-based) in messages, ``numbers[i]`` the manifest
+    row number of position ``i`` (default ``i + 1``)."""
     if label_type == "class":
         return
     rows = list(rows)
     kinds = [_kind(values[i]) for i in rows]
-    hint = f"or set data.label_type = \"class\" to take each distinct value as a class"
+    hint = "or set data.label_type = \"class\" to take each distinct value as a class"
     names = [i for i, (k, _) in zip(rows, kinds) if k == "name"]
-    numbers = [i for i, (k, _) in zip(rows, kinds) if k != "name"]
-    if names and numbers:
-        a, b = numbers[0], names[0]
-        raise DataError(f"{where(None, column)}: labels mix numbers ({len(numbers)} rows, e.g. row {a + 1}: "
-                        f"{values[a]!r}) and names ({len(names)} rows, e.g. row {b + 1}: {values[b]!r}); fix the "
+    nums = [i for i, (k, _) in zip(rows, kinds) if k != "name"]
+    if names and nums:
+        a, b = nums[0], names[0]
+        row = (lambda i: i + 1) if numbers is None else (lambda i: int(numbers[i]))  # noqa: E731
+        raise DataError(f"{where(None, column)}: labels mix numbers ({len(nums)} rows, e.g. row {row(a)}: "
+                        f"{values[a]!r}) and names ({len(names)} rows, e.g. row {row(b)}: {values[b]!r}); fix the "
                         f"column, {hint}")
     if names or not rows:
         return

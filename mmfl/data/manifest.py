@@ -19,7 +19,11 @@ string -> "text". Text columns go through their ``text_encoder``
 cut to ``max_length`` with ``length/<m>`` written; ``normalize`` z-scores modalities with
 train-split statistics. Rows are counted from 1 (the first data row, after a CSV header).
 Labels keep their given names, mapped to dense ids in sorted order (numeric order when
-every label is an integer), stored in ``meta.class_names`` and ``meta.info["label_map"]``.
+every label is an integer), stored in ``meta.class_names`` and ``meta.info["label_map"]``;
+a column that is not classes is refused (:mod:`mmfl.data.labels`, ``label_type``). An empty
+modality cell, or one naming a missing file, is a missing modality for that row: zeros and
+``present/<m>`` = False (:mod:`mmfl.data.manifest_missing`, ``missing``); rows without a label
+(``unlabelled``) or without any modality are left out, with one line saying so.
 """
 
 from __future__ import annotations
@@ -210,7 +214,7 @@ def load_manifest(p: ManifestParams) -> DatasetBundle:
     rows, numbers = [rows[i] for i in keep], numbers[keep]
     absent, missing_files = absent_cells(rows, mods, root)
     labels_raw = [r.get(p.label_column) for r in rows]
-    check_label_column(labels_raw, np.flatnonzero(~public[keep]), p.label_type, p.label_column, where)
+    check_label_column(labels_raw, np.flatnonzero(~public[keep]), p.label_type, p.label_column, where, numbers)
     split = split_rows(rows, cols, p, labels_raw, where)
     for n, row in enumerate(rows, 1):
         need = [p.label_column] if split[n - 1] != "public" else []

@@ -133,8 +133,8 @@ def check_presence(present: dict[str, np.ndarray], idx: dict[str, np.ndarray], f
         nf = files.get(m, [])
         extra = f"; {len(nf)} of them name a file that does not exist, e.g. {nf[0]}" if nf else ""
         name = names.get(m, m)
-        note(f"manifest: {int(lack.sum())} of {len(have)} rows ({100 * lack.mean():.1f} %) lack {name!r} ({per}){extra}; "
-             f"they train and evaluate with {PRESENT}{name} masks")
+        share = f"{int(lack.sum())} of {len(have)} rows ({100 * lack.mean():.1f} %)"
+        note(f"manifest: {share} lack {name!r} ({per}){extra}; they train and evaluate with {PRESENT}{name} masks")
         if len(idx["test"]) and not have[idx["test"]].any():
             warn(f"manifest: no test row has {name!r} (all {len(idx['test'])} lack it): test accuracy says nothing "
                  f"about how the model uses {name!r}")

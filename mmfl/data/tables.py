@@ -24,7 +24,9 @@ metadata that ``datasets`` writes into Parquet/Arrow files (``Dataset.to_parquet
 (see :func:`split_value` for validation and other splits). pandas' index columns
 (``__index_level_0__``) are dropped. Dates and times become ISO strings. Other nested types
 (structs, maps, unions) and undecodable cells become :class:`Unreadable` cells: an error
-naming the file, row and column if the manifest uses them, ignored otherwise.
+naming the file, row and column if the manifest uses them, ignored otherwise. An image/audio
+cell with no stored bytes whose file is gone becomes :class:`MissingFile`, and a None cell
+stays None: the manifest takes both as a missing modality for that row (``data.missing``).
 
 ``datasets`` is imported only for folders, with ``HF_DATASETS_OFFLINE=1`` and
 ``HF_HUB_OFFLINE=1``: nothing is downloaded. pyarrow is imported on first use.
