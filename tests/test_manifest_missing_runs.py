@@ -144,3 +144,33 @@ def test_every_multimodal_algorithm_runs_on_a_manifest_with_empty_cells(case, ma
         for k, v in r.items():
             if isinstance(v, float) and not k.endswith("_time_s"):
                 assert math.isfinite(v), (case, k, v)
+
+
+def test_the_masks_reach_training(manifest_root, tmp_path):
+    """The same run with the manifest's present/<m> masks stripped trains another model: the masks,
+    not only the zeros, decide what the model fuses."""
+    from mmfl.data import DATASETS
+    from mmfl.data.base import ArrayDataset
+    from mmfl.data.manifest import ManifestParams, load_manifest
+
+    def strip(d):
+        return None if d is None else ArrayDataset({k: t for k, t in d.features.items()
+                                                    if not k.startswith(PRESENT)}, d.labels)
+
+    if "test_manifest_nomask" not in DATASETS.names():
+        @DATASETS.register("test_manifest_nomask", ManifestParams, help="a manifest without its present/<m> masks")
+        def _nomask(p):
+            b = load_manifest(p)
+            b.train, b.test, b.public = strip(b.train), strip(b.test), strip(b.public)
+            return b
+
+    states = []
+    for data in ("manifest", "test_manifest_nomask"):
+        raw = _plain("mfedavg")(tmp_path)
+        raw.update(name=data, rounds=1)
+        raw["data"] = {"name": data, "root": str(manifest_root)}
+        exp = Experiment(resolve(raw), progress=False)
+        assert (PRESENT + "features" in exp.federation.test.features) == (data == "manifest")
+        exp.run()
+        states.append({k: v.clone() for k, v in exp.server.model.state_dict().items()})
+    assert any(not torch.equal(states[0][k], states[1][k]) for k in states[0])
