@@ -141,6 +141,17 @@ def test_sequences_and_token_texts_of_absent_rows_are_zeros_of_length_one(tmp_pa
     assert torch.isfinite(tr["s"]).all()
 
 
+def test_a_length_column_and_pad_skip_absent_rows(tmp_path):
+    rows = [{"s": [1.0] * (2 + i), "n": 2 + i, "x": i, "label": i % 2, "split": "train" if i < 4 else "test"}
+            for i in range(6)]
+    rows[1].update(s=None, n=None)  # no sequence, no length
+    write_manifest(tmp_path / "m.jsonl", rows)
+    b = load(root=str(tmp_path), manifest="m.jsonl", pad=True)
+    assert b.train.features["s"].shape == (4, 1, 7) and b.train.features[LENGTH + "s"].tolist() == [2, 1, 4, 5]
+    b = load(root=str(tmp_path), manifest="m.jsonl", pad=True, length_column={"s": "n"})
+    assert b.train.features[LENGTH + "s"].tolist() == [2, 1, 4, 5] and b.test.features[LENGTH + "s"].tolist() == [6, 7]
+
+
 def test_frozen_text_encoders_never_see_absent_cells(tmp_path, monkeypatch):
     import mmfl.data.featurize as fz
 
