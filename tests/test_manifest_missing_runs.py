@@ -174,3 +174,31 @@ def test_the_masks_reach_training(manifest_root, tmp_path):
         exp.run()
         states.append({k: v.clone() for k, v in exp.server.model.state_dict().items()})
     assert any(not torch.equal(states[0][k], states[1][k]) for k in states[0])
+
+
+@pytest.mark.parametrize("algorithm", ["mfedavg", "fedcmi"])
+def test_absent_sequences_and_token_texts_train_finite(algorithm, tmp_path):
+    """Absent cells of a variable-length sequence column (conv1d encoder, length 1 of zeros) and of
+    a token-id text column (token encoder, one padding id) keep training finite."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    rng = np.random.default_rng(0)
+    words = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    rows = []
+    for i in range(120):
+        t = int(rng.integers(4, 9))
+        seq = (d.images[i][:, :t] / 16.0).round(3).tolist()  # [8 channels, t steps]
+        text = f"{words[d.target[i]]} {rng.choice(words)} digit"
+        rows.append({"seq": None if i % 3 == 0 else seq, "text": "" if i % 4 == 1 else text,
+                     "label": int(d.target[i]), "split": "train" if i < 90 else "test"})
+    write_manifest(tmp_path / "m.jsonl", rows)
+    raw = _raw(tmp_path, {"name": algorithm}, model={**MODEL, "two_projector": algorithm == "fedcmi"})
+    raw["data"].update(manifest="m.jsonl", pad=True, text_encoder="tokens", text_max_tokens=4)
+    exp = Experiment(resolve(raw), progress=False)
+    tr = exp.federation.clients[0]
+    assert type(exp.make_model().encoders["text"]).__name__ == "TokenEncoder"
+    assert PRESENT + "seq" in tr.features and PRESENT + "text" in tr.features
+    exp.run()
+    rows = load_metrics(exp.run_dir)
+    assert all(math.isfinite(r["train_loss"]) and math.isfinite(r["accuracy"]) for r in rows)
