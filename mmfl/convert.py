@@ -158,7 +158,8 @@ class Modality:
         if self.channels is not None:
             bad = [i for i in self.channels if i >= c]
             if bad:
-                raise ConfigError(f"--modality {self.spec}: channel {bad[0]} does not exist ({where} has {c}: 0-{c - 1})")
+                raise ConfigError(f"--modality {self.spec}: channel {bad[0]} does not exist "
+                                  f"({where} has {c}: 0-{c - 1})")
             x = x[self.channels]
         lo, hi = _step(self.start, t, 0), _step(self.end, t, t)
         if hi <= lo:

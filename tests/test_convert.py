@@ -120,7 +120,8 @@ def test_channel_groups_and_crop_are_the_scripts_and_one_file_has_no_split(tmp_p
     for r, x in zip(rows, xs):
         acc, gyro = np.load(tmp_path / "cli" / r["acc"]), np.load(tmp_path / "script" / r["gyro"])
         assert 10 <= acc.shape[1] <= 30 and acc.shape == gyro.shape and acc.shape[0] == gyro.shape[0] == 2
-        starts = [s for s in range(31 - acc.shape[1]) if np.array_equal(x[:2, s:s + acc.shape[1]].astype(np.float32), acc)]
+        w = acc.shape[1]
+        starts = [s for s in range(31 - w) if np.array_equal(x[:2, s:s + w].astype(np.float32), acc)]
         assert starts and np.array_equal(x[2:, starts[0]:starts[0] + acc.shape[1]].astype(np.float32), gyro)
     assert convert(capsys, tr, tmp_path / "one")[0] == 0
     assert list(manifest(tmp_path / "one")[0]) == ["label", "series"]  # the manifest's test_fraction splits it
@@ -134,8 +135,8 @@ BAD = {
                      "mmfl trains classifiers"),
     "no labels": (HEADER + "@classLabel false\n", [None, None], "has no class labels (@classLabel false); "
                   "mmfl trains classifiers"),
-    "many integers": (HEADER, list(range(12)), "has regression targets (12 distinct numeric labels for 12 series); mmfl trains classifiers "
-                      "(--label-type class keeps them as classes)"),
+    "many integers": (HEADER, list(range(12)), "has regression targets (12 distinct numeric labels for 12 series); "
+                      "mmfl trains classifiers (--label-type class keeps them as classes)"),
 }
 
 
