@@ -17,7 +17,7 @@ from mmfl._version import __version__  # noqa: F401  (the package version)
 
 # name -> attribute of mmfl.api, loaded on first access (PEP 562)
 _API = {"run": "run", "load_run": "load_run", "configure": "configure", "Result": "Result",
-        "list": "list_entries", "registries": "registries"}
+        "list": "list_entries", "registries": "registries", "partition": "partition"}
 
 __all__ = ["__version__", *_API]
 

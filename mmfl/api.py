@@ -7,6 +7,9 @@
     res.summary                 # summary.json as a dict
     res.model()                 # the final server model (torch.nn.Module, eval mode)
     res.evaluate()              # that model on the run's test set: accuracy, test_loss, ...
+    res.class_names             # label i's name
+    res.partition()             # client x class counts (and rows holding each modality), a DataFrame
+    mmfl.partition("demo.toml") # the same before a run
     res = mmfl.load_run("runs/demo")   # the same for a finished run folder
 
 ``config`` is a path to a TOML file, a dict of the same structure, or an
@@ -126,6 +129,18 @@ def load_run(path: str | Path) -> "Result":
     if not (d / "config.toml").is_file() or not is_run_folder(d):
         raise MMFLError(f"{d}: not an mmfl run folder (no config.toml written by mmfl run)")
     return Result(d)
+
+
+def partition(config, set: Mapping[str, Any] | list[str] | None = None,  # noqa: A002
+              wide: bool = False, **overrides) -> "pandas.DataFrame":
+    """The partition of ``config`` + overrides (what ``mmfl partition`` prints) as a DataFrame,
+    before any run: one row per client x class with its ``count`` and the rows holding each
+    modality (:mod:`mmfl.data.partition_frame`); ``wide=True``: clients x class names, the counts."""
+    cfg = configure(config, set, **overrides)
+    from mmfl.data.federation import build_federation
+    from mmfl.data.partition_frame import partition_frame
+
+    return partition_frame(build_federation(cfg), wide=wide)
 
 
 def registries() -> dict:
@@ -253,6 +268,23 @@ class Result:
         df.columns.name = "client"
         return df
 
+    @property
+    def class_names(self) -> list[str]:
+        """The names of the run's classes (label ``i`` is ``class_names[i]``; ``"0"``, ``"1"``, ...
+        where the data set names none)."""
+        from mmfl.data.partition_frame import class_names
+
+        return class_names(self.federation().meta)
+
+    def partition(self, wide: bool = False) -> "pandas.DataFrame":
+        """The run's partition: one row per client x class (``client``, ``label``, ``class``,
+        ``count``, then per modality the rows holding it); ``wide=True``: clients x class names
+        (Flower Datasets' ``compute_counts`` shape). The run's own federation: a pooled algorithm
+        (``centralized``) has one client. See :func:`partition` for a config before a run."""
+        from mmfl.data.partition_frame import partition_frame
+
+        return partition_frame(self.federation(), wide=wide)
+
     # --- models -----------------------------------------------------------
     def checkpoint(self) -> tuple[dict, Any, dict]:
         """``(server tensors, client tensors, meta)`` of the newest intact checkpoint."""
@@ -312,7 +344,12 @@ class Result:
 
         fed = self.federation()
         if client is None:
-            return global_metrics(self.model() if model is None else model, fed.test, fed.meta.num_classes)
+            from mmfl.algorithms import ALGORITHMS
+
+            server = ALGORITHMS.get(self.config.algorithm.name).factory.server  # the heads the run trains
+            heads = server.trains_heads(self.config.algorithm.params)
+            return global_metrics(self.model() if model is None else model, fed.test, fed.meta.num_classes,
+                                  modality_heads=heads)
         from mmfl.core.personal import device_metrics, held_test_set, personal_test_indices
 
         model = self.model(client=client) if model is None else model

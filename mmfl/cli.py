@@ -14,6 +14,8 @@
                                    (--tables-only, --workers N, --seeds ...; docs/benchmarks.md)
     mmfl sweep GRID.toml           a grid of methods x settings x seeds (parallel, resumable) and
                                    its mean ± std table and plot (--workers N, --dry-run; docs/sweep.md)
+    mmfl convert A.ts [B.ts] OUT   UEA/UCR .ts time series -> a manifest, cut into modalities
+                                   (channels, time windows, derived channels; docs/data.md)
 
 ``mmfl run`` and ``mmfl demo`` are a thin layer over the Python API (:mod:`mmfl.api`,
 docs/api.md). Heavy modules (torch, Flower, ...) are imported by the command that needs
@@ -114,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     from mmfl.vqa_eval import add_vqa_parser  # imports no torch: cheap
 
     add_vqa_parser(sub)
+    from mmfl.convert import add_convert_parser  # imports no numpy: cheap
+
+    add_convert_parser(sub)
     p = sub.add_parser("bench", help="run a benchmark grid (what is missing, in parallel) and write its tables",
                        description="Run the runs of a benchmark grid file that are not finished yet "
                                    "(worker processes, one torch thread each; resumable) and write its "
@@ -275,6 +280,12 @@ def cmd_vqa(args) -> int:
     return vqa_main(args)
 
 
+def cmd_convert(args) -> int:
+    from mmfl.convert import cmd_convert as convert_main
+
+    return convert_main(args)
+
+
 def cmd_bench(args) -> int:
     from mmfl.bench.runner import cmd_bench as bench_main
 
@@ -291,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"run": cmd_run, "demo": cmd_demo, "list": cmd_list, "partition": cmd_partition,
                "report": cmd_report, "flower": cmd_flower, "vqa": cmd_vqa,
-               "bench": cmd_bench, "sweep": cmd_sweep}[args.command]
+               "bench": cmd_bench, "sweep": cmd_sweep, "convert": cmd_convert}[args.command]
     try:
         return handler(args)
     except BrokenPipeError:  # `mmfl list | head`: the reader left; not an error of ours

@@ -182,3 +182,45 @@ def test_docs_api_example_prints_what_the_page_shows(tmp_path, monkeypatch):
         exec(compile(code, "docs/api.md", "exec"), {})
     assert buf.getvalue() == shown
     assert (tmp_path / "api-demo.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# ----------------------------------------------------------------------------- class names, partition
+
+def test_class_names_and_partition_of_a_run_and_before_it(demo_run):
+    fed = demo_run.federation()
+    assert demo_run.class_names == [str(n) for n in fed.meta.class_names] and len(demo_run.class_names) == 10
+    df = demo_run.partition()
+    mods = list(fed.meta.modalities)  # mfeat's six views
+    assert list(df.columns) == ["client", "label", "class", "count", *mods]
+    assert len(df) == fed.num_clients * 10  # every client x class, zeros included
+    per_client = df.groupby("client")["count"].sum()
+    assert per_client.tolist() == [len(c) for c in fed.clients]
+    assert all((df[m] == df["count"]).all() for m in mods)  # every client holds every view, no masks
+    wide = demo_run.partition(wide=True)  # Flower Datasets' compute_counts shape
+    assert wide.shape == (fed.num_clients, 10) and list(wide.columns) == demo_run.class_names
+    assert wide.loc[3].tolist() == df[df["client"] == 3]["count"].tolist()
+    before = mmfl.partition(DEMO, rounds=2, threads=1)  # the federation alone, no run
+    pd.testing.assert_frame_equal(before, df)
+
+
+def test_partition_counts_per_modality_follow_who_holds_it_and_the_per_sample_masks():
+    from mmfl.data.federation import build_federation
+
+    over = {"data": {"name": "mfeat", "views": ["pix", "fou"]}, "partition": {"num_clients": 4},
+            "modalities": {"name": "explicit", "holds": [["pix", "fou"], ["pix", "fou"], ["pix"], ["fou"]],
+                           "missing_rate": {"pix": 0.3}},
+            "model": {"name": "multimodal"}, "algorithm": {"name": "mfedavg"}}
+    df = mmfl.partition(DEMO, **over)
+    fed = build_federation(mmfl.configure(DEMO, **over))
+    assert list(df.columns) == ["client", "label", "class", "count", "pix", "fou"]
+    by = df.groupby("client")[["count", "pix", "fou"]].sum()
+    for cid in range(4):
+        data, holds = fed.clients[cid], fed.modalities_of(cid)
+        mask = data.features.get("present/pix")
+        want_pix = 0 if "pix" not in holds else (len(data) if mask is None else int(mask[data.indices].sum()
+                                                                                    if data.indices is not None
+                                                                                    else mask.sum()))
+        assert by.loc[cid, "count"] == len(data)
+        assert by.loc[cid, "pix"] == want_pix and by.loc[cid, "fou"] == (len(data) if "fou" in holds else 0)
+    assert by.loc[0, "pix"] < by.loc[0, "count"]  # a multimodal client lacks pix on ~30% of its rows
+    assert (df["pix"] <= df["count"]).all()

@@ -145,6 +145,17 @@ class Server(Stateful):
     # (mmfl.core.evaluation.KINDS; one ``evaluate_<kind>(ctx)`` method each)
     evaluations: dict[str, str] = {"global": ""}
 
+    # True: the clients train a multimodal model's per-modality heads ``heads[m]`` (as the task or as
+    # linear probes), so ``accuracy/<m>``, ``uar/<m>`` mean something; False: nobody trains them and
+    # the global evaluation leaves them out. A server whose params have ``probe`` follows it.
+    trains_modality_heads = False
+
+    @classmethod
+    def trains_heads(cls, params) -> bool:
+        """Whether a run with ``params`` trains ``heads[m]`` (:attr:`trains_modality_heads`, and
+        ``params.probe`` where the params have it)."""
+        return cls.trains_modality_heads and bool(getattr(params, "probe", True))
+
     def __init__(self, params, ctx: ServerContext):
         self.params = params
         self.ctx = ctx
@@ -216,7 +227,8 @@ class Server(Stateful):
     # --- evaluation (run by the engine: mmfl.core.evaluation) -------------
     def evaluate_global(self, ctx: EvalContext) -> dict:
         """Accuracy and loss (per modality too) of the global model on the shared test set."""
-        return global_metrics(self.model, ctx.test, self.ctx.meta.num_classes)
+        return global_metrics(self.model, ctx.test, self.ctx.meta.num_classes,
+                              modality_heads=self.trains_heads(self.params))
 
     def evaluate_personalized(self, ctx: EvalContext) -> dict:
         """Each client's :meth:`personal_model` on its own test rows."""

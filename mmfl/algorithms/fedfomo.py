@@ -97,6 +97,7 @@ class PersonalizedServer(Server):
     that never uploaded is represented by the initial weights of its modules."""
 
     state_fields = {"client_models": per_client()}  # each client's latest model
+    trains_modality_heads = True  # personal_loss's probes (algorithm.probe)
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)

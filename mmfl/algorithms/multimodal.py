@@ -90,6 +90,7 @@ class MultimodalServer(FedAvgServer):
     """FedAvg server for multimodal models: each client receives only the modules it holds
     (and ``round_scalars``); aggregation is module-wise (the engine's rule)."""
 
+    trains_modality_heads = True  # the probes (MultimodalClient.probe_loss; FedCMI: its TP too)
     dp_capable = False  # modules held by some clients only: [dp]'s per-client sensitivity is not defined here
 
     private: tuple[str, ...] = ()  # key prefixes the clients keep to themselves: never sent either way

@@ -122,6 +122,7 @@ class PFedWirelessServer(Server):
     state_fields = {"model": None, "w": per_client(), "xi": tensors(), "age": tensors(), "pending": tensors(),
                     "prev_round": scalar(), "prev_u": tensors(), "prev_coeff": tensors(),
                     "prev_w": dict_of(per_client())}
+    trains_modality_heads = True  # with algorithm.probe (off by default: the paper has no heads)
 
     def __init__(self, params: PFedWirelessParams, ctx):
         super().__init__(params, ctx)

@@ -86,9 +86,20 @@ def run_evaluations(server, kinds: dict[str, str], ctx: EvalContext) -> dict:
 
 # ----------------------------------------------------------------------------- the kinds
 
-def global_metrics(model: nn.Module, test: ArrayDataset, num_classes: int) -> dict:
-    """``global``: :func:`mmfl.core.training.evaluate_model` of ``model`` on ``test``."""
-    return evaluate_model(model, test, num_classes=num_classes)
+HEAD_METRICS = ("accuracy", "uar", "class_accuracy")  # <name>/<m>: what the head of modality m scores
+
+
+def global_metrics(model: nn.Module, test: ArrayDataset, num_classes: int, modality_heads: bool = True) -> dict:
+    """``global``: :func:`mmfl.core.training.evaluate_model` of ``model`` on ``test``; without
+    ``modality_heads`` (an algorithm that never trains ``heads[m]``: ``Server.trains_heads``) the
+    heads' ``accuracy/<m>``, ``uar/<m>``, ``class_accuracy/<m>`` are left out (untrained heads
+    score about chance, which read as a result)."""
+    row = evaluate_model(model, test, num_classes=num_classes)
+    if not modality_heads:
+        heads = getattr(model, "heads", None) or {}
+        row = {k: v for k, v in row.items()
+               if not (k.partition("/")[0] in HEAD_METRICS and k.partition("/")[2] in heads)}
+    return row
 
 
 def personalized_metrics(ctx: EvalContext, model_of: Callable[[int], nn.Module] | None,

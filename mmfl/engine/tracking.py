@@ -19,6 +19,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import sys
 import time
 import uuid
@@ -55,6 +56,45 @@ def scalars(row: dict, prefix: str = "") -> dict[str, float]:
         elif isinstance(v, dict) and v and not all(str(c).isdigit() for c in v):
             out.update(scalars(v, key + "/"))
     return out
+
+
+_MLFLOW_BAD = re.compile(r"[^\w.\- /]")
+
+
+def mlflow_names(keys, names: dict[str, str]) -> dict[str, str]:
+    """The MLflow metric name of each key of ``keys`` (a :func:`scalars` key); ``names``, the names
+    given so far (key -> name, kept in tracking.json), gets the new keys' names.
+
+    MLflow's file store writes a metric ``a/b`` as the file ``metrics/a/b``, so a metric that is a
+    path prefix of another (``accuracy`` and ``accuracy/pix``) cannot be stored (the MLflow run used
+    to fail at round 1 of every multimodal run). The rule: a ``/`` right after a part that is itself
+    a metric becomes ``.`` (``accuracy/pix`` -> ``accuracy.pix``, ``personal/accuracy/pix`` ->
+    ``personal/accuracy.pix`` where ``personal/accuracy`` is a metric); every other ``/`` stays
+    (``bytes_by_route/train/up``, ``pattern/complete/accuracy``: MLflow's UI groups by it).
+    Characters MLflow refuses become ``_``. A key keeps its first name for the rest of the run
+    (resume included); a name that would still collide with one given before (a metric that
+    appears after its sub-metrics did) gets ``/`` -> ``.`` throughout, then ``_`` appended."""
+    new = [k for k in keys if k not in names]
+    if new:
+        leaves = set(names) | set(keys)
+        used = set(names.values())
+        for k in new:
+            parts = [_MLFLOW_BAD.sub("_", p) or "_" for p in k.split("/")]
+            name = parts[0]
+            for i in range(1, len(parts)):
+                name += ("." if "/".join(k.split("/")[:i]) in leaves else "/") + parts[i]
+            if _collides(name, used):
+                name = ".".join(parts)
+                while _collides(name, used):
+                    name += "_"
+            names[k] = name
+            used.add(name)
+    return {k: names[k] for k in keys}
+
+
+def _collides(name: str, used: set[str]) -> bool:
+    """``name`` equals a used name, or one of them is a folder of the other in a file store."""
+    return name in used or any(u.startswith(name + "/") or name.startswith(u + "/") for u in used)
 
 
 def flat_config(d: dict, prefix: str = "") -> dict[str, str | int | float | bool]:
@@ -162,6 +202,7 @@ class MLflow(_Backend):
                 run = c.get_run(run_id)
             except Exception:  # the store was moved or deleted: a new MLflow run
                 run_id, self.state["last"] = None, 0
+                self.state.pop("names", None)
             else:
                 c.update_run(run_id, status="RUNNING")
         if run_id is None:
@@ -178,23 +219,27 @@ class MLflow(_Backend):
         self.run_id = run_id
         have = dict(run.data.params)
         # params are immutable in MLflow: a resumed run logs only those it lacks ('rounds' keeps its first value)
-        params = [Param(k, str(v)[:6000]) for k, v in flat_config(self.cfg.to_dict()).items() if k not in have]
+        flat = {_MLFLOW_BAD.sub("_", k): v for k, v in flat_config(self.cfg.to_dict()).items()}
+        params = [Param(k, str(v)[:6000]) for k, v in flat.items() if k not in have]
         for i in range(0, len(params), 100):
             c.log_batch(run_id, params=params[i:i + 100])
         c.log_text(run_id, config_toml, "config.toml")
 
     def log(self, row, step):
+        ts = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=self.metrics(scalars(row), ts, step))
+
+    def metrics(self, values: dict[str, float], ts: int, step: int) -> list:
+        """``values`` as MLflow metrics under their :func:`mlflow_names` (kept in tracking.json)."""
         from mlflow.entities import Metric
 
-        ts = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, v, ts, step) for k, v in scalars(row).items()])
+        names = mlflow_names(values, self.state.setdefault("names", {}))
+        return [Metric(names[k], v, ts, step) for k, v in values.items()]
 
     def finish(self, summary, step):
-        from mlflow.entities import Metric
-
         ts = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(f"summary/{k}", v, ts, step)
-                                                    for k, v in scalars(summary).items()])
+        values = {f"summary/{k}": v for k, v in scalars(summary).items()}
+        self.client.log_batch(self.run_id, metrics=self.metrics(values, ts, step))
         self.client.log_dict(self.run_id, summary, "summary.json")
 
     def close(self, failed):
