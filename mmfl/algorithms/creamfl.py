@@ -74,7 +74,8 @@ from torch import Tensor
 from mmfl.algorithms.registry import preset, register
 from mmfl.algorithms.base import Server
 from mmfl.algorithms.creamfl_client import CreamFLClient
-from mmfl.algorithms.creamfl_terms import (CONSENSUS, GLOBAL, REP, pair_loss, pair_modalities, public_reps, reps_of,
+from mmfl.algorithms.creamfl_terms import (CONSENSUS, GLOBAL, REP, masked_mse, pair_loss, pair_modalities, present_of,
+                                           public_reps, reps_of,
                                            retrieval_metrics, select_public, target_quality)
 from mmfl.algorithms.fedavg import weighted_mean_scalar
 from mmfl.algorithms.multimodal import FEDIOT_MULTIMODAL_WEIGHT
@@ -356,8 +357,8 @@ class CreamFLServer(Server):
         self.model.train()
         for rows in shuffled_batches(n, self.params.server_batch_size, gen, self.params.distill_epochs):
             inputs, _ = self.public.get(rows)
-            z = reps_of(self.model, inputs, list(agg))
-            loss = self.params.kd_weight * sum(F.mse_loss(z[m], agg[m][rows]) for m in z)
+            z = reps_of(self.model, inputs, list(agg))  # eq. 7 over the public rows holding m
+            loss = self.params.kd_weight * sum(masked_mse(z[m], agg[m][rows], present_of(inputs, m)) for m in z)
             self.opt_kd.zero_grad(set_to_none=True)
             loss.backward()
             self.opt_kd.step()

@@ -212,6 +212,30 @@ class MultimodalModel(nn.Module):
             x, n = x[rows], (None if n is None else n[rows])
         return self.encoders[m](x, n)
 
+    def present_rows(self, m: str, inputs: dict[str, Tensor]) -> Tensor | None:
+        """The index ``[n]`` of the rows of ``inputs`` that hold ``m`` (``"present/<m>"``), or
+        None when every row does (no mask, or an all-True one)."""
+        mask = inputs.get(PRESENT + m)
+        if mask is None:
+            return None
+        rows = mask.to(dtype=torch.bool).reshape(-1).nonzero().squeeze(1)
+        return None if int(rows.numel()) == int(mask.numel()) else rows
+
+    def encode_present(self, m: str, inputs: dict[str, Tensor], then=None) -> Tensor:
+        """``then(encoders[m](x))`` (``then``: e.g. the projector; None: identity) on the rows
+        holding ``m`` only, zeros ``[B, .]`` at the others (with no mask: every row): what an
+        absent row holds never reaches the encoder."""
+        rows = self.present_rows(m, inputs)
+        if rows is not None and int(rows.numel()) == 0:
+            b = int(inputs[m].shape[0])
+            return self.classifier.weight.new_zeros(b, self.feat_dim)
+        f = self.encode(m, inputs, rows)
+        if then is not None:
+            f = then(f)
+        if rows is None:
+            return f
+        return f.new_zeros((int(inputs[m].shape[0]), *f.shape[1:])).index_copy(0, rows, f)
+
     def fuse(self, slots: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """``(rep, logits)`` of the fusion + joint classifier over ``slots`` (modality ->
         ``[B, feat_dim]``); a modality without a slot gets zeros."""
@@ -237,18 +261,24 @@ class MultimodalModel(nn.Module):
         ip_reps: dict[str, Tensor] = {}
         ip_logits: dict[str, Tensor] = {}
         present: dict[str, Tensor] = {}
+        masked = False
         for m in self.holds:
             if m not in inputs:
                 continue
-            f = self.encode(m, inputs)
-            z = self.proj[m](f)
-            feats[m], reps[m], mod_logits[m] = f, z, self.heads[m](z)
-            if self.infil is not None:
-                ip = self.infil[m](f)
-                ip_reps[m], ip_logits[m] = ip, self.heads[m](ip)
             mask = inputs.get(PRESENT + m)
-            present[m] = (mask.to(device=device, dtype=torch.bool).reshape(b) if mask is not None
-                          else torch.ones(b, dtype=torch.bool, device=device))
+            rows = None
+            if mask is None:
+                present[m] = torch.ones(b, dtype=torch.bool, device=device)
+            else:
+                masked = True
+                present[m] = mask.to(device=device, dtype=torch.bool).reshape(b)
+                rows = present[m].nonzero().squeeze(1)
+                if int(rows.numel()) == b:
+                    rows = None  # every row holds m: the unmasked computation
+            outs = self._branch(m, inputs, rows, b)
+            feats[m], reps[m], mod_logits[m] = outs[:3]
+            if self.infil is not None:
+                ip_reps[m], ip_logits[m] = outs[3:]
 
         zeros = torch.zeros(b, self.feat_dim, device=device, dtype=self.classifier.weight.dtype)
         slots = []
@@ -257,8 +287,35 @@ class MultimodalModel(nn.Module):
             slots.append(torch.where(present[m].unsqueeze(1), reps[m], fill) if m in reps else fill)
         rep = self.fusion(slots)
         logits = self.classifier(self.dropout(rep))
+        # the rows holding at least one of the given modalities (None: no mask given, every row)
+        any_present = None
+        if masked:
+            any_present = torch.zeros(b, dtype=torch.bool, device=device)
+            for p in present.values():
+                any_present = any_present | p
         return {"logits": logits, "rep": rep, "features": rep, "mod_feats": feats, "mod_reps": reps,
-                "mod_logits": mod_logits, "ip_reps": ip_reps, "ip_logits": ip_logits, "present": present}
+                "mod_logits": mod_logits, "ip_reps": ip_reps, "ip_logits": ip_logits, "present": present,
+                "any_present": any_present}
+
+    def _branch(self, m: str, inputs: dict[str, Tensor], rows: Tensor | None, b: int) -> list[Tensor]:
+        """``[f, z, head(z)(, ip, head(ip))]`` of modality ``m`` ``[B, .]``: computed on the rows
+        ``rows`` (index ``[n]``; None: every row) only and zero at the others, so the values an
+        absent row holds never enter an encoder (its batch norm statistics included) nor any
+        output; with no row present the branch is not run at all."""
+        if rows is not None and int(rows.numel()) == 0:
+            w = self.classifier.weight
+            zf = w.new_zeros(b, self.feat_dim)
+            zl = w.new_zeros(b, self.num_classes)
+            return [zf, zf, zl] + ([zf, zl] if self.infil is not None else [])
+        f = self.encode(m, inputs, rows)
+        z = self.proj[m](f)
+        outs = [f, z, self.heads[m](z)]
+        if self.infil is not None:
+            ip = self.infil[m](f)
+            outs += [ip, self.heads[m](ip)]
+        if rows is None:
+            return outs
+        return [t.new_zeros((b, *t.shape[1:])).index_copy(0, rows, t) for t in outs]
 
     def _fill(self, m: str, ip_reps: dict[str, Tensor], present: dict[str, Tensor], zeros: Tensor) -> Tensor:
         """The slot of modality ``m`` where a sample lacks it: the mean IP output of the
