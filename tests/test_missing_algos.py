@@ -111,6 +111,9 @@ CASES = {
     "fedogm": {},
     "fedcmi": {"model": {"two_projector": True}, "algorithm": {"name": "fedcmi", "cta_from_round": 0}},
     "split_learning": {},
+    "fedmsplit": {},
+    "mfedproto": {},
+    "fedpmr": {},
 }
 
 
