@@ -249,3 +249,13 @@ def test_pattern_names_pooling_and_report_columns():
                       "pattern/no_a/accuracy": 0.0, "pattern/no_a/n": 2}
     assert pattern_columns([{"pattern/no_a+b/accuracy": 1, "pattern/no_b/accuracy": 1,
                              "pattern/complete/accuracy": 1, "pattern/complete/n": 3}]) == ["complete", "no_b", "no_a+b"]
+
+
+def test_a_branch_aggregation_weight_counts_the_samples_holding_its_modality():
+    from mmfl.algorithms.fedavg import MODULE_WEIGHT
+    x, y = tiny_batch([True, False, True, False])
+    x[PRESENT + "a"] = torch.tensor([True, True, True, False])
+    scalars = tiny_client(ArrayDataset(x, y)).reply_scalars(None, {})
+    assert scalars["num_examples"] == 4
+    for mod in ("encoders", "proj", "heads"):
+        assert scalars[f"{MODULE_WEIGHT}{mod}.a."] == 3 and scalars[f"{MODULE_WEIGHT}{mod}.b."] == 2
