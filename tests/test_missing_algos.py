@@ -259,3 +259,23 @@ def test_a_branch_aggregation_weight_counts_the_samples_holding_its_modality():
     assert scalars["num_examples"] == 4
     for mod in ("encoders", "proj", "heads"):
         assert scalars[f"{MODULE_WEIGHT}{mod}.a."] == 3 and scalars[f"{MODULE_WEIGHT}{mod}.b."] == 2
+
+
+def test_personalized_patterns_are_the_same_on_the_server_and_through_the_clients(tmp_path):
+    import dataclasses
+
+    raw = raw_config(tmp_path, "mfedavg", rounds=1)
+    exp = Experiment(resolve(raw), progress=False)
+    mask_rows(exp.federation.test, seed=5)
+    exp.run()
+    direct = exp.eval_context(0)
+    routed = dataclasses.replace(direct, personal_rows=None, send=exp.transport.send)
+    exp.transport.begin_round(1)
+    a = exp.server.evaluate_personalized(direct)
+    b = exp.server.evaluate_personalized(routed)
+    assert a == b
+    # the devices' rows pooled: per pattern, the counts add up to the devices' rows
+    names = [k[len("pattern/"):-len("/n")] for k in a if k.startswith("pattern/") and k.endswith("/n")]
+    assert "complete" in names and len(names) >= 2
+    assert sum(a[f"pattern/{n}/n"] for n in names) == pytest.approx(
+        a["personal_test_rows"] * sum(x is not None for x in a["client_accuracy"]))
