@@ -279,3 +279,16 @@ def test_personalized_patterns_are_the_same_on_the_server_and_through_the_client
     assert "complete" in names and len(names) >= 2
     assert sum(a[f"pattern/{n}/n"] for n in names) == pytest.approx(
         a["personal_test_rows"] * sum(x is not None for x in a["client_accuracy"]))
+
+
+def test_gca_scores_on_a_masked_public_set_ignore_the_rows_lacking_the_other_modality():
+    from mmfl.algorithms.public_terms import global_local_contrastive_scores
+    g = torch.Generator().manual_seed(2)
+    local, glob = torch.randn(3, 6, 4, generator=g), torch.randn(6, 4, generator=g)
+    keep = torch.tensor([True, False, True, True, False, True])
+    full = global_local_contrastive_scores(local, glob, chunk=4, candidates=keep)
+    sub = global_local_contrastive_scores(local[:, keep], glob[keep], chunk=4)
+    assert torch.allclose(full[:, keep], sub, atol=1e-6)  # eq. 4 over the present candidates only
+    glob2 = glob.clone()
+    glob2[~keep] = GARBAGE
+    assert torch.equal(global_local_contrastive_scores(local, glob2, chunk=4, candidates=keep)[:, keep], full[:, keep])

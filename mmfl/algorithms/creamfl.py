@@ -303,7 +303,8 @@ class CreamFLServer(Server):
                    for c in cids]
         context = dict(global_reps=glob, pair=self.pair, chunk=p.chunk, exclude_positive=p.exclude_positive,
                        entropy_temperature=p.entropy_temperature, multimodal_weight=float(p.iot_weight))
-        has = {m: k for m in self.pair if (k := present_of(self.public, m)) is not None}
+        public = getattr(self, "public", None)
+        has = {} if public is None else {m: k for m in self.pair if (k := present_of(public, m)) is not None}
         if has:  # a public set missing modalities: eq. 4's candidates are the rows holding the other one
             context["public_present"] = has
         if rule in ("rep_iot", "iot"):  # FedIoT: clients holding the whole pair weigh iot_weight times more

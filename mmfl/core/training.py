@@ -22,7 +22,15 @@ LossFn = Callable[[nn.Module, dict[str, Tensor], Tensor], Tensor]
 
 
 def cross_entropy_loss(model: nn.Module, inputs: dict[str, Tensor], labels: Tensor) -> Tensor:
-    return F.cross_entropy(model(inputs)["logits"], labels)
+    """Cross-entropy of the output; a multimodal model given ``present/<m>`` masks: over the rows
+    holding at least one modality (``out["any_present"]``)."""
+    out = model(inputs)
+    rows = out.get("any_present")
+    if rows is None or bool(rows.all()):
+        return F.cross_entropy(out["logits"], labels)
+    if not bool(rows.any()):
+        return out["logits"].sum() * 0.0
+    return F.cross_entropy(out["logits"][rows], labels[rows])
 
 
 def cosine_lr(lr: float, rnd: int, period: int, lr_min: float = 0.0) -> float:
