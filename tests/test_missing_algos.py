@@ -23,7 +23,7 @@ from mmfl.core.training import evaluate_model
 from mmfl.data.base import PRESENT, ArrayDataset, DatasetMeta
 from mmfl.engine.runner import Experiment
 from mmfl.models.multimodal import MultimodalModel
-from mmfl.report import load_metrics, pattern_columns
+from mmfl.report import compare, load_metrics, pattern_columns
 
 GARBAGE = 1e30
 
@@ -268,6 +268,8 @@ def test_personalized_patterns_are_the_same_on_the_server_and_through_the_client
     exp = Experiment(resolve(raw), progress=False)
     mask_rows(exp.federation.test, seed=5)
     exp.run()
+    table = compare([exp.run_dir])  # mmfl report: the pattern accuracies as extra columns
+    assert "acc complete" in table and "acc no_features" in table and "acc no_image" in table
     direct = exp.eval_context(0)
     routed = dataclasses.replace(direct, personal_rows=None, send=exp.transport.send)
     exp.transport.begin_round(1)
