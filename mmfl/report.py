@@ -58,7 +58,7 @@ def summarize(rows: list[dict], cfg=None) -> dict:
     if evals:  # a multimodal model's last evaluation: per-modality and class-wise numbers
         last = evals[-1]
         for key in sorted(last):
-            if key.startswith(("accuracy/", "accuracy_top5", "uar", "class_accuracy")):
+            if key.startswith(("accuracy/", "accuracy_top5", "uar", "class_accuracy", "pattern/")):
                 out[f"final_{key}"] = last[key]
     retrieval = [r for r in rows if "r1_sum" in r]  # a retrieval model (CreamFL's server)
     if retrieval:
@@ -199,6 +199,17 @@ def modality_columns(final_rows: list[dict]) -> list[str]:
     return mods
 
 
+def pattern_columns(final_rows: list[dict]) -> list[str]:
+    """The missingness patterns with a ``pattern/<name>/accuracy`` metric in any of the rows
+    (a test set whose rows lack modalities, :mod:`mmfl.core.patterns`): ``complete`` first."""
+    names: list[str] = []
+    for r in final_rows:
+        for k in r:
+            if k.startswith("pattern/") and k.endswith("/accuracy") and k[8:-9] not in names:
+                names.append(k[8:-9])
+    return sorted(names, key=lambda n: (n != "complete", n.count("+"), n))
+
+
 def compare(run_dirs: list[str | Path], plot_path: str | Path | None = None) -> str:
     """A Markdown table comparing runs (and an accuracy plot if ``plot_path``, followed by a
     ``not plotted: <run>: <why>`` line for each run the plot could not show).
@@ -222,7 +233,8 @@ def compare(run_dirs: list[str | Path], plot_path: str | Path | None = None) -> 
     finals = [_final_eval(rows) for _, _, rows in runs]
     mods = modality_columns(finals)
     multimodal = bool(mods) or any("uar" in f for f in finals)
-    extra = [f"acc/{m}" for m in mods] + (["UAR"] if multimodal else [])
+    patterns = pattern_columns(finals)  # accuracy by missingness pattern, where a run has it
+    extra = [f"acc/{m}" for m in mods] + (["UAR"] if multimodal else []) + [f"acc {n}" for n in patterns]
     retrieval = any("r1_sum" in f for f in finals)  # server retrieval (CreamFL): Recall@1 both ways, R@1 sum
     authors = any("rsum_authors" in f for f in finals)
     if retrieval:
@@ -241,6 +253,7 @@ def compare(run_dirs: list[str | Path], plot_path: str | Path | None = None) -> 
         cells += [fmt(final.get(f"accuracy/{m}")) for m in mods]
         if multimodal:
             cells.append(fmt(final.get("uar")))
+        cells += [fmt(final.get(f"pattern/{n}/accuracy")) for n in patterns]
         if retrieval:
             keys = ["i2t_r1", "t2i_r1", "r1_sum"] + (["rsum_authors"] if authors else [])
             cells += ["-" if final.get(k) is None else f"{final[k]:.2f}" for k in keys]

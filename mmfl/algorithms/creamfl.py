@@ -74,7 +74,8 @@ from torch import Tensor
 from mmfl.algorithms.registry import preset, register
 from mmfl.algorithms.base import Server
 from mmfl.algorithms.creamfl_client import CreamFLClient
-from mmfl.algorithms.creamfl_terms import (CONSENSUS, GLOBAL, REP, pair_loss, pair_modalities, public_reps, reps_of,
+from mmfl.algorithms.creamfl_terms import (CONSENSUS, GLOBAL, REP, masked_mse, pair_loss, pair_modalities, present_of,
+                                           public_reps, reps_of,
                                            retrieval_metrics, select_public, target_quality)
 from mmfl.algorithms.fedavg import weighted_mean_scalar
 from mmfl.algorithms.multimodal import FEDIOT_MULTIMODAL_WEIGHT
@@ -302,6 +303,10 @@ class CreamFLServer(Server):
                    for c in cids]
         context = dict(global_reps=glob, pair=self.pair, chunk=p.chunk, exclude_positive=p.exclude_positive,
                        entropy_temperature=p.entropy_temperature, multimodal_weight=float(p.iot_weight))
+        public = getattr(self, "public", None)
+        has = {} if public is None else {m: k for m in self.pair if (k := present_of(public, m)) is not None}
+        if has:  # a public set missing modalities: eq. 4's candidates are the rows holding the other one
+            context["public_present"] = has
         if rule in ("rep_iot", "iot"):  # FedIoT: clients holding the whole pair weigh iot_weight times more
             context["multimodal"] = [set(self.pair) <= set(self.ctx.modalities_of(c)) for c in cids]
         weights = [float(replies[c].scalars["num_examples"]) for c in cids]
@@ -356,8 +361,8 @@ class CreamFLServer(Server):
         self.model.train()
         for rows in shuffled_batches(n, self.params.server_batch_size, gen, self.params.distill_epochs):
             inputs, _ = self.public.get(rows)
-            z = reps_of(self.model, inputs, list(agg))
-            loss = self.params.kd_weight * sum(F.mse_loss(z[m], agg[m][rows]) for m in z)
+            z = reps_of(self.model, inputs, list(agg))  # eq. 7 over the public rows holding m
+            loss = self.params.kd_weight * sum(masked_mse(z[m], agg[m][rows], present_of(inputs, m)) for m in z)
             self.opt_kd.zero_grad(set_to_none=True)
             loss.backward()
             self.opt_kd.step()

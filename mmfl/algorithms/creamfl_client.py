@@ -15,8 +15,10 @@ from mmfl.core.state import read, write
 from mmfl.core.training import (load_into, make_optimizer, shuffled_batches, state_of)
 from mmfl.errors import ConfigError
 
-from mmfl.algorithms.creamfl_terms import (CONSENSUS, GLOBAL, MODEL, REP, inter_loss, intra_loss, pair_loss, public_reps,
-                                           reps_of, select_public)
+from mmfl.algorithms.creamfl_terms import (CONSENSUS, GLOBAL, MODEL, REP, inter_loss, intra_loss, masked_mse,
+                                           pair_loss, present_of, public_reps, reps_of, select_public)
+from mmfl.algorithms.multimodal import masked_ce
+from mmfl.data.base import PRESENT
 
 
 class CreamFLClient(TrainingClient):
@@ -48,7 +50,13 @@ class CreamFLClient(TrainingClient):
             z = reps_of(model, inputs, held) if self.params.multimodal_loss == "infonce" else None
             return pair_loss(model, inputs, z, held, self.params)
         m = held[0] if held else next(m for m in model.holds if m in inputs)
-        return F.cross_entropy(model.heads[m](model.proj[m](model.encode(m, inputs))), labels)
+        if PRESENT + m not in inputs:
+            return F.cross_entropy(model.heads[m](model.proj[m](model.encode(m, inputs))), labels)
+        z = model.encode_present(m, inputs, model.proj[m])  # only the rows holding m are encoded
+        mask = present_of(inputs, m)
+        if not bool(mask.any()):
+            return sum(q.sum() for q in model.parameters() if q.requires_grad) * 0.0
+        return masked_ce(model.heads[m](z), labels, mask)
 
     def train(self, msg: Message) -> Message:
         p, ctx = self.params, self.ctx
@@ -69,8 +77,10 @@ class CreamFLClient(TrainingClient):
         elif p.local_distill == "global":
             target = {m: glob[m] for m in held if m in glob}
         if target and p.local_distill_weight:  # FedMD's digest / FedET-FedGEMS's local distillation
+            has = {m: present_of(public, m) for m in held}  # rows lacking m: no target, no term
             self.public_pass(model, opt, public, gen, stats["kd"], lambda z, rows: p.local_distill_weight * sum(
-                F.mse_loss(z[m], target[m][rows]) for m in z if m in target))
+                masked_mse(z[m], target[m][rows], None if has.get(m) is None else has[m].to(rows.device)[rows])
+                for m in z if m in target))
         loss_fn = self.loss_fn(msg)
         for epoch in range(ctx.train.local_epochs):
             self.on_epoch(epoch)
@@ -110,14 +120,23 @@ class CreamFLClient(TrainingClient):
 
     def lcr(self, z: dict[str, Tensor], rows: Tensor, glob: dict[str, Tensor], prev: dict[str, Tensor],
             pair: list[str]) -> Tensor:
+        """Eq. 1-3 on public rows ``rows``. A public set missing modalities: an anchor of eq. 1 must
+        hold both modalities, a candidate j (negatives included) the other one; eq. 2 uses the rows
+        holding the modality (:func:`present_of` of the public set)."""
         p = self.params
+        public = select_public(self.ctx.public, p.public_size)
+        has = {m: present_of(public, m) for m in pair}
         loss = 0.0
         for m, zm in z.items():
             other = pair[1] if m == pair[0] else pair[0]
+            own = None if has[m] is None else has[m].to(rows.device)[rows]
             if p.inter and other in glob:
-                loss = loss + inter_loss(zm, glob[other], rows, p.lcr_temperature)  # eq. 1
+                col = has[other]
+                anchor = own if col is None else (col.to(rows.device)[rows] if own is None
+                                                  else own & col.to(rows.device)[rows])
+                loss = loss + inter_loss(zm, glob[other], rows, p.lcr_temperature, anchor, col)  # eq. 1
             if p.intra and m in glob and m in prev:
-                loss = loss + intra_loss(zm, glob[m][rows], prev[m][rows], p.lcr_temperature)  # eq. 2
+                loss = loss + intra_loss(zm, glob[m][rows], prev[m][rows], p.lcr_temperature, own)  # eq. 2
         return loss
 
     def public_pass(self, model, opt, public, gen, stat, loss_of) -> None:

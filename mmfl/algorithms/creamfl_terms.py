@@ -13,6 +13,7 @@ from mmfl.algorithms.pcme import pcme_pair_loss
 from mmfl.core.aggregation import AGGREGATION_RULES, per_sample_rule
 from mmfl.core.evaluation import retrieval_scores
 from mmfl.core.retrieval import evaluate_retrieval
+from mmfl.data.base import PRESENT
 from mmfl.errors import ConfigError
 from mmfl.seeds import derive_seed
 
@@ -23,12 +24,51 @@ MODEL = "model/"  # client state: its own model
 
 
 def reps_of(model: nn.Module, inputs: dict[str, Tensor], modalities) -> dict[str, Tensor]:
-    """L2-normalised representations ``[B, d]`` of ``modalities`` (those the model holds)."""
+    """L2-normalised representations ``[B, d]`` of ``modalities`` (those the model holds); a row
+    lacking ``m`` (``present/<m>`` False) is never encoded and gets zeros (:func:`present_of`
+    tells the losses which rows to use)."""
     out = {}
     for m in modalities:
         if m in inputs and m in model.holds:
-            out[m] = F.normalize(model.proj[m](model.encode(m, inputs)), dim=-1)
+            out[m] = F.normalize(model.encode_present(m, inputs, model.proj[m]), dim=-1)
     return out
+
+
+def present_of(data_or_inputs, m: str) -> Tensor | None:
+    """Bool ``[N]``: the rows holding ``m`` of a batch's inputs (a dict) or of a whole data set
+    (its view's rows); None when every row does (no ``present/<m>`` mask)."""
+    if isinstance(data_or_inputs, dict):
+        mask = data_or_inputs.get(PRESENT + m)
+        return None if mask is None else mask.to(torch.bool).reshape(-1)
+    mask = data_or_inputs.features.get(PRESENT + m)
+    if mask is None:
+        return None
+    if data_or_inputs.indices is not None:
+        mask = mask[data_or_inputs.indices.to(mask.device)]
+    return mask.to(torch.bool).reshape(-1)
+
+
+def both_present(inputs: dict[str, Tensor], pair) -> Tensor | None:
+    """The rows of a batch holding both modalities of ``pair`` (None: every row)."""
+    masks = [k for k in (present_of(inputs, m) for m in pair) if k is not None]
+    if not masks:
+        return None
+    return masks[0] & masks[1] if len(masks) == 2 else masks[0]
+
+
+def take_rows(inputs: dict[str, Tensor], rows: Tensor) -> dict[str, Tensor]:
+    """Every per-sample tensor of a batch's ``inputs`` at the bool ``rows``."""
+    return {k: v[rows.to(v.device)] for k, v in inputs.items()}
+
+
+def masked_mse(z: Tensor, target: Tensor, mask: Tensor | None) -> Tensor:
+    """MSE over the rows where ``mask`` (None: all) holds; 0 with none."""
+    if mask is None:
+        return F.mse_loss(z, target)
+    mask = mask.to(z.device)
+    if not bool(mask.any()):
+        return z.sum() * 0.0
+    return F.mse_loss(z[mask], target[mask])
 
 
 @torch.no_grad()
@@ -55,23 +95,51 @@ def pair_loss(model: nn.Module, inputs: dict[str, Tensor], z: dict[str, Tensor] 
               generator: torch.Generator | None = None) -> Tensor:
     """The image-text task on a batch of pairs (``pair`` = the two modalities): InfoNCE of the
     representations ``z`` (``params.multimodal_loss = "infonce"``), or PCME (``"pcme"``, which
-    reads the encoders itself for its variance heads; ``z`` is not used)."""
+    reads the encoders itself for its variance heads; ``z`` is not used). Only the rows holding
+    both modalities are pairs (every positive and every negative has both sides present); with
+    fewer than two such rows the loss is 0."""
+    both = both_present(inputs, pair)
+    if both is not None and not bool(both.all()):
+        if int(both.sum()) < 2:
+            return sum(q.sum() for q in model.parameters() if q.requires_grad) * 0.0
+        inputs = take_rows(inputs, both)
+        z = None if z is None else {m: t[both.to(t.device)] for m, t in z.items()}
     if params.multimodal_loss == "pcme":  # Chun et al. 2021, eq. 3-7 (mmfl.algorithms.pcme)
         return pcme_pair_loss(model, inputs, pair, params.pcme_samples, params.pcme_vib_weight, generator)
     return info_nce(z[pair[0]], z[pair[1]], params.temperature)
 
 
-def inter_loss(local: Tensor, global_other: Tensor, rows: Tensor, tau: float) -> Tensor:
+def inter_loss(local: Tensor, global_other: Tensor, rows: Tensor, tau: float, row_ok: Tensor | None = None,
+               col_ok: Tensor | None = None) -> Tensor:
     """Eq. 1, mean over the batch: ``-log softmax_j(local_k . other_j / tau)[j = k]`` over all |P| j.
 
-    local ``[B, d]`` (public rows ``rows``), global_other ``[P, d]``. Memory ``B x P``."""
-    return F.cross_entropy(local @ global_other.t() / tau, rows.to(local.device))
+    local ``[B, d]`` (public rows ``rows``), global_other ``[P, d]``. Memory ``B x P``. With a
+    public set missing modalities: ``row_ok`` (bool ``[B]``) the batch rows that are anchors
+    (holding both modalities), ``col_ok`` (bool ``[P]``) the public rows whose other modality is
+    present (the only candidates j, negatives included); 0 with no anchor."""
+    logits = local @ global_other.t() / tau
+    target = rows.to(local.device)
+    if col_ok is not None:
+        logits = logits.masked_fill(~col_ok.to(logits.device).unsqueeze(0), float("-inf"))
+    if row_ok is not None:
+        row_ok = row_ok.to(local.device)
+        if not bool(row_ok.any()):
+            return local.sum() * 0.0
+        logits, target = logits[row_ok], target[row_ok]
+    return F.cross_entropy(logits, target)
 
 
-def intra_loss(local: Tensor, global_same: Tensor, prev: Tensor, tau: float) -> Tensor:
-    """Eq. 2, mean over the batch: ``-log e^{l.g/tau} / (e^{l.g/tau} + e^{l.p/tau})``; all ``[B, d]``."""
+def intra_loss(local: Tensor, global_same: Tensor, prev: Tensor, tau: float, row_ok: Tensor | None = None) -> Tensor:
+    """Eq. 2, mean over the batch: ``-log e^{l.g/tau} / (e^{l.g/tau} + e^{l.p/tau})``; all ``[B, d]``;
+    ``row_ok`` (bool ``[B]``): the rows holding the modality (the others give no term)."""
     logits = torch.stack([(local * global_same).sum(-1), (local * prev).sum(-1)], dim=1) / tau
-    return F.cross_entropy(logits, torch.zeros(local.shape[0], dtype=torch.long, device=local.device))
+    target = torch.zeros(local.shape[0], dtype=torch.long, device=local.device)
+    if row_ok is not None:
+        row_ok = row_ok.to(local.device)
+        if not bool(row_ok.any()):
+            return local.sum() * 0.0
+        logits, target = logits[row_ok], target[row_ok]
+    return F.cross_entropy(logits, target)
 
 
 def variance_weights(local: Tensor) -> Tensor:
@@ -143,6 +211,13 @@ def pair_modalities(meta) -> tuple[str, str]:
 def retrieval_metrics(model: nn.Module, test, meta, modalities: tuple[str, str], batch_size: int = 512) -> dict:
     """Image-to-text and text-to-image Recall@1/5/10 of ``model`` on ``test``
     (:func:`mmfl.core.evaluation.retrieval_scores` of its test-set representations)."""
+    both = None
+    for m in modalities:  # a test set missing modalities: retrieval over the rows holding both
+        mask = present_of(test, m)
+        if mask is not None:
+            both = mask if both is None else both & mask
+    if both is not None and not bool(both.all()):
+        test = test.subset(both.nonzero().squeeze(1).cpu().numpy())
     reps = public_reps(model, test, modalities, batch_size)
     a, b = modalities
     img, txt = (reps["image"], reps[b if a == "image" else a]) if "image" in modalities else (reps[a], reps[b])

@@ -184,7 +184,7 @@ class FedCMIClient(MultimodalClient):
     def loss(self, model, inputs, labels, msg):
         p = self.params
         out = model(inputs)
-        loss = F.cross_entropy(out["logits"], labels)  # L_ce
+        loss = masked_ce(out["logits"], labels, out["any_present"])  # L_ce (rows holding no modality: none)
         if not self.multi:
             return loss + self.probe_loss(model, out, labels)  # unimodal client: CE only (discussion (3))
         if p.uni_ce:  # L_ce^{m0} + L_ce^{m1}

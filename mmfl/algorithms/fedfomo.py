@@ -71,7 +71,7 @@ def personal_loss(model: nn.Module, inputs: dict[str, Tensor], labels: Tensor, p
     """Cross-entropy of the joint output, plus (multimodal model, ``probe``) the linear probes
     ``heads[m]`` on the detached ``z_m`` that give the per-modality accuracy (as MFedAvg)."""
     out = model(inputs)
-    loss = F.cross_entropy(out["logits"], labels)
+    loss = masked_ce(out["logits"], labels, out.get("any_present"))  # rows holding no modality: no loss
     heads = getattr(model, "heads", None)
     if probe and heads is not None and "mod_reps" in out:
         for m, z in out["mod_reps"].items():

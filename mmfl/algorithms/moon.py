@@ -119,6 +119,13 @@ class MoonClient(FedAvgClient):
         return refs
 
     def objective(self, out, labels, ref, reduction="mean"):
+        rows = out.get("any_present")  # a multimodal model with present/<m> masks: rows holding some modality
+        if rows is not None and reduction == "mean":  # a row holding none of them gives neither term
+            per = self._objective(out, labels, ref, "none")
+            return (per * rows.to(per.dtype)).sum() / rows.sum().clamp(min=1).to(per.dtype)
+        return self._objective(out, labels, ref, reduction)
+
+    def _objective(self, out, labels, ref, reduction):
         mu, tau = self.params.mu, self.params.tau
         l_sup = F.cross_entropy(out["logits"], labels, reduction=reduction)  # line 13
         if mu == 0:

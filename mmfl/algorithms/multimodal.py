@@ -61,6 +61,24 @@ def masked_ce(logits: Tensor, labels: Tensor, mask: Tensor | None, reduction: st
     return F.cross_entropy(logits[mask], labels[mask], reduction=reduction)
 
 
+def any_present(present: dict[str, Tensor] | None) -> Tensor | None:
+    """The rows holding at least one modality of ``present`` (modality -> bool ``[B]``); None
+    (every row) without masks. A row holding none of the client's modalities gives no loss."""
+    masks = [p for p in (present or {}).values() if p is not None]
+    if not masks:
+        return None
+    out = masks[0]
+    for p in masks[1:]:
+        out = out | p
+    return out
+
+
+def row_mask(out: dict) -> Tensor | None:
+    """The rows of a multimodal model's output ``out`` that hold at least one of the given
+    modalities (``out["any_present"]``; None = every row, no mask was given)."""
+    return out.get("any_present")
+
+
 def present_counts(data, modalities) -> dict[str, int]:
     """Samples of ``data`` that hold each modality (per-sample ``present/<m>`` masks)."""
     out = {}
@@ -168,8 +186,9 @@ class MultimodalClient(TrainingClient):
         return self.task_loss(model, out, labels) + self.probe_loss(model, out, labels)
 
     def task_loss(self, model, out: dict, labels: Tensor) -> Tensor:
-        """Cross-entropy of the joint output (MFedAvg's objective)."""
-        return F.cross_entropy(out["logits"], labels)
+        """Cross-entropy of the joint output (MFedAvg's objective), over the rows that hold at
+        least one modality (a row with none would train the classifier on the empty fusion)."""
+        return masked_ce(out["logits"], labels, row_mask(out))
 
     def probe_loss(self, model, out: dict, labels: Tensor) -> Tensor:
         """Linear probes: each ``heads[m]`` on the detached ``z_m`` (no gradient to the encoders)."""

@@ -47,14 +47,15 @@ from torch import Tensor, nn
 from mmfl.algorithms.registry import preset, register
 from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.fedavg import weighted_mean_scalar
-from mmfl.algorithms.multimodal import only_held
+from mmfl.algorithms.creamfl_terms import present_of
+from mmfl.algorithms.multimodal import masked_ce, only_held
 from mmfl.core import optim
 from mmfl.core.aggregation import aggregate
 from mmfl.core.message import Message
 from mmfl.core.replies import ReplySchema
 from mmfl.core.state import module, optimizer, per_client, read, scalar, tensor, write
 from mmfl.core.training import evaluate_model, load_into, make_optimizer, shuffled_batches, state_of
-from mmfl.data.base import LENGTH, is_modality
+from mmfl.data.base import LENGTH, PRESENT, is_modality
 from mmfl.errors import ConfigError
 from mmfl.seeds import derive_seed
 
@@ -96,12 +97,18 @@ class PartialFLParams:
                 raise ConfigError(f"algorithm.{key}: must be >= 1, got {getattr(self, key)!r}")
 
 
-def anchored_contrastive(anchor: Tensor, positive: Tensor, tau: float) -> Tensor:
+def anchored_contrastive(anchor: Tensor, positive: Tensor, tau: float, rows: Tensor | None = None) -> Tensor:
     """Eq. 1 / 2 / 4, mean over the batch:
     ``-log e^{a_i.p_i/tau} / (sum_{j != i} e^{a_i.a_j/tau} + e^{a_i.p_i/tau})`` --
     the positive is the other embedding of the same sample, the negatives are the
     *anchor's own* embeddings of the batch's other samples (intra-modal negatives).
-    ``anchor``, ``positive``: L2-normalised ``[B, d]``."""
+    ``anchor``, ``positive``: L2-normalised ``[B, d]``. ``rows`` (bool ``[B]``; None: all): the
+    samples with both embeddings present, the only anchors and negatives (0 with none)."""
+    if rows is not None and not bool(rows.all()):
+        rows = rows.to(anchor.device)
+        if not bool(rows.any()):
+            return anchor.sum() * 0.0
+        anchor, positive = anchor[rows], positive[rows]
     b = anchor.shape[0]
     pos = (anchor * positive).sum(-1, keepdim=True) / tau  # [B, 1]
     neg = anchor @ anchor.t() / tau
@@ -233,7 +240,8 @@ class PartialFLServer(Server):
         return float(total) / max(steps, 1)
 
     def test_view(self, test):
-        return test.with_features([self.p]) if self.params.global_model == "private" else test
+        keep = [self.p] + [PRESENT + self.p] * (PRESENT + self.p in test.features)  # its mask goes with it
+        return test.with_features(keep) if self.params.global_model == "private" else test
 
     def evaluate_global(self, ctx):
         return evaluate_model(self.model, self.test_view(ctx.test), num_classes=self.ctx.meta.num_classes)
@@ -250,9 +258,11 @@ class PartialFLClient(Client):
         """Alg. 1 line 4: the shareable modality's data, rows in the client's order; no labels."""
         s, _ = self._modalities()
         feats, _ = self.ctx.data.get()
-        arrays = {X + s: feats[s].contiguous()}
+        has = feats.get(PRESENT + s)  # rows lacking S are not sent: the server's z_T, z'_T cover the others
+        pick = (lambda t: t) if has is None else (lambda t: t[has.to(torch.bool).reshape(-1)])
+        arrays = {X + s: pick(feats[s]).contiguous()}
         if LENGTH + s in feats:  # a padded sequence: its valid lengths go with it
-            arrays[X + LENGTH + s] = feats[LENGTH + s].contiguous()
+            arrays[X + LENGTH + s] = pick(feats[LENGTH + s]).contiguous()
         return Message(arrays=arrays)
 
     def train(self, msg: Message) -> Message:
@@ -278,6 +288,9 @@ class PartialFLClient(Client):
                        (["encoders", s], ["proj", s], ["heads", s])]
             lopt = make_optimizer(lparams, ctx.train)
         zt = msg.arrays.get(ZT)
+        s_rows = present_of(ctx.data, s) if s in ctx.modalities else None  # the rows holding S (None: all)
+        if zt is not None and s_rows is not None:  # z_T came for those rows only: zeros at the others
+            zt = zt.new_zeros(len(ctx.data), zt.shape[1]).index_copy(0, s_rows.nonzero().squeeze(1).to(zt.device), zt)
         view = [priv] if p.global_model == "private" else [m for m in ctx.modalities]
         gen = ctx.generator()
         n = len(ctx.data)
@@ -290,12 +303,15 @@ class PartialFLClient(Client):
             # eq. 3: F_g, CE + beta * L^{T->A} (eq. 1) against the server's z_T
             out = gmodel({m: inputs[m] for m in view if m in inputs} | {
                 k: v for k, v in inputs.items() if not is_modality(k)})  # present/ masks, length/ lengths
-            loss_g = F.cross_entropy(out["logits"], labels)
+            loss_g = masked_ce(out["logits"], labels, out["any_present"])  # rows holding no modality: none
             for m, z in out["mod_reps"].items():  # per-modality heads as linear probes on detached
-                loss_g = loss_g + F.cross_entropy(gmodel.heads[m](z.detach()), labels)  # reps (accuracy/<m>)
+                loss_g = loss_g + masked_ce(gmodel.heads[m](z.detach()), labels, out["present"][m])  # (accuracy/<m>)
             if has_s and p.beta:
                 za = out["mod_reps"][priv] if p.global_model == "private" else out["rep"]
-                al = anchored_contrastive(F.normalize(za, dim=-1), zt[rows], p.tau)
+                ok = out["present"][priv] if p.global_model == "private" else out["any_present"]
+                if s_rows is not None:  # eq. 1's pairs: the anchor's and z_T's rows both present
+                    ok = s_rows.to(za.device)[rows] if ok is None else ok & s_rows.to(za.device)[rows]
+                al = anchored_contrastive(F.normalize(za, dim=-1), zt[rows], p.tau, ok)
                 loss_g = loss_g + p.beta * al
                 stats["align"][0] += al.detach().double()
                 stats["align"][1] += 1
@@ -308,10 +324,11 @@ class PartialFLClient(Client):
             stats["global"][0] += loss_g.detach().double()  # summed on the device: no sync per step
             stats["global"][1] += 1
             if lmodel is not None:  # eq. 4: F_k, CE + beta * L^{S->L} against z_T
-                z = branch_embed(lmodel, s, inputs[s], inputs.get(LENGTH + s))
-                loss_l = F.cross_entropy(lmodel.heads[s](z), labels)
+                z = lmodel.encode_present(s, inputs, lmodel.proj[s])  # rows lacking S: not encoded, no term
+                sel = present_of(inputs, s)
+                loss_l = masked_ce(lmodel.heads[s](z), labels, sel)
                 if p.beta:
-                    loss_l = loss_l + p.beta * anchored_contrastive(F.normalize(z, dim=-1), zt[rows], p.tau)
+                    loss_l = loss_l + p.beta * anchored_contrastive(F.normalize(z, dim=-1), zt[rows], p.tau, sel)
                 lopt.zero_grad(set_to_none=True)
                 loss_l.backward()
                 lopt.step()
@@ -327,7 +344,8 @@ class PartialFLClient(Client):
             lmodel.eval()
             with torch.no_grad():  # line 17: z'_T of all the client's S data
                 feats, _ = ctx.data.get()
-                arrays[ZPRIME] = F.normalize(branch_embed(lmodel, s, feats[s], feats.get(LENGTH + s)), dim=-1)
+                zp = F.normalize(lmodel.encode_present(s, feats, lmodel.proj[s]), dim=-1)
+                arrays[ZPRIME] = zp if s_rows is None else zp[s_rows.to(zp.device)]  # the rows uploaded
             scalars["local_loss"] = mean["local"]
             if stats["align"][1]:
                 scalars["align_loss"] = mean["align"]

@@ -31,11 +31,13 @@ DEFAULT_CHUNK = 1024  # rows per chunk: 2 x 1024 x 50,000 floats = 410 MB of tem
 
 
 def global_local_contrastive_scores(local: Tensor, global_other: Tensor, chunk: int = DEFAULT_CHUNK,
-                                    exclude_positive: bool = False) -> Tensor:
+                                    exclude_positive: bool = False, candidates: Tensor | None = None) -> Tensor:
     """s^(k,c) of eq. 4.
 
     local: ``[C, P, d]`` client representations of the public set (one modality);
     global_other: ``[P, d]`` the server's representations of the other modality.
+    ``candidates`` (bool ``[P]``, None: all): the public rows whose other modality is present,
+    the only j of the denominator (a public set missing modalities).
     Returns ``[C, P]`` (float32). Memory: ``chunk x P`` logits (plus as much for
     the exponentials) at a time.
     """
@@ -53,6 +55,8 @@ def global_local_contrastive_scores(local: Tensor, global_other: Tensor, chunk: 
             if exclude_positive:
                 dev = logits.device
                 logits[torch.arange(e - s, device=dev), torch.arange(s, e, device=dev)] = float("-inf")
+            if candidates is not None:
+                logits = logits.masked_fill(~candidates.to(logits.device).unsqueeze(0), float("-inf"))
             out[c, s:e] = positive - torch.logsumexp(logits, dim=1)
             del logits
     return out
@@ -71,16 +75,18 @@ def aggregate_representations(local: Tensor, weights: Tensor, chunk: int = 8192)
 
 def gca_weights(local: Tensor, key: str, global_reps: dict[str, Tensor] | None = None,
                 pair: tuple[str, str] | None = None, chunk: int = DEFAULT_CHUNK, exclude_positive: bool = False,
-                **context) -> Tensor:
+                public_present: dict[str, Tensor] | None = None, **context) -> Tensor:
     """alpha of eq. 4-5 for the representations of modality ``key`` (local ``[C, P, d]``), scored
     against the server's global representations of the other modality of ``pair``
-    (``global_reps[other]``, ``[P, d]``). Returns ``[C, P]``."""
+    (``global_reps[other]``, ``[P, d]``); ``public_present`` (modality -> bool ``[P]``): the
+    public rows holding each modality (only they are candidates). Returns ``[C, P]``."""
     if global_reps is None or pair is None or key not in pair:
         raise ValueError("the 'gca' rule needs global_reps={modality: [P, d]} and pair=(m1, m2) "
                          "(CreamFL's server gives them)")
     other = pair[1] if key == pair[0] else pair[0]
+    cand = (public_present or {}).get(other)
     return global_local_contrastive_weights(  # eq. 4, then eq. 5
-        global_local_contrastive_scores(local, global_reps[other], chunk, exclude_positive))
+        global_local_contrastive_scores(local, global_reps[other], chunk, exclude_positive, cand))
 
 
 AGGREGATION_RULES.register("gca", help="representations [P, d]: CreamFL's global-local contrastive aggregation, "

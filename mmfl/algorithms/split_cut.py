@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mmfl.algorithms.multimodal import masked_ce
+from mmfl.algorithms.multimodal import any_present, masked_ce
 from mmfl.data.base import PRESENT
 from mmfl.core.message import Message
 from mmfl.models.multimodal import branch_of
@@ -53,10 +53,12 @@ def batch_schedule(n: int, batch_size: int, epochs: int) -> list[tuple[int, int,
 def client_forward(model: nn.Module, inputs: dict[str, Tensor], u_shaped: bool = False) -> dict[str, Tensor]:
     """The cut-layer activations of the held modalities: ``proj[m](encoders[m](x_m))`` ``[B, d]``,
     or U-shaped the encoder outputs ``encoders[m](x_m)`` (a padded sequence's ``length/<m>`` masks
-    its encoder, :meth:`~mmfl.models.multimodal.MultimodalModel.encode`)."""
+    its encoder, :meth:`~mmfl.models.multimodal.MultimodalModel.encode`). Only the rows holding
+    ``m`` (``present/<m>``) are encoded; the others are zeros and never sent (the cut of a
+    sample that lacks ``m`` does not exist)."""
     if u_shaped:
-        return {m: model.encode(m, inputs) for m in model.holds if m in inputs}
-    return {m: model.proj[m](model.encode(m, inputs)) for m in model.holds if m in inputs}
+        return {m: model.encode_present(m, inputs) for m in model.holds if m in inputs}
+    return {m: model.encode_present(m, inputs, model.proj[m]) for m in model.holds if m in inputs}
 
 
 def middle_forward(model: nn.Module, acts: dict[str, Tensor], present: dict[str, Tensor | None],
@@ -92,7 +94,7 @@ def server_loss(model: nn.Module, out: dict, labels: Tensor, probe: bool) -> Ten
     """MFedAvg's objective: cross-entropy of the joint output + the heads' probes on detached
     activations (:class:`~mmfl.algorithms.multimodal.MultimodalClient`, term by term)."""
     logits = out["logits"]
-    task = torch.nn.functional.cross_entropy(logits, labels)
+    task = masked_ce(logits, labels, any_present(out["present"]))  # rows holding no modality: no loss
     if not probe:
         return task + logits.sum() * 0.0
     total = logits.new_zeros(())

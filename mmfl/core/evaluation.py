@@ -11,7 +11,11 @@ the context.
 The kinds (:data:`KINDS`):
 
 - ``global``: the server's model on the shared test set (:func:`global_metrics`: accuracy,
-  loss, and for a multimodal model the per-modality ``accuracy/<m>``, ``uar``, ...).
+  loss, and for a multimodal model the per-modality ``accuracy/<m>``, ``uar``, ...; a head's
+  ``accuracy/<m>`` over the rows holding ``m``). A test set with ``present/<m>`` masks also gets
+  the accuracy and row count per missingness pattern, ``pattern/complete/accuracy``,
+  ``pattern/no_<m>/accuracy``, ``pattern/<name>/n`` (:mod:`mmfl.core.patterns`); so does the
+  ``personalized`` kind, pooled over the devices' rows.
 - ``personalized``: every client's model on test rows that follow its own label
   distribution, with only the modalities it holds (:func:`personalized_metrics`, the
   protocol of :mod:`mmfl.core.personal`). Where the clients' data is in this process (the
@@ -38,6 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from mmfl.core.message import Message
+from mmfl.core.patterns import PATTERN
 from mmfl.core.retrieval import evaluate_retrieval, pairs_to_retrieval
 from mmfl.core.personal import combine_devices, device_metrics, evaluate_devices, held_test_set, own_test_indices
 from mmfl.core.training import evaluate_model, load_into, state_of
@@ -128,7 +133,8 @@ def personalized_metrics(ctx: EvalContext, model_of: Callable[[int], nn.Module] 
     per = []
     for cid in range(ctx.num_clients):
         s = replies[cid].scalars if cid in replies else {}
-        per.append({k: s[k] for k in ("accuracy", "uar", "test_loss", "rows")} if s.get("rows", 0) > 0 else None)
+        per.append({k: s[k] for k in s if k in ("accuracy", "uar", "test_loss", "rows") or k.startswith(PATTERN)}
+                   if s.get("rows", 0) > 0 else None)
     return combine_devices(per)
 
 

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from mmfl.data.base import PRESENT, ArrayDataset
+from mmfl.core.patterns import pattern_keys, pool_patterns
 from mmfl.core.training import class_recall, evaluate_model
 
 _TAG = 0x9E57  # a fixed word in the seed sequence, so these draws differ from other uses of (seed, cid)
@@ -145,7 +146,7 @@ def device_metrics(model: nn.Module, data: ArrayDataset, num_classes: int, batch
     row = evaluate_model(model, data, batch_size=batch_size, num_classes=num_classes)
     uar = row["uar"] if "uar" in row else _uar(model, data, num_classes, batch_size)
     return {"accuracy": float(row["accuracy"]), "uar": float(uar), "test_loss": float(row["test_loss"]),
-            "rows": len(data)}
+            "rows": len(data), **pattern_keys(row)}
 
 
 def combine_devices(per_device: list[dict | None]) -> dict:
@@ -159,7 +160,7 @@ def combine_devices(per_device: list[dict | None]) -> dict:
     return {"accuracy": float(np.mean(accs)), "accuracy_std": float(np.std(accs)),
             "uar": float(np.mean([d["uar"] for d in done])),
             "test_loss": float(np.mean([d["test_loss"] for d in done])), "client_accuracy": per_client,
-            "personal_test_rows": float(np.mean([d["rows"] for d in done]))}
+            "personal_test_rows": float(np.mean([d["rows"] for d in done])), **pool_patterns(done)}
 
 
 def evaluate_devices(model_of: Callable[[int], nn.Module], indices: list[np.ndarray], modalities_of,

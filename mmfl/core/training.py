@@ -15,13 +15,22 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmfl.core import optim
-from mmfl.data.base import ArrayDataset
+from mmfl.core.patterns import PatternCounter
+from mmfl.data.base import PRESENT, ArrayDataset
 
 LossFn = Callable[[nn.Module, dict[str, Tensor], Tensor], Tensor]
 
 
 def cross_entropy_loss(model: nn.Module, inputs: dict[str, Tensor], labels: Tensor) -> Tensor:
-    return F.cross_entropy(model(inputs)["logits"], labels)
+    """Cross-entropy of the output; a multimodal model given ``present/<m>`` masks: over the rows
+    holding at least one modality (``out["any_present"]``)."""
+    out = model(inputs)
+    rows = out.get("any_present")
+    if rows is None or bool(rows.all()):
+        return F.cross_entropy(out["logits"], labels)
+    if not bool(rows.any()):
+        return out["logits"].sum() * 0.0
+    return F.cross_entropy(out["logits"][rows], labels[rows])
 
 
 def cosine_lr(lr: float, rnd: int, period: int, lr_min: float = 0.0) -> float:
@@ -157,11 +166,16 @@ def evaluate_model(model: nn.Module, data: ArrayDataset, batch_size: int = 1000,
     correct, top5, loss, n = 0, 0, 0.0, 0
     preds: dict[str, list[Tensor]] = {}
     ys: list[Tensor] = []
+    held: dict[str, list[Tensor]] = {}  # per modality: which rows hold it (only where a mask says)
+    patterns = PatternCounter(data.modalities) if any(k.startswith(PRESENT) for k in data.features) else None
     for inputs, labels in data.batches(batch_size, shuffle=False):
         out = model(inputs)
         logits = out["logits"]
         loss += float(F.cross_entropy(logits, labels, reduction="sum"))
-        correct += int((logits.argmax(1) == labels).sum())
+        hit = logits.argmax(1) == labels
+        correct += int(hit.sum())
+        if patterns is not None:
+            patterns.add(inputs, hit)
         if logits.shape[1] > 5:
             top5 += int((logits.topk(5, dim=1).indices == labels.unsqueeze(1)).any(1).sum())
         n += labels.shape[0]
@@ -170,15 +184,25 @@ def evaluate_model(model: nn.Module, data: ArrayDataset, batch_size: int = 1000,
             preds.setdefault("", []).append(logits.argmax(1))
             for m, lg in out["mod_logits"].items():
                 preds.setdefault(m, []).append(lg.argmax(1))
+                held.setdefault(m, []).append(out["present"][m] if "present" in out and PRESENT + m in inputs
+                                              else torch.ones_like(labels, dtype=torch.bool))
     row: dict = {"accuracy": correct / max(n, 1), "test_loss": loss / max(n, 1)}
     if n and logits.shape[1] > 5:  # top-5 means something only with more than 5 classes
         row["accuracy_top5"] = top5 / n
+    if patterns is not None:  # a set whose rows may lack modalities: accuracy by missingness pattern
+        row.update(patterns.metrics())
     if ys:
-        y = torch.cat(ys)
-        k = num_classes or int(y.max()) + 1
+        y_all = torch.cat(ys)
+        k = num_classes or int(y_all.max()) + 1
         for m, ps in preds.items():
             suffix = f"/{m}" if m else ""
-            p = torch.cat(ps)
+            p, y = torch.cat(ps), y_all
+            if m:  # a modality's own head: scored on the rows that hold m only
+                rows = torch.cat(held[m])
+                if not bool(rows.all()):
+                    p, y = p[rows], y[rows]
+                    if not int(rows.sum()):
+                        continue
             if m:
                 row[f"accuracy{suffix}"] = float((p == y).double().mean())
             recall = class_recall(p, y, k)

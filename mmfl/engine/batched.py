@@ -153,7 +153,7 @@ def _blocker(transport, route: str, messages) -> str | None:
         return "clients build different models ([[client_models]])"
     if transport.federation.client_modalities is not None:
         return "clients hold different modalities (different model structures)"
-    if any(k.startswith("present/") for k in transport.federation.clients[0].features):
+    if any(k.startswith("present/") for c in transport.federation.clients for k in c.features):
         return "samples miss modalities (present/<m> masks)"
     return capability_blocker(transport.spec.client) or model_blocker(transport._model("batched"), transport.train)
 

@@ -8,6 +8,9 @@ Contract (all registered models):
                                  # (projection-head output where there is one)
     out["mod_logits"]: {m: [B, num_classes]}   # optional: one classifier per modality;
                                  # evaluate_model then adds accuracy/<m>, uar/<m>, class_accuracy/<m>
+    out["present"]: {m: bool [B]}  # multimodal: the rows holding m (inputs["present/<m>"]);
+    out["any_present"]: bool [B] | None  # rows holding any given modality (None: no mask given);
+                                 # an absent row's mod_* outputs are zeros, never its input's values
 
 A factory is ``factory(params, meta: DatasetMeta) -> nn.Module``.
 """

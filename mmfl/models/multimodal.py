@@ -14,6 +14,11 @@ the algorithms rely on; see :func:`module_of` / :func:`branch_of`):
                    (slots in sorted modality order)
 - ``classifier``:  joint classifier ``Linear(fusion_out_dim, num_classes)``
 
+Per-sample missing modalities (``inputs["present/<m>"]``, bool ``[B]``): each branch runs on
+the rows holding its modality only (:meth:`MultimodalModel._branch`, :meth:`encode_present`),
+so an absent row's values never reach an encoder (nor its batch norm statistics); its
+``mod_feats/mod_reps/mod_logits`` rows are zeros and its fusion slot is the fill.
+
 A client's model (``holds`` = the modalities it has) is the full model with the
 branches (``encoders/proj/infil/heads``) of the other modalities deleted; it is
 always built in full first, so a torch seed gives every client the same tensors.
@@ -21,15 +26,13 @@ always built in full first, so a torch seed gives every client the same tensors.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-
 import torch
 from torch import Tensor, nn
 
 from mmfl.data.base import DatasetMeta
 from mmfl.errors import ConfigError
 from mmfl.models import MODELS
+from mmfl.models.multimodal_params import ENCODER_KINDS, FUSION_KINDS, PROJECTOR_KINDS, MultimodalParams  # noqa: F401
 from mmfl.models.uncertainty import INIT_A, INIT_NOISE, UncertaintyHeads
 from mmfl.models.fusion import FUSIONS, ConcatFusion, FiLMFusion, GatedFusion, SumFusion  # noqa: F401  (in __all__)
 from mmfl.models.encoders import CNNEncoder, MLPEncoder, default_encoder, relu_init  # noqa: F401  (re-exported)
@@ -45,9 +48,6 @@ except ImportError:  # pragma: no cover - older mmfl.data.base
     LENGTH = "length/"
 
 BRANCH_MODULES = ("encoders", "proj", "infil", "heads")
-ENCODER_KINDS = ("cnn", "mlp", "conv1d", "gru", "tokens")
-PROJECTOR_KINDS = ("mlp", "linear", "none")
-FUSION_KINDS = ("concat", "sum", "film", "gated")
 
 __all__ = [
     "BRANCH_MODULES", "CNNEncoder", "ConcatFusion", "Conv1dEncoder", "FiLMFusion", "GRUEncoder", "GatedFusion",
@@ -212,6 +212,30 @@ class MultimodalModel(nn.Module):
             x, n = x[rows], (None if n is None else n[rows])
         return self.encoders[m](x, n)
 
+    def present_rows(self, m: str, inputs: dict[str, Tensor]) -> Tensor | None:
+        """The index ``[n]`` of the rows of ``inputs`` that hold ``m`` (``"present/<m>"``), or
+        None when every row does (no mask, or an all-True one)."""
+        mask = inputs.get(PRESENT + m)
+        if mask is None:
+            return None
+        rows = mask.to(dtype=torch.bool).reshape(-1).nonzero().squeeze(1)
+        return None if int(rows.numel()) == int(mask.numel()) else rows
+
+    def encode_present(self, m: str, inputs: dict[str, Tensor], then=None) -> Tensor:
+        """``then(encoders[m](x))`` (``then``: e.g. the projector; None: identity) on the rows
+        holding ``m`` only, zeros ``[B, .]`` at the others (with no mask: every row): what an
+        absent row holds never reaches the encoder."""
+        rows = self.present_rows(m, inputs)
+        if rows is not None and int(rows.numel()) == 0:
+            b = int(inputs[m].shape[0])
+            return self.classifier.weight.new_zeros(b, self.feat_dim)
+        f = self.encode(m, inputs, rows)
+        if then is not None:
+            f = then(f)
+        if rows is None:
+            return f
+        return f.new_zeros((int(inputs[m].shape[0]), *f.shape[1:])).index_copy(0, rows, f)
+
     def fuse(self, slots: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """``(rep, logits)`` of the fusion + joint classifier over ``slots`` (modality ->
         ``[B, feat_dim]``); a modality without a slot gets zeros."""
@@ -237,18 +261,24 @@ class MultimodalModel(nn.Module):
         ip_reps: dict[str, Tensor] = {}
         ip_logits: dict[str, Tensor] = {}
         present: dict[str, Tensor] = {}
+        masked = False
         for m in self.holds:
             if m not in inputs:
                 continue
-            f = self.encode(m, inputs)
-            z = self.proj[m](f)
-            feats[m], reps[m], mod_logits[m] = f, z, self.heads[m](z)
-            if self.infil is not None:
-                ip = self.infil[m](f)
-                ip_reps[m], ip_logits[m] = ip, self.heads[m](ip)
             mask = inputs.get(PRESENT + m)
-            present[m] = (mask.to(device=device, dtype=torch.bool).reshape(b) if mask is not None
-                          else torch.ones(b, dtype=torch.bool, device=device))
+            rows = None
+            if mask is None:
+                present[m] = torch.ones(b, dtype=torch.bool, device=device)
+            else:
+                masked = True
+                present[m] = mask.to(device=device, dtype=torch.bool).reshape(b)
+                rows = present[m].nonzero().squeeze(1)
+                if int(rows.numel()) == b:
+                    rows = None  # every row holds m: the unmasked computation
+            outs = self._branch(m, inputs, rows, b)
+            feats[m], reps[m], mod_logits[m] = outs[:3]
+            if self.infil is not None:
+                ip_reps[m], ip_logits[m] = outs[3:]
 
         zeros = torch.zeros(b, self.feat_dim, device=device, dtype=self.classifier.weight.dtype)
         slots = []
@@ -257,8 +287,35 @@ class MultimodalModel(nn.Module):
             slots.append(torch.where(present[m].unsqueeze(1), reps[m], fill) if m in reps else fill)
         rep = self.fusion(slots)
         logits = self.classifier(self.dropout(rep))
+        # the rows holding at least one of the given modalities (None: no mask given, every row)
+        any_present = None
+        if masked:
+            any_present = torch.zeros(b, dtype=torch.bool, device=device)
+            for p in present.values():
+                any_present = any_present | p
         return {"logits": logits, "rep": rep, "features": rep, "mod_feats": feats, "mod_reps": reps,
-                "mod_logits": mod_logits, "ip_reps": ip_reps, "ip_logits": ip_logits, "present": present}
+                "mod_logits": mod_logits, "ip_reps": ip_reps, "ip_logits": ip_logits, "present": present,
+                "any_present": any_present}
+
+    def _branch(self, m: str, inputs: dict[str, Tensor], rows: Tensor | None, b: int) -> list[Tensor]:
+        """``[f, z, head(z)(, ip, head(ip))]`` of modality ``m`` ``[B, .]``: computed on the rows
+        ``rows`` (index ``[n]``; None: every row) only and zero at the others, so the values an
+        absent row holds never enter an encoder (its batch norm statistics included) nor any
+        output; with no row present the branch is not run at all."""
+        if rows is not None and int(rows.numel()) == 0:
+            w = self.classifier.weight
+            zf = w.new_zeros(b, self.feat_dim)
+            zl = w.new_zeros(b, self.num_classes)
+            return [zf, zf, zl] + ([zf, zl] if self.infil is not None else [])
+        f = self.encode(m, inputs, rows)
+        z = self.proj[m](f)
+        outs = [f, z, self.heads[m](z)]
+        if self.infil is not None:
+            ip = self.infil[m](f)
+            outs += [ip, self.heads[m](ip)]
+        if rows is None:
+            return outs
+        return [t.new_zeros((b, *t.shape[1:])).index_copy(0, rows, t) for t in outs]
 
     def _fill(self, m: str, ip_reps: dict[str, Tensor], present: dict[str, Tensor], zeros: Tensor) -> Tensor:
         """The slot of modality ``m`` where a sample lacks it: the mean IP output of the
@@ -273,81 +330,6 @@ class MultimodalModel(nn.Module):
             total = total + torch.where(mk, ip_reps[k], zeros)
             count = count + mk.to(zeros.dtype)
         return total / count.clamp(min=1.0)
-
-
-@dataclass
-class MultimodalParams:
-    feat_dim: int = field(default=128, metadata={"help": "encoder / projector output size per modality"})
-    encoders: dict[str, str] = field(default_factory=dict, metadata={
-        "help": "modality -> 'cnn' | 'mlp' | 'conv1d' | 'gru' | 'tokens'; default: 'tokens' for token ids "
-                "(the data set gives a vocabulary size), 'cnn' for (C, H, W) shapes, 'conv1d' for "
-                "(channels, time), else 'mlp'"})
-    cnn_channels: list[int] = field(default_factory=lambda: [32, 64], metadata={
-        "help": "CNN encoder: channels of the conv3x3-BN-ReLU-maxpool blocks"})
-    mlp_hidden: list[int] = field(default_factory=lambda: [256], metadata={
-        "help": "MLP encoder: hidden layer sizes"})
-    conv1d_channels: list[int] = field(default_factory=lambda: [64, 64], metadata={
-        "help": "1-D conv encoder: channels of the conv-ReLU-maxpool2 blocks (masked mean+max pooling at the end)"})
-    conv1d_kernel: int = field(default=5, metadata={"help": "1-D conv encoder: kernel size (odd)"})
-    gru_hidden: int = field(default=128, metadata={"help": "GRU encoder: hidden units"})
-    gru_layers: int = field(default=1, metadata={"help": "GRU encoder: stacked layers"})
-    token_dim: int = field(default=64, metadata={"help": "token encoder: embedding size"})
-    projector: str = field(default="mlp", metadata={
-        "help": "projector kind: 'mlp' (2 layers, the paper's), 'linear' or 'none'"})
-    two_projector: bool = field(default=False, metadata={
-        "help": "add FedCMI's infiltration projectors (infil); their output fills missing slots"})
-    fusion: str = field(default="concat", metadata={"help": "'concat' | 'sum' | 'film' | 'gated'"})
-    dropout: float = field(default=0.0, metadata={"help": "dropout before the joint classifier"})
-    uncertainty: bool = field(default=False, metadata={
-        "help": "add PCME's per-modality log-variance heads and match scalars a, b (Chun et al. 2021; "
-                "used by CreamFL's algorithm.multimodal_loss = 'pcme'); the representation stays the mean"})
-    uncertainty_init_noise: float = field(default=INIT_NOISE, metadata={
-        "help": "uncertainty: the samples' initial distance from their unit-norm mean (the log-variance heads' "
-                "bias starts at log(s^2 / feat_dim)); 0 = PyTorch's default init, as the PCME authors' code"})
-    uncertainty_init_ab: float = field(default=INIT_A, metadata={
-        "help": "uncertainty: initial a = b of PCME's sigmoid(-a ||z - z'|| + b) (30: the authors' COCO and CreamFL "
-                "15 under their sigma(x) = sigmoid(2x); their CUB 5 is 10 here)"})
-
-    def __post_init__(self):
-        if isinstance(self.feat_dim, bool) or not isinstance(self.feat_dim, int) or self.feat_dim < 1:
-            raise ConfigError(f"model.feat_dim: must be an integer >= 1, got {self.feat_dim!r}")
-        if not isinstance(self.encoders, dict):
-            raise ConfigError(f"model.encoders: expected a table modality -> kind, got {self.encoders!r}")
-        for m, kind in self.encoders.items():
-            if kind not in ENCODER_KINDS:
-                raise ConfigError(f"model.encoders: {m} must be one of {list(ENCODER_KINDS)}, got {kind!r}")
-        if not self.cnn_channels or any(isinstance(c, bool) or not isinstance(c, int) or c < 1
-                                        for c in self.cnn_channels):
-            raise ConfigError(f"model.cnn_channels: need one or more sizes >= 1, got {self.cnn_channels!r}")
-        if any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in self.mlp_hidden):
-            raise ConfigError(f"model.mlp_hidden: sizes must be >= 1, got {self.mlp_hidden!r}")
-        if not self.conv1d_channels or any(isinstance(c, bool) or not isinstance(c, int) or c < 1
-                                           for c in self.conv1d_channels):
-            raise ConfigError(f"model.conv1d_channels: need one or more sizes >= 1, got {self.conv1d_channels!r}")
-        k = self.conv1d_kernel
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1 or k % 2 == 0:
-            raise ConfigError(f"model.conv1d_kernel: must be an odd integer >= 1, got {k!r}")
-        for name in ("gru_hidden", "gru_layers", "token_dim"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"model.{name}: must be an integer >= 1, got {v!r}")
-        if self.projector not in PROJECTOR_KINDS:
-            raise ConfigError(f"model.projector: must be one of {list(PROJECTOR_KINDS)}, got {self.projector!r}")
-        if not isinstance(self.two_projector, bool):
-            raise ConfigError(f"model.two_projector: expected true or false, got {self.two_projector!r}")
-        if self.fusion not in FUSION_KINDS:
-            raise ConfigError(f"model.fusion: must be one of {list(FUSION_KINDS)}, got {self.fusion!r}")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
-                or not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.dropout: must be in [0, 1), got {self.dropout!r}")
-        if not isinstance(self.uncertainty, bool):
-            raise ConfigError(f"model.uncertainty: expected true or false, got {self.uncertainty!r}")
-        v = self.uncertainty_init_noise
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise ConfigError(f"model.uncertainty_init_noise: must be a number >= 0, got {v!r}")
-        v = self.uncertainty_init_ab
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise ConfigError(f"model.uncertainty_init_ab: must be a number > 0, got {v!r}")
 
 
 @MODELS.register("multimodal", MultimodalParams,
