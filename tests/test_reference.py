@@ -171,3 +171,19 @@ def test_flower_refuses_references_with_one_line(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("mmfl: error: [reference]:")
     assert main(["flower", "run-config", with_table, "--set", "reference.enabled=false",
                  "-o", str(tmp_path / "rc.toml")]) == 0  # a disabled table passes
+
+
+def test_personalized_family_compares_personalized_means(tmp_path):
+    """FedAMP reports each client's model on its own test rows: the references report the same
+    metric (local-only's personal/accuracy; centralized and LR on each client's rows)."""
+    text_manifest(tmp_path)
+    raw = text_config(tmp_path, text_encoder="hash:256")
+    raw.update(rounds=1, algorithm={"name": "fedamp"})
+    df = api.run(raw, reference=True, progress=False).reference
+    assert set(df["metric"]) == {"personalized mean accuracy (each client's test rows)"}
+    by = {r["method"]: r for r in df.to_dict("records")}
+    local = [json.loads(x) for x in (tmp_path / "runs" / "tweets" / "reference" / "local" / "metrics.jsonl")
+             .read_text().splitlines()]
+    assert by["local-only"]["final"] == local[-1]["personal/accuracy"]  # not its shared-test-set accuracy
+    assert "test accuracy" in by["logistic regression"]["note"]
+    assert 0 <= by["centralized"]["final"] <= 1 and by["centralized"]["best"] != by["centralized"]["best"]  # NaN
