@@ -22,18 +22,18 @@ from mmfl.seeds import derive_seed
 NOT_RETRIEVAL = "does not apply to retrieval (no class labels to fit; the references are the server alone)"
 
 
-def flat_columns(data: ArrayDataset, keys: list[str]) -> np.ndarray:
+def flat_columns(data: ArrayDataset, keys: list[str], widths: list[int] | None = None) -> np.ndarray:
     """``data``'s rows as one float32 matrix: the tensors of ``keys`` flattened and concatenated
-    (a key ``data`` lacks: ones for a ``present/`` mask, zeros of the training width otherwise;
-    the width comes from :func:`widths`)."""
+    (a key ``data`` lacks: ``widths`` columns of ones for a ``present/`` mask, zeros otherwise)."""
     feats, _ = data.get()
     n = len(data)
     cols = []
-    for k in keys:
+    for i, k in enumerate(keys):
         if k in feats:
             cols.append(feats[k].detach().reshape(n, -1).float().cpu().numpy())
         else:
-            cols.append(np.full((n, 1), 1.0 if k.startswith(PRESENT) else 0.0, dtype=np.float32))
+            width = widths[i] if widths else 1
+            cols.append(np.full((n, width), 1.0 if k.startswith(PRESENT) else 0.0, dtype=np.float32))
     return np.concatenate(cols, axis=1) if cols else np.zeros((n, 0), dtype=np.float32)
 
 
@@ -71,13 +71,23 @@ def sklearn_references(train: ArrayDataset, test: ArrayDataset, seed: int, setti
     """``{"logistic_regression": {...}, "random_forest": {...}}`` for the requested ``methods``: each
     its accuracy and UAR on ``test`` (and ``personal_accuracy`` with ``personal_rows``), the rows
     and columns it trained on and its seconds, or ``{"skipped": why}``."""
+    from contextlib import nullcontext
+
+    from threadpoolctl import threadpool_limits  # scikit-learn's own dependency
+
+    with threadpool_limits(threads) if threads else nullcontext():  # the run's `threads` (0: the default)
+        return _fit(train, test, seed, settings, methods, threads, personal_rows, log)
+
+
+def _fit(train, test, seed, settings, methods, threads, personal_rows, log) -> dict:
     from sklearn.ensemble import RandomForestClassifier
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
     X, y, keys, total = training_matrix(train, seed, settings.sklearn_max_rows)
-    Xt = flat_columns(test, keys)
+    widths = [int(np.prod(train.features[k].shape[1:])) for k in keys]
+    Xt = flat_columns(test, keys, widths)
     yt = test.get()[1].cpu().numpy()
     shape = {"train_rows": int(X.shape[0]), "pooled_rows": int(total), "features": int(X.shape[1]),
              "columns": keys}

@@ -187,3 +187,24 @@ def test_personalized_family_compares_personalized_means(tmp_path):
     assert by["local-only"]["final"] == local[-1]["personal/accuracy"]  # not its shared-test-set accuracy
     assert "test accuracy" in by["logistic regression"]["note"]
     assert 0 <= by["centralized"]["final"] <= 1 and by["centralized"]["best"] != by["centralized"]["best"]  # NaN
+
+
+def test_flattened_features_carry_missing_masks_as_0_1_columns():
+    """present/<m> masks (per-sample missing modalities) are 0/1 columns; a test set without them
+    counts the modality as present; a modality the test set lacks is zeros of its width."""
+    import numpy as np
+    import torch
+
+    from mmfl.data.base import ArrayDataset
+    from mmfl.reference_sklearn import flat_columns, training_matrix
+
+    train = ArrayDataset({"a": torch.ones(4, 2, 3), "b": torch.arange(4.0)[:, None],
+                          "present/a": torch.tensor([True, False, True, True])}, torch.tensor([0, 1, 0, 1]))
+    X, y, keys, total = training_matrix(train, seed=0, max_rows=10)
+    assert keys == ["a", "b", "present/a"] and X.shape == (4, 8) and total == 4
+    assert X[:, -1].tolist() == [1, 0, 1, 1]
+    test = ArrayDataset({"b": torch.zeros(2, 1)}, torch.tensor([0, 1]))
+    Xt = flat_columns(test, keys, [6, 1, 1])
+    assert Xt.shape == (2, 8) and np.all(Xt[:, :7] == 0) and np.all(Xt[:, 7] == 1)
+    Xs, _, _, total = training_matrix(train, seed=0, max_rows=3)  # a seeded subset beyond max_rows
+    assert Xs.shape == (3, 8) and total == 4
