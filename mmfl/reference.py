@@ -218,7 +218,8 @@ def run_references(cfg, progress: bool = True) -> dict:
                     pred = _predictions(cfg.run_dir / "reference" / "centralized", pooled.test)
                     y = pooled.test.get()[1].cpu().numpy()
                     row.update(test_accuracy=row.get("final"), final=personal_mean(pred, y, rows_of), best=None,
-                               uar=None, note="its final model on each client's test rows, every modality")
+                               uar=None, note="its final model on each client's test rows, every modality; "
+                                              f"test accuracy {100 * (row.get('final') or 0):.2f}%")
                 rows.append(row)
     if "local" in methods:
         if fam == "retrieval":

@@ -154,6 +154,8 @@ def test_resume_does_not_retrain_finished_references(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("not retrained") == 2 and "not refitted" in out
     assert {p: p.stat().st_mtime_ns for p in before} == before
+    assert main(["run", cfg, "--no-progress", "--resume"]) == 0  # the table may go on resume: no result changes
+    assert "references" not in capsys.readouterr().out
     # more rounds: the references resume to them as well
     assert main(["run", cfg, "--no-progress", "--reference", "--resume", "--set", "rounds=3"]) == 0
     assert "centralized: centralized (resumed)" in capsys.readouterr().out
