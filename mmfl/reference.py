@@ -183,8 +183,9 @@ def run_references(cfg, progress: bool = True) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     methods = settings.methods
     personal = fam == "personalized"
-    fed = pooled = rows_of = None
-    if personal or any(m in methods for m in ("logistic_regression", "random_forest")) and fam != "retrieval":
+    pooled = rows_of = None
+    pooled_run = ALGORITHMS.get(cfg.algorithm.name).factory.pooled  # centralized itself: not federated
+    if personal or (fam != "retrieval" and any(m in methods for m in ("logistic_regression", "random_forest"))):
         from mmfl.data.federation import build_federation
 
         pooled = build_federation(cfg, pooled=True)
@@ -210,8 +211,7 @@ def run_references(cfg, progress: bool = True) -> dict:
             else:
                 r = run_child(child_config(cfg, "centralized", table), progress)
                 name = "centralized" if table["name"] == "centralized" else f"centralized ({table['name']})"
-                row = dict(method=name,
-                           folder="reference/centralized", **_curve(r, "accuracy"))
+                row = dict(method=name, folder="reference/centralized", **_curve(r, "accuracy"))
                 if personal:  # its final model on each client's personalized test rows
                     from mmfl.reference_sklearn import personal_mean
 
@@ -223,18 +223,19 @@ def run_references(cfg, progress: bool = True) -> dict:
                 rows.append(row)
     if "local" in methods:
         if fam == "retrieval":
-            rows.append(dict(method="local", note="does not apply to retrieval (clients' own models are "
+            rows.append(dict(method="local-only", note="does not apply to retrieval (clients' own models are "
                                                   "classifiers or encoders of their own; the server is scored)"))
         elif ALGORITHMS.get(cfg.algorithm.name).factory == ALGORITHMS.get("local").factory:
-            rows.append(dict(method="local", note="the run is local-only itself"))
+            rows.append(dict(method="local-only", note="the run is local-only itself"))
         else:
             r = run_child(child_config(cfg, "local", {"name": "local"}, sample_fraction=1.0, clients_per_round=0,
                                        personal_eval=personal), progress)
             rows.append(dict(method="local-only", folder="reference/local",
                              **_curve(r, "personal/accuracy" if personal else "accuracy", uar=not personal)))
     rows += _sklearn_rows(cfg, settings, fam, pooled, rows_of, out_dir)
+    kind = "this run" if fam == "clients" or pooled_run else "federated"
     summary = {"caveat": CAVEAT, "family": fam, "metric": key, "metric_label": label,
-               "federated": {"method": f"{cfg.algorithm.name} (federated)", "metric": key}, "rows": rows}
+               "federated": {"method": f"{cfg.algorithm.name} ({kind})", "metric": key}, "rows": rows}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
