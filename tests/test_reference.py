@@ -210,3 +210,25 @@ def test_flattened_features_carry_missing_masks_as_0_1_columns():
     assert Xt.shape == (2, 8) and np.all(Xt[:, :7] == 0) and np.all(Xt[:, 7] == 1)
     Xs, _, _, total = training_matrix(train, seed=0, max_rows=3)  # a seeded subset beyond max_rows
     assert Xs.shape == (3, 8) and total == 4
+
+
+@pytest.mark.parametrize("path", sorted(__import__("glob").glob(str(
+    __import__("pathlib").Path(__file__).resolve().parents[1] / "mmfl" / "configs" / "*.toml"))))
+def test_every_packaged_config_has_valid_reference_configs(path, tmp_path):
+    """The reference runs' configs of every packaged config resolve (the runs themselves: by hand,
+    `mmfl run CONFIG --reference --set rounds=1`, docs/reference.md)."""
+    from mmfl.reference import DROPPED, alone_table, centralized_table, child_config
+
+    cfg = api.configure(path, output_dir=str(tmp_path))
+    fam = family(ALGORITHMS.get(cfg.algorithm.name).factory)
+    table = alone_table(cfg) if fam == "retrieval" else centralized_table(cfg)
+    children = [child_config(cfg, "centralized", table)]
+    if fam != "retrieval":
+        children.append(child_config(cfg, "local", {"name": "local"}, sample_fraction=1.0, clients_per_round=0))
+    for child in children:
+        assert child.run.rounds == cfg.run.rounds and child.train == cfg.train
+        assert (child.model.name, child.model.params) == (cfg.model.name, cfg.model.params)
+        assert (child.data.name, child.data.params, child.partition.params) == \
+            (cfg.data.name, cfg.data.params, cfg.partition.params)
+        assert child.run_dir.parent == cfg.run_dir / "reference"
+        assert all(getattr(child, k) is None for k in DROPPED)
