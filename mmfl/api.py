@@ -10,6 +10,7 @@
     res.class_names             # label i's name
     res.partition()             # client x class counts (and rows holding each modality), a DataFrame
     mmfl.partition("demo.toml") # the same before a run
+    res = mmfl.run("demo.toml", reference=True); res.reference   # + centralized/local/sklearn references
     res = mmfl.load_run("runs/demo")   # the same for a finished run folder
 
 ``config`` is a path to a TOML file, a dict of the same structure, or an
@@ -107,15 +108,27 @@ def configure(config, set: Mapping[str, Any] | list[str] | None = None,  # noqa:
 
 
 def run(config, *, set: Mapping[str, Any] | list[str] | None = None,  # noqa: A002
-        resume: bool = False, overwrite: bool = False, progress: bool = True, **overrides) -> "Result":
+        resume: bool = False, overwrite: bool = False, progress: bool = True, reference: bool | None = None,
+        **overrides) -> "Result":
     """Run an experiment (``mmfl run``) and return its :class:`Result`.
 
     ``resume``: continue the run folder from its last checkpoint (only ``rounds`` may
-    differ); ``overwrite``: replace an existing run folder; ``progress``: the progress bar."""
+    differ); ``overwrite``: replace an existing run folder; ``progress``: the progress bar;
+    ``reference``: also train the references (``mmfl run --reference``: centralized, local-only,
+    scikit-learn on the pooled rows; simulation only, docs/reference.md) and read them from
+    :attr:`Result.reference`; None: as the config's ``[reference]`` table says (off without one)."""
     cfg = configure(config, set, **overrides)
     from mmfl.engine.runner import Experiment
 
+    if reference and cfg.reference is None:
+        from mmfl.schema import ReferenceConfig
+
+        cfg.reference = ReferenceConfig()  # recorded in config.toml
     summary = Experiment(cfg, progress=progress).run(resume=resume, overwrite=overwrite)
+    if reference or (reference is None and cfg.reference is not None and cfg.reference.enabled):
+        from mmfl.reference import run_references
+
+        run_references(cfg, progress=progress)
     return Result(cfg.run_dir, config=cfg, summary=summary)
 
 
@@ -249,6 +262,19 @@ class Result:
                                 "continue it with mmfl run --resume)")
             self._summary = json.loads(self.summary_path.read_text())
         return self._summary
+
+    @property
+    def reference(self) -> "pandas.DataFrame | None":
+        """The run's references (``mmfl run --reference``; docs/reference.md) as a DataFrame: one row
+        per method, the federated run first; columns ``method``, ``metric``, ``final``, ``best``,
+        ``uar``, ``note`` (a reference that does not apply has no numbers and says why in ``note``).
+        Pooled data, simulation only. None: the run has no references."""
+        import pandas as pd
+
+        from mmfl.report import reference_rows
+
+        rows = reference_rows(self.run_dir)
+        return None if rows is None else pd.DataFrame(rows)
 
     @property
     def client_accuracy(self) -> "pandas.DataFrame | None":

@@ -2,7 +2,8 @@
 
     mmfl --version                 the installed version
     mmfl demo                      the default demo (real data, a few seconds)
-    mmfl run CONFIG [--set k=v]    run an experiment (--resume, --overwrite)
+    mmfl run CONFIG [--set k=v]    run an experiment (--resume, --overwrite; --reference: centralized,
+                                   local-only and scikit-learn references beside it, docs/reference.md)
     mmfl list [KIND]               algorithms, datasets, partitioners, modality assigners,
                                    models + parameters; FedCMI's case presets
     mmfl partition [CONFIG]        per-client class counts of a config's partition (and who
@@ -90,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--plot", action="store_true", help="draw accuracy.png in the run folder when the run "
                    "finishes (off by default: matplotlib costs 0.5-1 s; `mmfl report RUN` draws it later)")
+    p.add_argument("--reference", action="store_true", help="also train references on the same split and "
+                   "features: centralized, local-only, scikit-learn logistic regression / random forest (pooled "
+                   "data, simulation only; = a [reference] table, docs/reference.md)")
     p.add_argument("--track", action="append", choices=("tensorboard", "mlflow", "wandb"), help="send the run to "
                    "this offline tracker (repeatable; = [tracking] backends, docs/tracking.md)")
 
@@ -177,8 +181,13 @@ def cmd_run(args) -> int:
 
     track = [f"tracking.backends={json.dumps(args.track)}"] if getattr(args, "track", None) else []
     res = api.run(args.config, set=args.overrides + track, resume=args.resume, overwrite=args.overwrite,
-                  progress=not args.no_progress)
+                  progress=not args.no_progress, reference=True if args.reference else None)
     print(summary_json(res.summary))
+    from mmfl.report import reference_table
+
+    table = reference_table(res.run_dir) if (args.reference or res.config.reference is not None) else None
+    if table is not None:  # the references beside the federated result (mmfl.reference)
+        print(table)
     if getattr(args, "plot", False):
         print(f"plot: {res.plot()}")
     print(f"results: {res.run_dir}")
@@ -219,11 +228,12 @@ def cmd_list(args) -> int:
         if kind == "modality":
             print("\n".join(_case_lines()))
             print()
-    from mmfl.schema import RunConfig, TrackingConfig, TrainConfig
+    from mmfl.schema import ReferenceConfig, RunConfig, TrackingConfig, TrainConfig
 
     if not args.kind:
         for title, cls in (("run settings (top level)", RunConfig), ("[train]", TrainConfig),
-                           ("[tracking] (optional; docs/tracking.md)", TrackingConfig)):
+                           ("[tracking] (optional; docs/tracking.md)", TrackingConfig),
+                           ("[reference] (optional, simulation only; docs/reference.md)", ReferenceConfig)):
             print(f"{title}:")
             for name, typ, default, help_ in param_doc(cls):
                 print(f"      {name} ({typ}, default {json.dumps(default)}){': ' + help_ if help_ else ''}")

@@ -43,6 +43,7 @@ A config has top-level run settings and one table per component::
     protocol = "secaggplus"
     [tracking]                  # optional: TensorBoard / MLflow / W&B, offline (off when absent; docs/tracking.md)
     backends = ["tensorboard"]
+    [reference]                 # optional, simulation only: centralized / local / sklearn references (docs/reference.md)
 
 Component tables are validated against the registered parameter dataclass of
 the named entry, so a misspelt key is an error naming it.
@@ -65,7 +66,7 @@ from mmfl.models import MODELS
 from mmfl.registry import build_params
 from mmfl.schema import (COMPONENTS, RULES, ClientData, ClientModel, Component, DPConfig,  # noqa: F401
                          ExperimentConfig, PrivacyConfig, RunConfig, SystemConfig, TrainConfig)
-from mmfl.schema import AttackConfig, SecureAggregationConfig, TrackingConfig
+from mmfl.schema import AttackConfig, ReferenceConfig, SecureAggregationConfig, TrackingConfig
 
 
 DEFAULTS: dict[str, Any] = {
@@ -119,11 +120,12 @@ def resolve(raw: dict) -> ExperimentConfig:
     dp_raw = raw.pop("dp", None)
     secagg_raw = raw.pop("secure_aggregation", None)
     tracking_raw = raw.pop("tracking", None)
+    reference_raw = raw.pop("reference", None)
     run_fields = {f.name for f in fields(RunConfig)}
     for key in raw:
         if key not in run_fields:
             known = sorted(run_fields | set(tables) | {"attack", "case", "client_data", "client_models", "dp", "privacy",
-                                                       "secure_aggregation", "system", "tracking"})
+                                                       "reference", "secure_aggregation", "system", "tracking"})
             raise ConfigError(f"{key}: unknown config key (known: {', '.join(known)})")
     run = build_params("", "settings", RunConfig, raw)
     train = build_params("train", "settings", TrainConfig, tables["train"])
@@ -144,9 +146,10 @@ def resolve(raw: dict) -> ExperimentConfig:
     check_rule_cohort(comps["algorithm"].params, run, comps["partition"].params, sources)
     secagg = resolve_secure_aggregation(secagg_raw, comps["algorithm"], dp, run, comps["partition"].params, sources)
     tracking = resolve_tracking(tracking_raw)
+    reference = resolve_reference(reference_raw)
     return ExperimentConfig(run=run, train=train, **comps, client_models=groups, client_data=sources,
                             privacy=privacy, system=system, dp=dp, attack=attack, secure_aggregation=secagg,
-                            tracking=tracking)
+                            tracking=tracking, reference=reference)
 
 
 def resolve_tracking(table) -> TrackingConfig | None:
@@ -158,6 +161,15 @@ def resolve_tracking(table) -> TrackingConfig | None:
     if isinstance(table.get("backends"), str):  # backends = "mlflow": one back-end
         table = {**table, "backends": [table["backends"]]}
     return build_params("tracking", "settings", TrackingConfig, table)
+
+
+def resolve_reference(table) -> ReferenceConfig | None:
+    """Validate ``[reference]`` (None: the table is absent, no references; docs/reference.md)."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError("reference: must be a table, e.g. [reference] with methods = [\"centralized\"]")
+    return build_params("reference", "settings", ReferenceConfig, table)
 
 
 def secagg_capable(spec) -> bool:

@@ -268,4 +268,51 @@ def compare(run_dirs: list[str | Path], plot_path: str | Path | None = None) -> 
         curves[label if label not in curves else f"{label} [{len(curves)}]"] = rows
     if plot_path is not None:
         lines += plot_accuracy(curves, plot_path, ", ".join(datas) or None)
+    for d, _, _ in runs:  # mmfl run --reference: each run's references under the table
+        table = reference_table(d)
+        if table is not None:
+            lines += ["", table]
+    return "\n".join(lines)
+
+
+def reference_rows(run_dir: str | Path) -> list[dict] | None:
+    """A run's references (``<run>/reference/summary.json``, written by :mod:`mmfl.reference`) under
+    its own result: dicts of ``method``, ``metric``, ``final``, ``best``, ``uar``, ``note``, the
+    federated run first (read from its ``metrics.jsonl``); None: the run has no references."""
+    path = Path(run_dir) / "reference" / "summary.json"
+    if not path.is_file():
+        return None
+    try:
+        ref = json.loads(path.read_text())
+        key = ref["metric"]
+    except (ValueError, KeyError):
+        raise MMFLError(f"{path}: not a reference summary written by mmfl run --reference") from None
+    evals = [r for r in load_metrics(run_dir) if r.get(key) is not None]
+    fed = {"method": ref["federated"]["method"], "final": evals[-1][key] if evals else None,
+           "best": max(r[key] for r in evals) if evals else None,
+           "uar": evals[-1].get("uar") if evals and key == "accuracy" else None, "note": ""}
+    cols = ("method", "final", "best", "uar", "note")
+    return [{"metric": ref["metric_label"], **{c: r.get(c) for c in cols}} for r in [fed, *ref["rows"]]]
+
+
+def reference_table(run_dir: str | Path) -> str | None:
+    """:func:`reference_rows` as text: a heading naming the metric and the caveat, one line per
+    method (the federated result on top); None: the run has no references."""
+    rows = reference_rows(run_dir)
+    if rows is None:
+        return None
+    r1 = rows[0]["metric"].startswith("R@1")
+    fmt = lambda v: "-" if v is None else f"{v:.2f}" if r1 else f"{100 * v:.2f}%"  # noqa: E731
+    uar = not r1 and rows[0]["uar"] is not None  # UAR where the run reports it
+    width = max(len(r["method"]) for r in rows)
+    lines = [f"{Path(run_dir).name}: references (pooled data, simulation only); metric: {rows[0]['metric']}",
+             f"  {'method':<{width}}  {'final':>8}  {'best':>8}" + (f"  {'UAR':>8}" if uar else "")]
+    for r in rows:
+        if r["final"] is None and r["best"] is None and r.get("note"):  # no number: say why instead
+            lines.append(f"  {r['method']:<{width}}  {r['note']}")
+            continue
+        line = f"  {r['method']:<{width}}  {fmt(r['final']):>8}  {fmt(r['best']):>8}"
+        if uar:
+            line += f"  {fmt(r['uar']):>8}"
+        lines.append(line + (f"  ({r['note']})" if r.get("note") else ""))
     return "\n".join(lines)

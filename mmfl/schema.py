@@ -18,7 +18,7 @@ from mmfl.errors import ConfigError
 # the trust sections live in their own module; re-exported here, where the rest of mmfl imports them
 from mmfl.schema_trust import (ATTACK_KINDS, REPRESENTATION_ATTACKS, RULES, SECAGG_PROTOCOLS,  # noqa: F401
                                AttackConfig, DPConfig, PrivacyConfig, Rule, SecureAggregationConfig)
-from mmfl.schema_tools import TRACKING_BACKENDS, TrackingConfig  # noqa: F401  (the tool sections, likewise)
+from mmfl.schema_tools import TRACKING_BACKENDS, ReferenceConfig, TrackingConfig  # noqa: F401  (the tool sections, likewise)
 
 DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"  # the run's device setting (resolved by mmfl.core.device)
 COMPONENTS = ("data", "partition", "modalities", "model", "algorithm")
@@ -254,6 +254,7 @@ class ExperimentConfig:
     dp: DPConfig | None = None  # [dp]; None: no differential privacy
     secure_aggregation: SecureAggregationConfig | None = None  # [secure_aggregation]; None: plain sums (Flower)
     tracking: TrackingConfig | None = None  # [tracking]; None: no experiment tracking
+    reference: ReferenceConfig | None = None  # [reference]; None: no references (mmfl.reference)
 
     def to_dict(self) -> dict:
         """The resolved config (every default filled in), as TOML-able tables."""
@@ -287,6 +288,8 @@ class ExperimentConfig:
             out["secure_aggregation"] = asdict(self.secure_aggregation)
         if self.tracking is not None:
             out["tracking"] = asdict(self.tracking)
+        if self.reference is not None:
+            out["reference"] = asdict(self.reference)
         return _drop_none(out)
 
     def to_toml(self) -> str:

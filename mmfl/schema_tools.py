@@ -46,3 +46,44 @@ class TrackingConfig:
             raise ConfigError("tracking.project: must not be empty")
         if "/" in self.run_name:
             raise ConfigError(f"tracking.run_name: must be a plain name without '/', got {self.run_name!r}")
+
+
+REFERENCE_METHODS = ("centralized", "local", "logistic_regression", "random_forest")
+
+
+@dataclass
+class ReferenceConfig:
+    """The ``[reference]`` table: after the run, also train references on the same split and
+    features (:mod:`mmfl.reference`, docs/reference.md): centralized training of the same model,
+    local-only training, scikit-learn logistic regression and a random forest on the pooled
+    training rows. They use pooled data: **simulation only** (``mmfl flower`` refuses the table).
+    Absent table: no references (``mmfl run --reference`` adds it). Nothing here changes the
+    federated run's results; on resume the table may be added, changed or removed."""
+
+    enabled: bool = field(default=True, metadata={"help": "run the references (false: keep the table, run none)"})
+    methods: list[str] = field(default_factory=lambda: list(REFERENCE_METHODS), metadata={
+        "help": "any of \"centralized\" (for retrieval: the server alone), \"local\", \"logistic_regression\", "
+                "\"random_forest\""})
+    sklearn_max_rows: int = field(default=20000, metadata={
+        "help": "scikit-learn references train on at most this many pooled rows (a seeded subset beyond it)"})
+    forest_max_features: int = field(default=4096, metadata={
+        "help": "the random forest runs only where the flattened features are at most this many"})
+    forest_trees: int = field(default=100, metadata={"help": "trees of the random forest"})
+
+    def __post_init__(self):
+        if not isinstance(self.enabled, bool):
+            raise ConfigError(f"reference.enabled: must be true or false, got {self.enabled!r}")
+        if isinstance(self.methods, str):
+            self.methods = [self.methods]
+        if not isinstance(self.methods, list) or not self.methods:
+            raise ConfigError(f"reference.methods: must be a non-empty list of {', '.join(REFERENCE_METHODS)}, "
+                              f"got {self.methods!r}")
+        for m in self.methods:
+            if m not in REFERENCE_METHODS:
+                raise ConfigError(f"reference.methods: unknown method {m!r} (known: {', '.join(REFERENCE_METHODS)})")
+        if len(set(self.methods)) != len(self.methods):
+            raise ConfigError(f"reference.methods: a method is named twice in {self.methods}")
+        for key in ("sklearn_max_rows", "forest_max_features", "forest_trees"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"reference.{key}: must be an integer >= 1, got {v!r}")

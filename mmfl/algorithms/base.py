@@ -144,6 +144,10 @@ class Server(Stateful):
     # the evaluations the engine runs after an evaluated round: kind -> prefix of its metrics
     # (mmfl.core.evaluation.KINDS; one ``evaluate_<kind>(ctx)`` method each)
     evaluations: dict[str, str] = {"global": ""}
+    # the [algorithm] table under which this family's server trains alone on data of its own (a public
+    # set), no client reached: the "server alone" reference of `mmfl run --reference` (mmfl.reference,
+    # docs/reference.md); None: its server learns nothing without clients
+    alone: dict | None = None
 
     # True: the clients train a multimodal model's per-modality heads ``heads[m]`` (as the task or as
     # linear probes), so ``accuracy/<m>``, ``uar/<m>`` mean something; False: nobody trains them and

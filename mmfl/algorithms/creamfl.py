@@ -370,6 +370,7 @@ class CreamFLServer(Server):
         return float(total) / max(steps, 1)
 
     evaluations = {"retrieval": ""}  # Recall@K of the global model (mmfl.core.evaluation)
+    alone = {"name": "creamfl"}  # the server's public epochs alone: the "server only" reference (mmfl.reference)
 
     def evaluate_retrieval(self, ctx):
         return retrieval_metrics(self.model, ctx.test, self.ctx.meta, self.pair)

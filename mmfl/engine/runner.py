@@ -192,6 +192,7 @@ class Experiment:
             theirs = with_new_defaults(runfolder.load_saved_config(d / "config.toml"), self.cfg)
             mine.pop("rounds"), theirs.pop("rounds", None)
             mine.pop("tracking", None), theirs.pop("tracking", None)  # tracking changes no result
+            mine.pop("reference", None), theirs.pop("reference", None)  # nor do references (mmfl.reference)
             for key in RESUME_MAY_CHANGE:  # a run checkpointed on a GPU resumes on a CPU and vice versa
                 mine.pop(key, None), theirs.pop(key, None)
             if mine != theirs:

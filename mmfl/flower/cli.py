@@ -35,6 +35,7 @@ def add_flower_parser(sub) -> None:
         q.add_argument("config", help="experiment config (TOML), as for `mmfl run`")
         q.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value (repeatable)")
+        q.add_argument("--reference", action="store_true", help=argparse.SUPPRESS)  # refused: simulation only
 
     q = fsub.add_parser("simulate", help="Flower's simulation engine (Ray backend) in this process")
     config_args(q)
@@ -82,10 +83,19 @@ def add_flower_parser(sub) -> None:
     q.add_argument("flower_args", nargs=argparse.REMAINDER, help="-- then flower-superlink's arguments")
 
 
+REFUSE_REFERENCE = ("references train on pooled data and run in the simulation only (docs/reference.md): "
+                    "use mmfl run CONFIG --reference")
+
+
 def _cfg(args):
     from mmfl.api import configure
 
-    return configure(args.config, args.overrides)
+    if getattr(args, "reference", False):
+        raise MMFLError(f"--reference: {REFUSE_REFERENCE}")
+    cfg = configure(args.config, args.overrides)
+    if cfg.reference is not None and cfg.reference.enabled:
+        raise MMFLError(f"[reference]: {REFUSE_REFERENCE}; remove the table or set reference.enabled = false")
+    return cfg
 
 
 def _check_fresh(cfg, overwrite: bool) -> None:
