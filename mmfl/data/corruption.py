@@ -21,6 +21,7 @@ never written to: each function copies what it changes.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,13 +145,17 @@ def simulate(cfg, bundle: DatasetBundle, parts: list[np.ndarray], holds: list[tu
     parts = [np.asarray(p, dtype=np.int64) for p in parts]
     holds = [tuple(h) for h in holds]
     counts: list[dict[str, int]] = [{} for _ in parts]
-    masks = missing_masks(train, parts, holds, mp.missing_rate, mrng)
+    short: dict[str, int] = {}
+    masks = missing_masks(train, parts, holds, mp.missing_rate, mrng, short)
     if masks:
         train = zero_absent(train, masks)
+    _warn_short("missing_rate", "train", short)
+    short = {}
     tmasks = missing_test_masks(test, mp.test_missing_rate,
-                                np.random.default_rng(derive_seed(seed, "modalities", "test")))
+                                np.random.default_rng(derive_seed(seed, "modalities", "test")), short)
     if tmasks:
         test = zero_absent(test, tmasks)
+    _warn_short("test_missing_rate", "test", short)
     drop = mp.dropped_modality
     if drop is not None:
         only = [c for c, h in enumerate(holds) if h == (drop,)]
@@ -188,6 +193,14 @@ def simulate(cfg, bundle: DatasetBundle, parts: list[np.ndarray], holds: list[tu
     changed = bool(lost_rate > 0 or noise["rate"] > 0 or any(c.get("incomplete_dropped") or c.get("empty_dropped")
                                                                 for c in counts))
     return Simulated(train, test, public, meta, parts, holds, counts, original, changed)
+
+
+def _warn_short(key: str, where: str, short: dict[str, int]) -> None:
+    """One warning line where the rates could not all be met without emptying samples."""
+    if short:
+        gaps = ", ".join(f"{k} fewer {where} samples lack {m}" for m, k in short.items())
+        print(f"mmfl: warning: modalities.{key}: the rates add up to more than every sample can lose "
+              f"while keeping one modality: {gaps} than asked", file=sys.stderr)
 
 
 def _rows(data: ArrayDataset, part: np.ndarray) -> np.ndarray:

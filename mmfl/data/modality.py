@@ -211,10 +211,10 @@ def shortfall(n: int, held: tuple[str, ...], rates: dict[str, float], drop: np.n
 
 
 def missing_masks(train: ArrayDataset, parts: list[np.ndarray], holds: list[tuple[str, ...]],
-                  rates: dict[str, float], rng) -> dict[str, torch.Tensor]:
+                  rates: dict[str, float], rng, short: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
     """``present/<m>`` masks over the train rows: in each multimodal client, a ``rates[m]`` share
     of its samples (drawn at random, :func:`draw_absent`) lacks ``m``, and no sample loses every
-    modality. Returns {} when no rate is positive."""
+    modality (``short``, if given, adds up :func:`shortfall`). Returns {} when no rate is positive."""
     mods = [m for m in train.modalities]
     if not any(r > 0 for r in rates.values()):
         return {}
@@ -227,7 +227,14 @@ def missing_masks(train: ArrayDataset, parts: list[np.ndarray], holds: list[tupl
         drop = draw_absent(len(rows), tuple(held), rates, rng, initial)
         for j, m in enumerate(held):
             present[m][rows[drop[:, j]]] = False
+        _add(short, shortfall(len(rows), tuple(held), rates, drop, initial))
     return {PRESENT + m: torch.from_numpy(present[m]) for m in mods}
+
+
+def _add(total: dict[str, int] | None, more: dict[str, int]) -> None:
+    if total is not None:
+        for m, k in more.items():
+            total[m] = total.get(m, 0) + k
 
 
 def _present(data: ArrayDataset) -> dict[str, np.ndarray]:
@@ -241,7 +248,8 @@ def _present(data: ArrayDataset) -> dict[str, np.ndarray]:
     return out
 
 
-def missing_test_masks(test: ArrayDataset, rates: dict[str, float], rng) -> dict[str, torch.Tensor]:
+def missing_test_masks(test: ArrayDataset, rates: dict[str, float], rng,
+                       short: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
     """``present/<m>`` masks over the test rows: a ``rates[m]`` share of the test samples (this
     view's rows) lacks ``m`` (:func:`draw_absent`: exact counts, no sample lacks all). {} when no
     rate is positive."""
@@ -254,6 +262,7 @@ def missing_test_masks(test: ArrayDataset, rates: dict[str, float], rng) -> dict
     drop = draw_absent(len(rows), mods, rates, rng, initial)
     for j, m in enumerate(mods):
         present[m][rows[drop[:, j]]] = False
+    _add(short, shortfall(len(rows), mods, rates, drop, initial))
     return {PRESENT + m: torch.from_numpy(present[m]) for m in mods}
 
 
