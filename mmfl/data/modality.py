@@ -109,7 +109,7 @@ class AllParams(MissingParams):
 
 
 @dataclass
-class MixedParams(MissingParams):
+class _MixedOwn:
     multimodal_fraction: float = field(default=0.5, metadata={
         "help": "share of clients holding every modality (the rest hold one)"})
     modalities: list[str] = field(default_factory=list, metadata={
@@ -117,6 +117,9 @@ class MixedParams(MissingParams):
     split: Literal["balanced", "random"] = field(default="balanced", metadata={
         "help": "unimodal clients: split evenly between the modalities, or each drawn at random"})
 
+
+@dataclass
+class MixedParams(MissingParams, _MixedOwn):  # its own parameters first (dataclass fields: reverse MRO)
     def __post_init__(self):
         if not 0.0 <= self.multimodal_fraction <= 1.0:
             raise ConfigError(f"modalities.multimodal_fraction: must be in [0, 1], got {self.multimodal_fraction}")
@@ -124,9 +127,14 @@ class MixedParams(MissingParams):
 
 
 @dataclass
-class ExplicitParams(MissingParams):
+class _ExplicitOwn:
     holds: list[list[str]] = field(default_factory=list, metadata={
         "help": "the modalities of each client, e.g. [[\"image\", \"audio\"], [\"audio\"], ...] (one entry per client)"})
+
+
+@dataclass
+class ExplicitParams(MissingParams, _ExplicitOwn):
+    pass
 
 
 def _known(where: str, names, modalities: list[str]) -> None:
