@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-POLICIES = [("mask", "mask"), ("complete", "complete_rows"), ("drop", "drop_modality:audio")]
+POLICIES = [("mask", "mask"), ("complete", "complete_rows"), ("drop", "drop_modality:audio")]  # --missing sets it
 METHODS = [("mfedavg", "MFedAvg"), ("fedcmi", "FedCMI"), ("moon", "MOON")]
 PAIRS = [("mask", "complete"), ("mask", "drop"), ("complete", "drop")]
 MISSING = "audio"
@@ -34,7 +34,7 @@ def split_accuracy(run: Path) -> tuple[float, float]:
     fed = res.federation()
     model = res.model()
     mask = fed.test.features.get(PRESENT + MISSING)
-    if mask is None:  # drop_modality: the test set has no audio; the masks of the mask run mark the rows
+    if mask is None:  # drop_modality: the test set lacks the modality; the mask run's masks mark the rows
         ref = mmfl.load_run(run.parent / run.name.replace("drop-", "mask-", 1)).federation().test
         mask = ref.features[PRESENT + MISSING]
     rows = fed.test.indices.numpy() if fed.test.indices is not None else np.arange(len(fed.test))
@@ -103,9 +103,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=Path, help="the sweep's output folder (mmfl sweep ... --out FOLDER)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    ap.add_argument("--missing", default="audio", help="the modality the grid removes (grid.toml: audio)")
     ap.add_argument("--methods", nargs="+", default=[m for m, _ in METHODS], help="the grid's method keys")
     ap.add_argument("--out", type=Path, help="also write the tables here")
     args = ap.parse_args()
+    global MISSING
+    MISSING = args.missing
+    POLICIES[2] = ("drop", f"drop_modality:{args.missing}")
     methods = [(m, label) for m, label in METHODS if m in args.methods]
     text = render(collect(args.folder, args.seeds, methods), args.seeds, methods)
     print(text)
