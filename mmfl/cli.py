@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "with their parameters")
     p.add_argument("kind", nargs="?", choices=KINDS, help="only this kind")
 
-    p = sub.add_parser("partition", help="print (and plot) the per-client class counts of a partition")
+    p = sub.add_parser("partition", help="print (and plot) the per-client class counts of a partition, the "
+                                         "modalities each client holds and what the simulation removed")
     _add_config_args(p, required=False)
     p.add_argument("--plot", metavar="PNG", help="also write a bar chart")
 
@@ -262,6 +263,10 @@ def cmd_partition(args) -> int:
     if rates:
         print("missing_rate (share of each multimodal client's samples lacking it): "
               + ", ".join(f"{m} {r:g}" for m, r in rates.items()))
+    from mmfl.data.simulation_report import simulation_active, simulation_table
+
+    if simulation_active(fed, cfg):  # per client: its modalities, rows lacking each, labels dropped/flipped
+        print(simulation_table(fed, cfg))
     if args.plot:
         plot_federation(fed, cfg, args.plot)
         print(f"plot: {args.plot}")

@@ -44,6 +44,8 @@ A config has top-level run settings and one table per component::
     [tracking]                  # optional: TensorBoard / MLflow / W&B, offline (off when absent; docs/tracking.md)
     backends = ["tensorboard"]
     [reference]                 # optional, simulation only: centralized / local / sklearn references (docs/reference.md)
+    [corruption]                # optional: simulated missing labels and label noise (off when absent)
+    label_noise = { rate = 0.2, kind = "pair" }
 
 Component tables are validated against the registered parameter dataclass of
 the named entry, so a misspelt key is an error naming it.
@@ -66,7 +68,7 @@ from mmfl.models import MODELS
 from mmfl.registry import build_params
 from mmfl.schema import (COMPONENTS, RULES, ClientData, ClientModel, Component, DPConfig,  # noqa: F401
                          ExperimentConfig, PrivacyConfig, RunConfig, SystemConfig, TrainConfig)
-from mmfl.schema import AttackConfig, ReferenceConfig, SecureAggregationConfig, TrackingConfig
+from mmfl.schema import AttackConfig, CorruptionConfig, ReferenceConfig, SecureAggregationConfig, TrackingConfig
 
 
 DEFAULTS: dict[str, Any] = {
@@ -121,11 +123,13 @@ def resolve(raw: dict) -> ExperimentConfig:
     secagg_raw = raw.pop("secure_aggregation", None)
     tracking_raw = raw.pop("tracking", None)
     reference_raw = raw.pop("reference", None)
+    corruption_raw = raw.pop("corruption", None)
     run_fields = {f.name for f in fields(RunConfig)}
     for key in raw:
         if key not in run_fields:
             known = sorted(run_fields | set(tables) | {"attack", "case", "client_data", "client_models", "dp", "privacy",
-                                                       "reference", "secure_aggregation", "system", "tracking"})
+                                                       "reference", "secure_aggregation", "system", "tracking",
+                                                       "corruption"})
             raise ConfigError(f"{key}: unknown config key (known: {', '.join(known)})")
     run = build_params("", "settings", RunConfig, raw)
     train = build_params("train", "settings", TrainConfig, tables["train"])
@@ -147,9 +151,19 @@ def resolve(raw: dict) -> ExperimentConfig:
     secagg = resolve_secure_aggregation(secagg_raw, comps["algorithm"], dp, run, comps["partition"].params, sources)
     tracking = resolve_tracking(tracking_raw)
     reference = resolve_reference(reference_raw)
+    corruption = resolve_corruption(corruption_raw)
     return ExperimentConfig(run=run, train=train, **comps, client_models=groups, client_data=sources,
                             privacy=privacy, system=system, dp=dp, attack=attack, secure_aggregation=secagg,
-                            tracking=tracking, reference=reference)
+                            tracking=tracking, reference=reference, corruption=corruption)
+
+
+def resolve_corruption(table) -> CorruptionConfig | None:
+    """Validate ``[corruption]`` (None: the table is absent, clean labels)."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError("corruption: must be a table, e.g. [corruption] with label_missing_rate = 0.1")
+    return build_params("corruption", "settings", CorruptionConfig, table)
 
 
 def resolve_tracking(table) -> TrackingConfig | None:

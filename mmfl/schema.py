@@ -199,6 +199,38 @@ class SystemConfig:
 
 
 @dataclass
+class CorruptionConfig:
+    """The ``[corruption]`` table: simulated label problems of the clients' TRAIN rows, each
+    client's own share, seeded from the run seed (:mod:`mmfl.data.corruption`). Absent table:
+    clean labels. Missing *modalities* are ``[modalities]``' ``missing_rate`` /
+    ``test_missing_rate`` / ``missing_policy``."""
+
+    label_missing_rate: float = field(default=0.0, metadata={
+        "help": "share of each client's train rows whose label is lost; such rows are dropped from "
+                "training (counted in mmfl partition)"})
+    label_noise: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "{ rate = r, kind = \"symmetric\" | \"pair\" }: a share r of each client's labelled train "
+                "rows gets a wrong label, another class drawn uniformly (symmetric) or class c -> c + 1 mod K (pair)"})
+
+    def __post_init__(self):
+        r = self.label_missing_rate
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r < 1.0:
+            raise ConfigError(f"corruption.label_missing_rate: must be in [0, 1), got {r!r}")
+        noise = dict(self.label_noise)
+        unknown = sorted(set(noise) - {"rate", "kind"})
+        if unknown:
+            raise ConfigError(f"corruption.label_noise.{unknown[0]}: unknown key (label_noise has rate and kind)")
+        rate = noise.setdefault("rate", 0.0)
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
+            raise ConfigError(f"corruption.label_noise.rate: must be in [0, 1), got {rate!r}")
+        kind = noise.setdefault("kind", "symmetric")
+        if kind not in ("symmetric", "pair"):
+            raise ConfigError(f"corruption.label_noise.kind: must be 'symmetric' or 'pair', got {kind!r}")
+        noise["rate"] = float(rate)
+        self.label_noise = noise
+
+
+@dataclass
 class Component:
     """A ``[data]``/``[partition]``/``[model]``/``[algorithm]`` table: a name and raw values."""
 
@@ -255,6 +287,7 @@ class ExperimentConfig:
     secure_aggregation: SecureAggregationConfig | None = None  # [secure_aggregation]; None: plain sums (Flower)
     tracking: TrackingConfig | None = None  # [tracking]; None: no experiment tracking
     reference: ReferenceConfig | None = None  # [reference]; None: no references (mmfl.reference)
+    corruption: CorruptionConfig | None = None  # [corruption]; None: clean labels
 
     def to_dict(self) -> dict:
         """The resolved config (every default filled in), as TOML-able tables."""
@@ -290,6 +323,8 @@ class ExperimentConfig:
             out["tracking"] = asdict(self.tracking)
         if self.reference is not None:
             out["reference"] = asdict(self.reference)
+        if self.corruption is not None:
+            out["corruption"] = asdict(self.corruption)
         return _drop_none(out)
 
     def to_toml(self) -> str:

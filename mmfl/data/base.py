@@ -197,6 +197,9 @@ class Federation:
     # (None: the run's [data]); ``sources[k]`` holds that source's test set and meta
     client_sources: list[int | None] | None = None
     sources: list["DataSource"] = field(default_factory=list)
+    # per client of [data] (mmfl.data.corruption.client_report): modalities held, rows, rows lacking
+    # each modality, labels dropped / flipped, rows dropped by the missing-row policy (None: not built)
+    simulated: list[dict] | None = None
 
     def group_of(self, cid: int) -> int | None:
         return None if self.client_groups is None else self.client_groups[cid]

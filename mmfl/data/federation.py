@@ -1,6 +1,7 @@
 """Building a run's federation from its config: load the data set, split its training part
-among the clients (the partitioner), assign modalities (and missing-sample masks), and add
-the clients of ``[[client_data]]`` entries. Every draw is seeded from the run seed.
+among the clients (the partitioner), assign modalities, simulate missing modalities, missing
+labels and label noise (:mod:`mmfl.data.corruption`), and add the clients of
+``[[client_data]]`` entries. Every draw is seeded from the run seed.
 
 Cross-checks (each a one-line :class:`~mmfl.errors.ConfigError` naming both sides): a
 ``[[client_data]]`` data set's modalities are some of ``[data]``'s, with the same per-sample
@@ -12,10 +13,11 @@ from __future__ import annotations
 import numpy as np
 
 from mmfl.data import DATASETS, PARTITIONERS
-from mmfl.data.base import PRESENT, ArrayDataset, DatasetMeta, DataSource, Federation
+from mmfl.data.base import PRESENT, DatasetMeta, DataSource, Federation
+from mmfl.data.corruption import client_report, simulate
 from mmfl.data.labels import warn_labels
 from mmfl.data.manifest_missing import warn_absent_clients
-from mmfl.data.modality import MODALITY_ASSIGNERS, missing_masks
+from mmfl.data.modality import MODALITY_ASSIGNERS, check_missing
 from mmfl.errors import ConfigError
 from mmfl.schema import ExperimentConfig
 from mmfl.seeds import derive_seed
@@ -29,30 +31,30 @@ def build_federation(cfg: ExperimentConfig, pooled: bool = False) -> Federation:
     rng = np.random.default_rng(derive_seed(cfg.run.seed, "partition"))
     parts = PARTITIONERS.get(cfg.partition.name).factory(labels, cfg.partition.params, rng, client_ids=client_ids)
     mods = list(bundle.meta.modalities)
+    check_missing(cfg.modalities.params, mods)
     mrng = np.random.default_rng(derive_seed(cfg.run.seed, "modalities"))
     holds = MODALITY_ASSIGNERS.get(cfg.modalities.name).factory(cfg.modalities.params, mods, len(parts), mrng)
-    masks = missing_masks(bundle.train, parts, holds, cfg.modalities.params.missing_rate, mrng)
-    train = bundle.train
-    if masks:  # simulated on top of the data's own present/<m> (a manifest's empty cells): both apply
-        masks = {k: v & train.features[k] if k in train.features else v for k, v in masks.items()}
-        train = ArrayDataset({**train.features, **masks}, train.labels, train.indices)
-    if pooled:  # centralized upper bound: one client holding the whole training split
+    # missing modalities (train and test), the missing-row policy, missing labels and label noise
+    sim = simulate(cfg, bundle, parts, holds, mrng)
+    train, test, public, meta, parts, holds = sim.train, sim.test, sim.public, sim.meta, sim.parts, sim.holds
+    mods = list(meta.modalities)
+    if pooled:  # centralized upper bound: one client holding the whole training split (the clients' rows)
+        whole = train.subset(np.concatenate(parts)) if sim.changed and parts else train
         warn_labels(labels, bundle.test.label_array(), bundle.meta.num_classes, bundle.meta.class_names)
-        return Federation(clients=[train], test=bundle.test, meta=bundle.meta, public=bundle.public)
+        return Federation(clients=[whole], test=test, meta=meta, public=public)
     clients = []
     for part, held in zip(parts, holds):
         view = train.subset(part)
-        if tuple(held) != tuple(mods):
-            keep = [*held, *(PRESENT + m for m in held if PRESENT + m in train.features)]
-            view = view.with_features(keep)  # the client sees only its modalities (and their masks)
+        if tuple(held) != tuple(mods):  # the client sees only its modalities (and their masks)
+            view = view.with_features([*held, *(PRESENT + m for m in held if PRESENT + m in view.features)])
         clients.append(view)
-    holds = [tuple(h) for h in holds]
+    report = [client_report(c, h, sim.original_labels, n) for c, h, n in zip(clients, holds, sim.counts)]
     uniform = all(h == tuple(mods) for h in holds)
     client_sources: list[int | None] = [None] * len(clients)
     sources = []
     for k, extra in enumerate(cfg.client_data):  # [[client_data]]: more clients, from other data sets
         b = DATASETS.get(extra.data.name).factory(extra.data.params)
-        check_source(k, b.meta, bundle.meta)
+        check_source(k, b.meta, meta)
         prng = np.random.default_rng(derive_seed(cfg.run.seed, "partition", "client_data", k))
         ids = b.client_ids.numpy() if b.client_ids is not None else None
         for part in PARTITIONERS.get(extra.partition.name).factory(b.train.label_array(), extra.partition.params,
@@ -66,7 +68,7 @@ def build_federation(cfg: ExperimentConfig, pooled: bool = False) -> Federation:
               for cid, h in enumerate(holds)]
     check_labels(cfg, bundle, clients, client_sources, sources)
     warn_absent_clients(clients, mods, client_labels(bundle.meta, cfg.partition, range(len(clients))))
-    return Federation(clients=clients, test=bundle.test, meta=bundle.meta, public=bundle.public,
+    return Federation(clients=clients, test=test, meta=meta, public=public, simulated=report,
                       client_modalities=None if uniform and not sources else holds,
                       client_groups=groups if any(g is not None for g in groups) else None,
                       client_sources=client_sources if sources else None, sources=sources)

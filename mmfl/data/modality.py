@@ -4,9 +4,13 @@ After the partitioner has split the samples, a *modality assigner* (config
 table ``[modalities]``) decides which modalities each client holds. A client
 then sees only those modalities: its data view carries only their tensors, and
 its model has only their encoders (see ``holds`` in :mod:`mmfl.models.multimodal`).
-On top of that, ``missing_rate`` removes modality ``m`` from that share of a
-multimodal client's samples; such samples carry ``present/<m> = False`` (see
-:data:`mmfl.data.base.PRESENT`), and no sample loses all its modalities.
+On top of that (:class:`MissingParams`, every assigner's), ``missing_rate`` removes
+modality ``m`` from that share of each multimodal client's train samples and
+``test_missing_rate`` from that share of the test samples; such samples carry
+``present/<m> = False`` (see :data:`mmfl.data.base.PRESENT`) and zeros in ``m``'s rows
+(:mod:`mmfl.data.corruption`), and no sample loses all its modalities.
+``missing_policy`` says which rows train: all, masked (``mask``); only complete ones
+(``complete_rows``); or none of modality ``m`` (``drop_modality:<m>``).
 
 Registered assigners (factory ``(params, modalities, num_clients, rng) -> list[tuple]``):
 
@@ -45,47 +49,92 @@ CASES: dict[str, dict[str, dict]] = {
 }
 
 
-def _check_rates(rates: dict[str, float]) -> None:
+def _check_rates(key: str, rates) -> None:
+    if not isinstance(rates, dict):
+        raise ConfigError(f"modalities.{key}: must be a table of modality = rate, e.g. {{audio = 0.3}}, got {rates!r}")
     for m, r in rates.items():
-        if not isinstance(r, (int, float)) or not 0.0 <= r < 1.0:
-            raise ConfigError(f"modalities.missing_rate.{m}: must be in [0, 1), got {r!r}")
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r < 1.0:
+            raise ConfigError(f"modalities.{key}.{m}: must be in [0, 1), got {r!r}")
+
+
+POLICIES = ("mask", "complete_rows", "drop_modality:<m>")
 
 
 @dataclass
-class AllParams:
+class MissingParams:
+    """What every assigner takes on top of its own parameters: the simulated per-sample
+    missingness of train and test rows, and how training treats a row that lacks a modality."""
+
     missing_rate: dict[str, float] = field(default_factory=dict, metadata={
-        "help": "per modality, the share of each multimodal client's samples that lack it, e.g. {image = 0.3}"})
+        "help": "per modality, the share of each multimodal client's TRAIN samples that lack it, e.g. {image = 0.3}"})
+    test_missing_rate: dict[str, float] = field(default_factory=dict, metadata={
+        "help": "per modality, the share of the shared TEST set's samples that lack it (no sample lacks all)"})
+    missing_policy: str = field(default="mask", metadata={
+        "help": "training rows that lack a modality: 'mask' (train on every row, the absent modality "
+                "masked), 'complete_rows' (train only on rows holding every modality the client holds), "
+                "or 'drop_modality:<m>' (run without modality m: train, test and model)"})
 
     def __post_init__(self):
-        _check_rates(self.missing_rate)
+        _check_rates("missing_rate", self.missing_rate)
+        _check_rates("test_missing_rate", self.test_missing_rate)
+        pol = self.missing_policy
+        if not isinstance(pol, str) or not (pol in ("mask", "complete_rows")
+                                            or (pol.startswith("drop_modality:") and pol.split(":", 1)[1])):
+            raise ConfigError(f"modalities.missing_policy: must be 'mask', 'complete_rows' or "
+                              f"'drop_modality:<m>' (e.g. 'drop_modality:audio'), got {pol!r}")
+
+    @property
+    def dropped_modality(self) -> str | None:
+        """The ``m`` of ``missing_policy = "drop_modality:<m>"`` (None for the other policies)."""
+        pol = self.missing_policy
+        return pol.split(":", 1)[1] if pol.startswith("drop_modality:") else None
+
+
+def check_missing(p: MissingParams, modalities: list[str]) -> None:
+    """The modality names of ``missing_rate``, ``test_missing_rate`` and ``drop_modality:<m>``
+    against the data set's (one ConfigError line naming the key)."""
+    _known("missing_rate", p.missing_rate, modalities)
+    _known("test_missing_rate", p.test_missing_rate, modalities)
+    drop = p.dropped_modality
+    if drop is not None:
+        _known("missing_policy", [drop], modalities)
+        if len(modalities) < 2:
+            raise ConfigError(f"modalities.missing_policy: drop_modality:{drop} needs a data set with at least "
+                              f"two modalities (this one has {', '.join(modalities)})")
 
 
 @dataclass
-class MixedParams:
+class AllParams(MissingParams):
+    pass
+
+
+@dataclass
+class _MixedOwn:
     multimodal_fraction: float = field(default=0.5, metadata={
         "help": "share of clients holding every modality (the rest hold one)"})
     modalities: list[str] = field(default_factory=list, metadata={
         "help": "modalities a unimodal client may hold (empty = all)"})
     split: Literal["balanced", "random"] = field(default="balanced", metadata={
         "help": "unimodal clients: split evenly between the modalities, or each drawn at random"})
-    missing_rate: dict[str, float] = field(default_factory=dict, metadata={
-        "help": "per modality, the share of each multimodal client's samples that lack it"})
-
-    def __post_init__(self):
-        if not 0.0 <= self.multimodal_fraction <= 1.0:
-            raise ConfigError(f"modalities.multimodal_fraction: must be in [0, 1], got {self.multimodal_fraction}")
-        _check_rates(self.missing_rate)
 
 
 @dataclass
-class ExplicitParams:
+class MixedParams(MissingParams, _MixedOwn):  # its own parameters first (dataclass fields: reverse MRO)
+    def __post_init__(self):
+        if not 0.0 <= self.multimodal_fraction <= 1.0:
+            raise ConfigError(f"modalities.multimodal_fraction: must be in [0, 1], got {self.multimodal_fraction}")
+        super().__post_init__()
+
+
+@dataclass
+class _ExplicitOwn:
     holds: list[list[str]] = field(default_factory=list, metadata={
         "help": "the modalities of each client, e.g. [[\"image\", \"audio\"], [\"audio\"], ...] (one entry per client)"})
-    missing_rate: dict[str, float] = field(default_factory=dict, metadata={
-        "help": "per modality, the share of each multimodal client's samples that lack it"})
 
-    def __post_init__(self):
-        _check_rates(self.missing_rate)
+
+@dataclass
+class ExplicitParams(MissingParams, _ExplicitOwn):
+    pass
 
 
 def _known(where: str, names, modalities: list[str]) -> None:
@@ -135,29 +184,93 @@ def assign_explicit(p: ExplicitParams, modalities: list[str], num_clients: int, 
     return out
 
 
+def draw_absent(n: int, held: tuple[str, ...], rates: dict[str, float], rng,
+                initial: np.ndarray | None = None) -> np.ndarray:
+    """``[n, len(held)]`` bool: which of ``n`` samples lack each held modality. Modality ``j``
+    is removed from ``round(rates[m_j] * n)`` more samples (``initial``: those already lacking
+    it, e.g. a manifest's empty cells), drawn at random among those that hold it and another
+    modality, so no sample loses its last one; where too few are left (rates summing above 1)
+    it is removed from all of those (:func:`shortfall` counts the gap)."""
+    drop = np.zeros((n, len(held)), dtype=bool) if initial is None else initial.copy()
+    if len(held) < 2 or n == 0:
+        return drop
+    for j, m in enumerate(held):
+        k = int(round(rates.get(m, 0.0) * n))
+        if not k:
+            continue
+        others = np.delete(drop, j, axis=1)
+        eligible = np.nonzero(~drop[:, j] & ~others.all(axis=1))[0]  # holds m and another modality
+        pick = eligible if k >= len(eligible) else eligible[rng.choice(len(eligible), size=k, replace=False)]
+        drop[pick, j] = True
+    return drop
+
+
+def shortfall(n: int, held: tuple[str, ...], rates: dict[str, float], drop: np.ndarray,
+              initial: np.ndarray | None = None) -> dict[str, int]:
+    """Modality -> how many fewer samples :func:`draw_absent` removed it from than ``rates``
+    asked (0s left out)."""
+    out = {}
+    base = np.zeros_like(drop) if initial is None else initial
+    for j, m in enumerate(held):
+        gap = int(round(rates.get(m, 0.0) * n)) - int((drop[:, j] & ~base[:, j]).sum())
+        if gap > 0:
+            out[m] = gap
+    return out
+
+
 def missing_masks(train: ArrayDataset, parts: list[np.ndarray], holds: list[tuple[str, ...]],
-                  rates: dict[str, float], rng) -> dict[str, torch.Tensor]:
+                  rates: dict[str, float], rng, short: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
     """``present/<m>`` masks over the train rows: in each multimodal client, a ``rates[m]`` share
-    of its samples (drawn at random) lacks ``m``; a sample about to lose every modality keeps
-    one of them at random. Returns {} when no rate is positive."""
+    of its samples (drawn at random, :func:`draw_absent`) lacks ``m``, and no sample loses every
+    modality (``short``, if given, adds up :func:`shortfall`). Returns {} when no rate is positive."""
     mods = [m for m in train.modalities]
     if not any(r > 0 for r in rates.values()):
         return {}
-    n = int(train.labels.shape[0])
-    present = {m: np.ones(n, dtype=bool) for m in mods}
+    present = _present(train)
     for part, held in zip(parts, holds):
         if len(held) < 2 or len(part) == 0:
             continue
         rows = train.indices[torch.as_tensor(part)].numpy() if train.indices is not None else np.asarray(part)
-        drop = np.zeros((len(rows), len(held)), dtype=bool)
-        for j, m in enumerate(held):
-            k = int(round(rates.get(m, 0.0) * len(rows)))
-            if k:
-                drop[rng.choice(len(rows), size=k, replace=False), j] = True
-        for i in np.nonzero(drop.all(axis=1))[0]:  # keep one modality of a sample that lost all
-            drop[i, int(rng.integers(len(held)))] = False
+        initial = np.stack([~present[m][rows] for m in held], axis=1)
+        drop = draw_absent(len(rows), tuple(held), rates, rng, initial)
         for j, m in enumerate(held):
             present[m][rows[drop[:, j]]] = False
+        _add(short, shortfall(len(rows), tuple(held), rates, drop, initial))
+    return {PRESENT + m: torch.from_numpy(present[m]) for m in mods}
+
+
+def _add(total: dict[str, int] | None, more: dict[str, int]) -> None:
+    if total is not None:
+        for m, k in more.items():
+            total[m] = total.get(m, 0) + k
+
+
+def _present(data: ArrayDataset) -> dict[str, np.ndarray]:
+    """Modality -> bool ``[N]`` over the underlying rows: the data set's own ``present/<m>``
+    masks (copied), all True where it has none."""
+    n = int(data.labels.shape[0])
+    out = {}
+    for m in data.modalities:
+        old = data.features.get(PRESENT + m)
+        out[m] = old.cpu().numpy().astype(bool).copy() if old is not None else np.ones(n, dtype=bool)
+    return out
+
+
+def missing_test_masks(test: ArrayDataset, rates: dict[str, float], rng,
+                       short: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
+    """``present/<m>`` masks over the test rows: a ``rates[m]`` share of the test samples (this
+    view's rows) lacks ``m`` (:func:`draw_absent`: exact counts, no sample lacks all). {} when no
+    rate is positive."""
+    if not any(r > 0 for r in rates.values()):
+        return {}
+    mods = tuple(test.modalities)
+    present = _present(test)  # a data set's own masks (a manifest's empty cells) stay
+    rows = test.indices.cpu().numpy() if test.indices is not None else np.arange(int(test.labels.shape[0]))
+    initial = np.stack([~present[m][rows] for m in mods], axis=1)
+    drop = draw_absent(len(rows), mods, rates, rng, initial)
+    for j, m in enumerate(mods):
+        present[m][rows[drop[:, j]]] = False
+    _add(short, shortfall(len(rows), mods, rates, drop, initial))
     return {PRESENT + m: torch.from_numpy(present[m]) for m in mods}
 
 

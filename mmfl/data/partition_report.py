@@ -105,19 +105,25 @@ def plot_partition(counts, path, class_names=None, title: str | None = None) -> 
     return plot_groups([(counts, class_names, None, title)], path)
 
 
-def plot_groups(groups, path, suptitle: str | None = None) -> Path:
+def plot_groups(groups, path, suptitle: str | None = None, strips=None) -> Path:
     """:func:`plot_partition` of several groups of clients, one panel each (e.g. ``[data]``'s
     clients and each ``[[client_data]]`` set's, every panel with its own classes). ``groups``:
-    ``(counts, class_names, client_ids or None, title)`` tuples."""
+    ``(counts, class_names, client_ids or None, title)`` tuples. ``strips`` (optional, one per
+    group): ``(matrix, modality names)``, drawn left of the bars as a client x modality grid
+    (the share of the client's rows holding the modality; blank: it does not hold it)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     heights = [min(40.0, max(3.0, 0.25 * np.asarray(g[0]).shape[0] + 1.5)) for g in groups]
-    fig = Figure(figsize=(8, min(60.0, sum(heights))))
+    fig = Figure(figsize=(8 + (1.5 if strips else 0), min(60.0, sum(heights))))
     FigureCanvasAgg(fig)
-    axes = fig.subplots(len(groups), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
-    for ax, (counts, class_names, ids, title) in zip(axes, groups):
+    grid = fig.subplots(len(groups), 2 if strips else 1, squeeze=False,
+                        gridspec_kw={"height_ratios": heights, **({"width_ratios": [1.3, 6]} if strips else {})})
+    axes = grid[:, -1]
+    for i, (ax, (counts, class_names, ids, title)) in enumerate(zip(axes, groups)):
         _bars(ax, counts, class_names, ids, title)
+        if strips:
+            _strip(grid[i, 0], *strips[i])
     if suptitle:
         fig.suptitle(suptitle)
     fig.tight_layout()
@@ -150,6 +156,26 @@ def _bars(ax, counts, class_names, client_ids, title) -> None:
         ax.set_title(title)
     if k <= 20:
         ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small", title="class")
+
+
+def _strip(ax, matrix, names) -> None:
+    """Client x modality grid: green by the share of the client's rows holding the modality
+    (its percentage written in), blank with a dash where the client does not hold it."""
+    m = np.ma.masked_invalid(np.asarray(matrix, dtype=float))
+    import matplotlib
+
+    cmap = matplotlib.colormaps["Greens"].with_extremes(bad="white")
+    ax.imshow(m, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+    n, k = m.shape
+    if n <= 50:
+        for i in range(n):
+            for j in range(k):
+                v = matrix[i][j]
+                ax.text(j, i, "-" if v != v else f"{100 * v:.0f}", ha="center", va="center", fontsize="x-small",
+                        color="white" if v == v and v > 0.6 else "black")
+    ax.set_xticks(range(k), list(names), rotation=45, ha="right", fontsize="small")
+    ax.set_yticks([])
+    ax.set_title("% rows with", fontsize="small")
 
 
 def source_groups(fed, cfg) -> list[dict]:
@@ -187,9 +213,15 @@ def federation_summary(fed, cfg) -> str:
 
 
 def plot_federation(fed, cfg, path) -> Path:
-    """:func:`plot_groups` of :func:`source_groups`: one panel per data set, titled."""
+    """:func:`plot_groups` of :func:`source_groups`: one panel per data set, titled; with
+    several modalities or a simulation (:func:`~mmfl.data.simulation_report.simulation_active`),
+    each client's modalities as a strip left of its bar."""
+    from mmfl.data.simulation_report import simulation_active, strip_matrix
+
     groups = source_groups(fed, cfg)
     if len(groups) == 1:
         groups[0]["title"] = f"{cfg.data.name}: {cfg.partition.name} partition over {fed.num_clients} clients"
+    strips = [strip_matrix(fed, g["ids"]) for g in groups] if simulation_active(fed, cfg) else None
     return plot_groups([(g["counts"], g["class_names"], g["ids"], g["title"]) for g in groups], path,
-                       suptitle=f"{cfg.run.name}: class counts per client" if len(groups) > 1 else None)
+                       suptitle=f"{cfg.run.name}: class counts per client" if len(groups) > 1 else None,
+                       strips=strips)
