@@ -37,7 +37,7 @@ def cnn_cfg(tmp_path, root, name, *over, rounds=3):
     return load_config(None, [
         "data.name=mnist_idx", f"data.root={root}", "partition.name=dirichlet", "partition.num_clients=4",
         "partition.beta=0.5", "clients_per_round=3", "model.name=simple_cnn", "model.out_dim=32",
-        "train.local_epochs=1", "train.batch_size=16", "train.lr=0.05", "threads=1",
+        "train.local_epochs=1", "train.batch_size=16", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1",
         f"rounds={rounds}", f"output_dir={tmp_path}", f"name={name}", *over])
 
 
@@ -101,7 +101,7 @@ def test_unequal_sizes_short_batches_and_single_samples_match_local_train():
     for n in sizes:
         datas.append(full.subset(perm[at:at + n].numpy()))
         at += n
-    train = TrainConfig(local_epochs=2, batch_size=16, lr=0.1, momentum=0.9, weight_decay=1e-3)
+    train = TrainConfig(optimizer="sgd", local_epochs=2, batch_size=16, lr=0.1, momentum=0.9, weight_decay=1e-3)
     model = MLP(["x"], 6, 3, [8])
     start = {k: v.clone() for k, v in model.state_dict().items()}
     gens = [torch.Generator().manual_seed(100 + i) for i in range(4)]
@@ -215,7 +215,7 @@ def test_batchnorm_stacks_with_per_client_running_statistics_equal_to_local_trai
     for n in [30, 37, 18, 64]:
         datas.append(full.subset(perm[at:at + n].numpy()))
         at += n
-    train = TrainConfig(local_epochs=2, batch_size=16, lr=0.1, momentum=0.9, weight_decay=1e-3)
+    train = TrainConfig(optimizer="sgd", local_epochs=2, batch_size=16, lr=0.1, momentum=0.9, weight_decay=1e-3)
     model = _BNNet()
     start = {k: v.clone() for k, v in model.state_dict().items()}
     gens = [torch.Generator().manual_seed(100 + i) for i in range(4)]
@@ -236,7 +236,7 @@ def test_moon_with_batchnorm_trains_stacked_equal_to_sequential(tmp_path, mnist_
         exp = Experiment(load_config(None, [
             "data.name=mnist_idx", f"data.root={mnist_root}", "partition.name=dirichlet", "partition.num_clients=4",
             "partition.beta=0.5", "clients_per_round=3", "model.name=multimodal", "model.feat_dim=16",
-            "algorithm.name=moon", "train.local_epochs=1", "train.batch_size=16", "train.lr=0.05", "threads=1",
+            "algorithm.name=moon", "train.local_epochs=1", "train.batch_size=16", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1",
             "rounds=2", f"output_dir={tmp_path}", f"name={name}", f"batch_clients={batched}"]), progress=False)
         exp.run()
         return exp
