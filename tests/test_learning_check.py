@@ -67,6 +67,8 @@ def test_rising_loss_and_chance_rules():
     ln2 = math.log(2)
     assert [check.update({"round": r, "train_loss": v}) is None
             for r, v in enumerate([ln2, ln2 * 1.03, 0.5, ln2, ln2, ln2 * 0.97])] == [True] * 5 + [False]
+    check = LearningCheck(4, "adam", 1e-3, stream=io.StringIO())  # a fitted model's loss jitters: no sign
+    assert all(check.update({"round": r, "train_loss": v}) is None for r, v in enumerate([1e-4, 2e-4, 4e-4, 8e-4, 0.01]))
     check = LearningCheck(1, "sgd", 0.01, stream=io.StringIO())  # one class: no ln K rule, no error
     assert check.update({"round": 1, "train_loss": 0.0}) is None
     assert check.update({"round": 2, "accuracy": 0.5}) is None  # no train_loss (an algorithm without one)

@@ -54,6 +54,11 @@ CANDIDATES = {  # the other settings measured before choosing (docs/recipe.md)
     "centralized-raw": {"algorithm": {"name": "centralized"}},
     "fedavg-b32": {"train": {"batch_size": 32}, "data": {"normalize": "all"}},
     "fedavg-b16": {"train": {"batch_size": 16}, "data": {"normalize": "all"}},
+    "fedavg-e2": {"train": {"local_epochs": 2}, "data": {"normalize": "all"}},
+    "fedavg-e5": {"train": {"local_epochs": 5}, "data": {"normalize": "all"}},
+    "centralized-e5": {"algorithm": {"name": "centralized"}, "train": {"local_epochs": 5}, "data": {"normalize": "all"}},
+    "fedavg-r30": {"rounds": 30, "data": {"normalize": "all"}},
+    "centralized-r30": {"rounds": 30, "algorithm": {"name": "centralized"}, "data": {"normalize": "all"}},
     "centralized-b16": {"algorithm": {"name": "centralized"}, "train": {"batch_size": 16},
                         "data": {"normalize": "all"}},
 }
