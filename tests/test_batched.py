@@ -183,7 +183,7 @@ def test_multimodal_encoders_train_stacked_equal_to_sequential(tmp_path, algo):
         cfg = load_config(None, [
             "data.name=mfeat", 'data.views=["pix", "fou", "zer"]', "partition.name=dirichlet",
             "partition.num_clients=5", "partition.beta=0.5", "model.name=multimodal", "model.feat_dim=16",
-            "model.mlp_hidden=[16]", f"algorithm.name={algo}", "train.local_epochs=1", "train.batch_size=32",
+            "model.mlp_hidden=[16]", f"algorithm.name={algo}", "train.optimizer=\"sgd\"", "train.lr=0.01", "train.local_epochs=1", "train.batch_size=32",
             "threads=1", "rounds=2", f"output_dir={tmp_path}", f"name={algo}-{batched}",
             f"batch_clients={'true' if batched else 'false'}"])
         exp = Experiment(cfg, progress=False)
