@@ -310,7 +310,7 @@ def raw_config(tmp_path, algo="split_learning", **over):
            "modalities": {"name": "explicit", "holds": [["image", "features"], ["image"], ["features"]]},
            "model": {"name": "multimodal", "feat_dim": 8, "cnn_channels": [4], "mlp_hidden": [16]},
            "algorithm": {"name": algo},
-           "train": {"local_epochs": 2, "batch_size": 64}}
+           "train": {"optimizer": "sgd", "lr": 0.01, "local_epochs": 2, "batch_size": 64}}
     raw.update(over)
     return raw
 
