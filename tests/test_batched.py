@@ -138,7 +138,7 @@ def test_fallback_is_automatic_and_visible(tmp_path, mnist_root, caplog):
     assert "adam" in rows_of(adam)[0]["batched_fallback"]
     from mmfl.core.batched import model_blocker
     bn = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
-    assert model_blocker(bn, TrainConfig()) is None  # BatchNorm stacks (its own test below)
+    assert model_blocker(bn, TrainConfig(optimizer="sgd")) is None  # BatchNorm stacks (its own test below)
 
 
 def test_batched_run_resumes_exactly(tmp_path, mnist_root):

@@ -62,6 +62,8 @@ CANDIDATES = {  # the other settings measured before choosing (docs/recipe.md)
     "fedavg-e5": {"train": {"local_epochs": 5}, "data": {"normalize": "all"}},
     "centralized-e5": {"algorithm": {"name": "centralized"}, "train": {"local_epochs": 5}, "data": {"normalize": "all"}},
     "fedavg-r30-lr3e-4": {"rounds": 30, "train": {"lr": 3e-4}, "data": {"normalize": "all"}},
+    "centralized-r30-lr3e-4": {"rounds": 30, "algorithm": {"name": "centralized"}, "train": {"lr": 3e-4},
+                               "data": {"normalize": "all"}},
     "fedavg-r30-e1": {"rounds": 30, "train": {"local_epochs": 1}, "data": {"normalize": "all"}},
     "centralized-b16": {"algorithm": {"name": "centralized"}, "train": {"batch_size": 16},
                         "data": {"normalize": "all"}},
