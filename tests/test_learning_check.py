@@ -66,9 +66,14 @@ def test_rising_loss_and_chance_rules():
     check = LearningCheck(2, "sgd", 0.01, stream=io.StringIO())
     ln2 = math.log(2)
     assert [check.update({"round": r, "train_loss": v}) is None
-            for r, v in enumerate([ln2, ln2 * 1.03, 0.5, ln2, ln2, ln2 * 0.97])] == [True] * 5 + [False]
+            for r, v in enumerate([ln2, ln2 * 1.03, 0.5, ln2, ln2, ln2 * 0.99])] == [True] * 5 + [False]
+    check = LearningCheck(10, "sgd", 0.05, stream=io.StringIO())  # at ln K but falling steadily: learning
+    assert all(check.update({"round": r, "train_loss": v}) is None for r, v in enumerate([2.30, 2.25, 2.20, 2.19]))
     check = LearningCheck(4, "adam", 1e-3, stream=io.StringIO())  # a fitted model's loss jitters: no sign
     assert all(check.update({"round": r, "train_loss": v}) is None for r, v in enumerate([1e-4, 2e-4, 4e-4, 8e-4, 0.01]))
+    check = LearningCheck(3, "sgd", 0.01, stream=io.StringIO())  # a first-round loss of 8398 (raw inputs)
+    said = check.update({"round": 1, "train_loss": 8398.0})
+    assert said is not None and "8398 in round 1, over 100 x ln(K)" in said and "standardize" in said
     check = LearningCheck(1, "sgd", 0.01, stream=io.StringIO())  # one class: no ln K rule, no error
     assert check.update({"round": 1, "train_loss": 0.0}) is None
     assert check.update({"round": 2, "accuracy": 0.5}) is None  # no train_loss (an algorithm without one)

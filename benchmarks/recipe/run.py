@@ -155,6 +155,22 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def notes(runs: Path) -> None:
+    """Replay mmfl.engine.learning_check over every finished run's metrics: which runs get the note."""
+    import io
+
+    from mmfl.engine.learning_check import LearningCheck
+
+    for d in sorted(p for p in runs.iterdir() if (p / "summary.json").is_file()):
+        labels = json.loads((d / "labels.json").read_text())
+        check = LearningCheck(len(labels), "-", 0.0, stream=io.StringIO())
+        for line in (d / "metrics.jsonl").read_text().splitlines():
+            said = check.update(json.loads(line))
+            if said:
+                print(f"{d.name}: {said[len('mmfl: note: '):].split(': the model')[0]}")
+                break
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=OUT, help="the folder prepare.py wrote")
@@ -163,7 +179,10 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=list(SETS))
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
     ap.add_argument("--out", type=Path, default=None, help="also write the table to this markdown file")
+    ap.add_argument("--notes", action="store_true", help="only list the finished runs that get the learning note")
     a = ap.parse_args()
+    if a.notes:
+        return notes(a.runs)
     results = {}
     for name in a.only:
         r = references(a.data.expanduser(), name, a.seeds)
