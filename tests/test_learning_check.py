@@ -70,7 +70,8 @@ def test_rising_loss_and_chance_rules():
     check = LearningCheck(10, "sgd", 0.05, stream=io.StringIO())  # at ln K but falling steadily: learning
     assert all(check.update({"round": r, "train_loss": v}) is None for r, v in enumerate([2.30, 2.25, 2.20, 2.19]))
     check = LearningCheck(4, "adam", 1e-3, stream=io.StringIO())  # a fitted model's loss jitters: no sign
-    assert all(check.update({"round": r, "train_loss": v}) is None for r, v in enumerate([1e-4, 2e-4, 4e-4, 8e-4, 0.01]))
+    jitter = [1e-4, 2e-4, 4e-4, 8e-4, 0.01]
+    assert all(check.update({"round": r, "train_loss": v}) is None for r, v in enumerate(jitter))
     check = LearningCheck(3, "sgd", 0.01, stream=io.StringIO())  # a first-round loss of 8398 (raw inputs)
     said = check.update({"round": 1, "train_loss": 8398.0})
     assert said is not None and "8398 in round 1, over 100 x ln(K)" in said and "standardize" in said
