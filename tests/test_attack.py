@@ -22,7 +22,7 @@ from mmfl.errors import ConfigError, MMFLError
 from mmfl.schema import AttackConfig
 
 BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=128", "train.lr=0.05", "threads=1"]
+        "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1"]
 
 
 def run_exp(tmp_path, name, *over, rounds=2) -> list[dict]:

@@ -37,7 +37,7 @@ def cnn_cfg(tmp_path, root, name, *over, rounds=3):
     return load_config(None, [
         "data.name=mnist_idx", f"data.root={root}", "partition.name=dirichlet", "partition.num_clients=4",
         "partition.beta=0.5", "clients_per_round=3", "model.name=simple_cnn", "model.out_dim=32",
-        "train.local_epochs=1", "train.batch_size=16", "train.lr=0.05", "threads=1",
+        "train.local_epochs=1", "train.batch_size=16", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1",
         f"rounds={rounds}", f"output_dir={tmp_path}", f"name={name}", *over])
 
 
@@ -101,7 +101,7 @@ def test_unequal_sizes_short_batches_and_single_samples_match_local_train():
     for n in sizes:
         datas.append(full.subset(perm[at:at + n].numpy()))
         at += n
-    train = TrainConfig(local_epochs=2, batch_size=16, lr=0.1, momentum=0.9, weight_decay=1e-3)
+    train = TrainConfig(optimizer="sgd", local_epochs=2, batch_size=16, lr=0.1, momentum=0.9, weight_decay=1e-3)
     model = MLP(["x"], 6, 3, [8])
     start = {k: v.clone() for k, v in model.state_dict().items()}
     gens = [torch.Generator().manual_seed(100 + i) for i in range(4)]
@@ -138,7 +138,7 @@ def test_fallback_is_automatic_and_visible(tmp_path, mnist_root, caplog):
     assert "adam" in rows_of(adam)[0]["batched_fallback"]
     from mmfl.core.batched import model_blocker
     bn = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
-    assert model_blocker(bn, TrainConfig()) is None  # BatchNorm stacks (its own test below)
+    assert model_blocker(bn, TrainConfig(optimizer="sgd")) is None  # BatchNorm stacks (its own test below)
 
 
 def test_batched_run_resumes_exactly(tmp_path, mnist_root):
@@ -183,7 +183,7 @@ def test_multimodal_encoders_train_stacked_equal_to_sequential(tmp_path, algo):
         cfg = load_config(None, [
             "data.name=mfeat", 'data.views=["pix", "fou", "zer"]', "partition.name=dirichlet",
             "partition.num_clients=5", "partition.beta=0.5", "model.name=multimodal", "model.feat_dim=16",
-            "model.mlp_hidden=[16]", f"algorithm.name={algo}", "train.local_epochs=1", "train.batch_size=32",
+            "model.mlp_hidden=[16]", f"algorithm.name={algo}", "train.optimizer=\"sgd\"", "train.lr=0.01", "train.local_epochs=1", "train.batch_size=32",
             "threads=1", "rounds=2", f"output_dir={tmp_path}", f"name={algo}-{batched}",
             f"batch_clients={'true' if batched else 'false'}"])
         exp = Experiment(cfg, progress=False)
@@ -215,7 +215,7 @@ def test_batchnorm_stacks_with_per_client_running_statistics_equal_to_local_trai
     for n in [30, 37, 18, 64]:
         datas.append(full.subset(perm[at:at + n].numpy()))
         at += n
-    train = TrainConfig(local_epochs=2, batch_size=16, lr=0.1, momentum=0.9, weight_decay=1e-3)
+    train = TrainConfig(optimizer="sgd", local_epochs=2, batch_size=16, lr=0.1, momentum=0.9, weight_decay=1e-3)
     model = _BNNet()
     start = {k: v.clone() for k, v in model.state_dict().items()}
     gens = [torch.Generator().manual_seed(100 + i) for i in range(4)]
@@ -236,7 +236,7 @@ def test_moon_with_batchnorm_trains_stacked_equal_to_sequential(tmp_path, mnist_
         exp = Experiment(load_config(None, [
             "data.name=mnist_idx", f"data.root={mnist_root}", "partition.name=dirichlet", "partition.num_clients=4",
             "partition.beta=0.5", "clients_per_round=3", "model.name=multimodal", "model.feat_dim=16",
-            "algorithm.name=moon", "train.local_epochs=1", "train.batch_size=16", "train.lr=0.05", "threads=1",
+            "algorithm.name=moon", "train.local_epochs=1", "train.batch_size=16", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1",
             "rounds=2", f"output_dir={tmp_path}", f"name={name}", f"batch_clients={batched}"]), progress=False)
         exp.run()
         return exp

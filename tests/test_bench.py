@@ -20,7 +20,7 @@ config = "{TINY}"
 
 [set]
 threads = 1
-train = {{ lr = 0.1 }}
+train = {{ optimizer = "sgd", lr = 0.1 }}
 
 [groups.g]
 template = "g-{{setting}}-{{method}}-s{{seed}}"

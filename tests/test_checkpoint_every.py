@@ -15,7 +15,7 @@ from mmfl.engine.runner import Experiment
 from mmfl.engine.state import DiskClientStateStore
 
 BASE = ["data.name=digits", "partition.num_clients=6", "clients_per_round=3", "model.name=mlp",
-        "model.hidden=[16]", "train.local_epochs=1", "train.batch_size=128", "train.lr=0.05", "threads=1",
+        "model.hidden=[16]", "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1",
         "algorithm.name=scaffold"]
 
 

@@ -36,6 +36,7 @@ name = "fedavg"
 [train]
 local_epochs = 1
 batch_size = 128
+optimizer = "sgd"
 lr = 0.05
 """
 
@@ -262,6 +263,7 @@ name = "mfedavg"
 [train]
 local_epochs = 1
 batch_size = 64
+optimizer = "sgd"
 lr = 0.05
 """
 

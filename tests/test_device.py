@@ -75,7 +75,7 @@ def test_the_meta_check_stops_a_tensor_made_without_a_device():
 
 def _raw(data: dict, model: dict, **over) -> dict:
     raw = {"name": "x", "rounds": 2, "seed": 0, "threads": 1, "device": "cpu", "data": data, "model": model,
-           "train": {"local_epochs": 1, "batch_size": 64}}
+           "train": {"optimizer": "sgd", "lr": 0.01, "local_epochs": 1, "batch_size": 64}}
     raw.update(over)
     return raw
 

@@ -37,7 +37,7 @@ def cfg_of(tmp_path, root, name, *over):
     return load_config(None, [
         "data.name=mnist_idx", f"data.root={root}", "partition.name=dirichlet", "partition.num_clients=6",
         "partition.beta=0.5", "model.name=simple_cnn", "model.out_dim=32", "train.local_epochs=1",
-        "train.batch_size=16", "train.lr=0.05", "threads=1", "rounds=2", "device=cpu",
+        "train.batch_size=16", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1", "rounds=2", "device=cpu",
         f"output_dir={tmp_path}", f"name={name}", *over])
 
 

@@ -19,7 +19,7 @@ from mmfl.errors import ConfigError
 from mmfl.report import compare
 
 BASE = ["data.name=digits", "partition.num_clients=4", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=128", "train.lr=0.05", "threads=1", "clients_per_round=3"]
+        "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1", "clients_per_round=3"]
 
 
 def run_exp(tmp_path, name, *over, rounds=2, resume=False) -> Experiment:

@@ -22,7 +22,7 @@ from mmfl.report import compare
 from mmfl.schema import TrainConfig
 
 BASE = ["data.name=digits", "partition.num_clients=4", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=128", "train.lr=0.05", "threads=1", "clients_per_round=3",
+        "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1", "clients_per_round=3",
         "dp.mode=sample"]
 
 
@@ -60,7 +60,7 @@ def ce_per_sample(model, inputs, labels):
 
 
 def test_dpsgd_with_noise_multiplier_zero_and_huge_clip_norm_equals_sgd_on_the_same_poisson_batches():
-    data, train = tiny_data(), TrainConfig(local_epochs=2, batch_size=8, lr=0.1, momentum=0.9, weight_decay=1e-3)
+    data, train = tiny_data(), TrainConfig(optimizer="sgd", local_epochs=2, batch_size=8, lr=0.1, momentum=0.9, weight_decay=1e-3)
     dp_model, ref = Tiny(), Tiny()
     stats = dpsgd_train(dp_model, data, train, clip_norm=1e12, noise_multiplier=0.0,
                         generator=torch.Generator().manual_seed(7), noise_generator=torch.Generator().manual_seed(8),

@@ -20,7 +20,7 @@ from mmfl.engine.state import ClientStateStore
 from mmfl.errors import ConfigError, MMFLError
 
 BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=128", "train.lr=0.05", "threads=1"]
+        "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1"]
 
 
 def make_cfg(tmp_path, name, *overrides, rounds=2):

@@ -16,11 +16,11 @@ from mmfl.core.evaluation import PERSONAL_ROUTE, run_evaluations
 from mmfl.engine.runner import Experiment
 
 BASE = ["data.name=mfeat", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=64", "train.lr=0.05", "threads=1", "rounds=2"]
+        "train.local_epochs=1", "train.batch_size=64", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1", "rounds=2"]
 # two mfeat views, Dirichlet labels, 2 of the 4 clients unimodal (FedCMI's case D)
 MULTIMODAL = ["data.name=mfeat", 'data.views=["pix", "fou"]', "partition.num_clients=4", 'case="D"',
               "model.name=multimodal", "model.feat_dim=8", "model.mlp_hidden=[16]",
-              "train.local_epochs=1", "train.batch_size=64", "train.lr=0.05", "threads=1", "rounds=2"]
+              "train.local_epochs=1", "train.batch_size=64", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1", "rounds=2"]
 PERSONAL_KEYS = ("accuracy", "accuracy_std", "uar", "test_loss", "client_accuracy", "personal_test_rows")
 
 

@@ -80,7 +80,7 @@ def tiny_client(params=None, holds=("a", "b"), rnd=0, n=12):
     data = ArrayDataset(feats, torch.arange(n) % 3)
     p = ALGORITHMS.params("fedcmi", params or {})
     ctx = ClientContext(cid=0, rnd=rnd, seed=5, data=data, test_data=None, meta=META,
-                        train=TrainConfig(local_epochs=1, batch_size=6, lr=0.05), state={},
+                        train=TrainConfig(optimizer="sgd", local_epochs=1, batch_size=6, lr=0.05), state={},
                         model_pool=model_pool, init_model=make, modalities=tuple(holds))
     return FedCMIClient(p, ctx), make
 
@@ -234,7 +234,7 @@ def test_distillation_raises_the_weak_branch_agreement_with_the_global_dominant_
             return pool[key]
 
         ctx = ClientContext(cid=0, rnd=0, seed=5, data=data, test_data=None, meta=META,
-                            train=TrainConfig(local_epochs=5, batch_size=20, lr=0.05), state={},
+                            train=TrainConfig(optimizer="sgd", local_epochs=5, batch_size=20, lr=0.05), state={},
                             model_pool=model_pool, init_model=make, modalities=("a", "b"))
         client = FedCMIClient(ALGORITHMS.params("fedcmi", params), ctx)
         reply = client.handle("train", Message(arrays=arrays))

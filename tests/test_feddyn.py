@@ -17,7 +17,7 @@ from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
 
 BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=128", "train.lr=0.05", "threads=1", "algorithm.name=feddyn",
+        "train.optimizer=\"sgd\"", "train.local_epochs=1", "train.batch_size=128", "train.lr=0.05", "threads=1", "algorithm.name=feddyn",
         "algorithm.alpha=0.1"]
 
 

@@ -86,7 +86,7 @@ def tiny_ctx(holds=("a", "b"), n=40, state=None):
     feats = {m: torch.randn(n, *META.modalities[m], generator=g) for m in holds}
     data = ArrayDataset(feats, torch.arange(n) % 3)
     return ClientContext(cid=0, rnd=1, seed=5, data=data, test_data=None, meta=META,
-                         train=TrainConfig(local_epochs=1, batch_size=8, lr=0.05), state=state or {},
+                         train=TrainConfig(optimizer="sgd", local_epochs=1, batch_size=8, lr=0.05), state=state or {},
                          model_pool=model_pool, init_model=lambda: tiny_model(holds), modalities=tuple(holds))
 
 
@@ -97,7 +97,7 @@ def test_fedfomo_client_gives_a_worse_peer_weight_zero_and_sends_only_its_module
     _, val = split_validation(ctx.data, 0.25, 123)
     # a better peer: the own model trained on the client's validation rows; a worse one: noise
     better = tiny_model(("a",))
-    local_train(better, val, TrainConfig(local_epochs=30, batch_size=10, lr=0.1), torch.Generator().manual_seed(0))
+    local_train(better, val, TrainConfig(optimizer="sgd", local_epochs=30, batch_size=10, lr=0.1), torch.Generator().manual_seed(0))
     better = state_of(better)
     worse = {k: v + 3.0 * torch.randn_like(v) if v.is_floating_point() else v for k, v in own.items()}
     full_peer = state_of(tiny_model(("a", "b")))  # holds b too: its b modules must be ignored

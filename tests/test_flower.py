@@ -41,14 +41,14 @@ except ImportError:  # run as the package tests.*
 
 # mfeat: six feature views per digit (multimodal), no download; 3 clients, tiny MLP.
 BASE = ["data.name=mfeat", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=64", "train.lr=0.05", "threads=1", "rounds=2"]
+        "train.local_epochs=1", "train.batch_size=64", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1", "rounds=2"]
 
 
 # FedCMI's case D on two mfeat views: Dirichlet(5) labels, 2 of the 4 clients unimodal (one
 # "pix", one "fou"); their multimodal models have private infiltration projectors.
 MULTIMODAL = ["data.name=mfeat", 'data.views=["pix", "fou"]', "partition.num_clients=4", 'case="D"',
               "model.name=multimodal", "model.feat_dim=8", "model.mlp_hidden=[16]", "model.two_projector=true",
-              "algorithm.name=fedcmi", "train.local_epochs=1", "train.batch_size=64", "train.lr=0.05",
+              "algorithm.name=fedcmi", "train.local_epochs=1", "train.batch_size=64", "train.optimizer=\"sgd\"", "train.lr=0.05",
               "threads=1", "rounds=2"]
 
 

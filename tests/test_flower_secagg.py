@@ -301,7 +301,7 @@ def test_secagg_moon_resumes_with_its_client_state(tmp_path):
 
 MFEDAVG = ["data.name=mfeat", 'data.views=["pix", "fou"]', "partition.num_clients=3", "model.name=multimodal",
            "model.feat_dim=8", "model.mlp_hidden=[16]", "algorithm.name=mfedavg", "train.local_epochs=1",
-           "train.batch_size=64", "train.lr=0.05", "threads=1", "rounds=1"]
+           "train.batch_size=64", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1", "rounds=1"]
 
 
 def test_secagg_multimodal_weight_averaging_needs_every_module_everywhere(tmp_path):

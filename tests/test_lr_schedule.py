@@ -16,7 +16,7 @@ from mmfl.core.training import cosine_lr, train_at_round, train_for_run
 from mmfl.errors import ConfigError
 
 BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=128", "train.lr=0.05", "threads=1"]
+        "train.optimizer=\"sgd\"", "train.local_epochs=1", "train.batch_size=128", "train.lr=0.05", "threads=1"]
 
 
 def test_cosine_lr_by_hand():
@@ -29,13 +29,13 @@ def test_cosine_lr_by_hand():
 
 
 def test_train_at_round_constant_is_unchanged_and_cosine_needs_a_period():
-    train = TrainConfig(lr=0.2)
+    train = TrainConfig(optimizer="sgd", lr=0.2)
     assert train_at_round(train, 7) is train
-    cos = TrainConfig(lr=0.2, lr_schedule="cosine")
+    cos = TrainConfig(optimizer="sgd", lr=0.2, lr_schedule="cosine")
     with pytest.raises(ValueError, match="unresolved"):
         train_at_round(cos, 1)
     run = train_for_run(cos, 10)
-    assert run.lr_rounds == 10 and train_for_run(TrainConfig(lr=0.2, lr_schedule="cosine", lr_rounds=3), 10).lr_rounds == 3
+    assert run.lr_rounds == 10 and train_for_run(TrainConfig(optimizer="sgd", lr=0.2, lr_schedule="cosine", lr_rounds=3), 10).lr_rounds == 3
     assert train_at_round(run, 5).lr == pytest.approx(0.1) and train_at_round(run, 0).lr == pytest.approx(0.2)
 
 

@@ -143,7 +143,7 @@ def test_fedcmi_runs_on_variable_length_two_sensor_sequences(tmp_path):
            "partition": {"name": "natural"},
            "model": {"name": "multimodal", "feat_dim": 16, "mlp_hidden": [32], "two_projector": True},
            "algorithm": {"name": "fedcmi"},
-           "train": {"local_epochs": 2, "batch_size": 8, "lr": 0.01}}
+           "train": {"optimizer": "sgd", "local_epochs": 2, "batch_size": 8, "lr": 0.01}}
     exp = Experiment(resolve(raw), progress=False)
     meta = exp.federation.meta
     assert meta.modalities == {"acc": (3, 40), "gyro": (3, 40)}

@@ -81,7 +81,7 @@ def float_keys(sd: dict) -> list[str]:
     return [k for k, v in sd.items() if v.is_floating_point()]
 
 
-SGD = TrainConfig(local_epochs=2, batch_size=16, lr=0.05, momentum=0.0, weight_decay=0.0)
+SGD = TrainConfig(optimizer="sgd", local_epochs=2, batch_size=16, lr=0.05, momentum=0.0, weight_decay=0.0)
 
 # a tiny two-modality, three-class problem: the class shifts the mean of both modalities
 META = DatasetMeta("tiny", 3, {"a": (4,), "b": (3,)})
@@ -104,7 +104,7 @@ def tiny_mm_data(n=48, holds=("a", "b"), seed=1) -> ArrayDataset:
 
 DIGITS = ["data.name=digits", "partition.name=quantity_skew", "partition.beta=1.0", "partition.num_clients=3",
           "model.name=mlp", "model.hidden=[16]", "train.local_epochs=1", "train.batch_size=128",
-          "train.lr=0.05", "threads=1"]
+          "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1"]
 
 
 def test_fedavg_global_model_is_the_data_size_weighted_mean_of_the_replies(tmp_path):
@@ -632,7 +632,7 @@ def test_pfedwireless_coefficients_move_toward_devices_with_the_same_label_distr
         torch.manual_seed(0)
         return multimodal(MultimodalParams(feat_dim=4, mlp_hidden=[8]), meta)
 
-    train = TrainConfig(local_epochs=1, batch_size=16, lr=0.05, momentum=0.0, weight_decay=0.0)
+    train = TrainConfig(optimizer="sgd", local_epochs=1, batch_size=16, lr=0.05, momentum=0.0, weight_decay=0.0)
     params = PFedWirelessParams(eta_hat=100.0, k_hat=1.0, a_th=0)
     server = PFedWirelessServer(params, ServerContext(meta, train, 0, 4, make_model))
     loop = LoopTransport(PFedWirelessClient, params, [data([0, 1], 1), data([0, 1], 2), data([2, 3], 3),

@@ -13,7 +13,7 @@ from mmfl.engine.progress import RunProgress, run_eta
 from mmfl.engine.runner import Experiment
 
 BASE = ["data.name=digits", "partition.num_clients=4", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=128", "train.lr=0.05", "threads=1"]
+        "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1"]
 
 
 def test_run_eta_from_the_current_rounds_pace_then_from_finished_rounds():

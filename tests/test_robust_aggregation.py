@@ -167,7 +167,7 @@ def test_krum_and_bulyan_name_the_rule_and_counts_when_a_round_has_too_few_updat
 # ----------------------------------------------------------------------------- config
 
 BASE = ["data.name=digits", "partition.num_clients=7", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=128", "train.lr=0.05", "threads=1", "rounds=2"]
+        "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1", "rounds=2"]
 
 
 @pytest.mark.parametrize("rule", ROBUST)

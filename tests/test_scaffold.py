@@ -115,7 +115,7 @@ H = [np.array([1.0, 2.0, 0.5]), np.array([4.0, 0.5, 3.0])]
 @pytest.mark.parametrize("momentum,wd,option2", [(0.0, 0.0, "printed"), (0.0, 0.0, "momentum"),
                                                  (0.9, 1e-2, "printed"), (0.9, 1e-2, "momentum")])
 def test_scaffold_exact_update_equals_algorithm_one_by_hand_on_a_quadratic(momentum, wd, option2):
-    train = TrainConfig(local_epochs=5, batch_size=2, lr=0.1, momentum=momentum, weight_decay=wd)
+    train = TrainConfig(optimizer="sgd", local_epochs=5, batch_size=2, lr=0.1, momentum=momentum, weight_decay=wd)
     x0 = np.array([0.3, -0.2, 0.1])
     server, states = run_rounds(QuadScaffold, ScaffoldServer, ScaffoldParams(option2=option2), A, H, train, 3, x0)
     k_eff = effective_steps(5, momentum) if option2 == "momentum" else None
@@ -128,12 +128,12 @@ def test_scaffold_exact_update_equals_algorithm_one_by_hand_on_a_quadratic(momen
 
 
 def test_scaffold_after_step_equals_gradient_convention_for_plain_sgd():
-    train = TrainConfig(local_epochs=5, batch_size=2, lr=0.1, momentum=0.0, weight_decay=0.0)
+    train = TrainConfig(optimizer="sgd", local_epochs=5, batch_size=2, lr=0.1, momentum=0.0, weight_decay=0.0)
     g, _ = run_rounds(QuadScaffold, ScaffoldServer, ScaffoldParams("gradient"), A, H, train, 4)
     s, _ = run_rounds(QuadScaffold, ScaffoldServer, ScaffoldParams("after_step"), A, H, train, 4)
     assert torch.allclose(g.model.w, s.model.w, atol=1e-12)
     # with momentum they differ: "gradient" sends the correction through the momentum buffer
-    train_m = TrainConfig(local_epochs=5, batch_size=2, lr=0.02, momentum=0.9, weight_decay=0.0)
+    train_m = TrainConfig(optimizer="sgd", local_epochs=5, batch_size=2, lr=0.02, momentum=0.9, weight_decay=0.0)
     g, _ = run_rounds(QuadScaffold, ScaffoldServer, ScaffoldParams("gradient"), A, H, train_m, 2)
     s, _ = run_rounds(QuadScaffold, ScaffoldServer, ScaffoldParams("after_step"), A, H, train_m, 2)
     assert float((g.model.w - s.model.w).detach().abs().max()) > 1e-3
@@ -141,7 +141,7 @@ def test_scaffold_after_step_equals_gradient_convention_for_plain_sgd():
 
 def test_scaffold_fixed_point_is_the_global_minimum_while_fedavg_drifts():
     # f = (f_1 + f_2) / 2 with f_i = 1/2 sum_d h_id (w_d - a_id)^2: minimum sum_i h_i a_i / sum_i h_i
-    train = TrainConfig(local_epochs=10, batch_size=2, lr=0.1, momentum=0.0, weight_decay=0.0)
+    train = TrainConfig(optimizer="sgd", local_epochs=10, batch_size=2, lr=0.1, momentum=0.0, weight_decay=0.0)
     w_star = (H[0] * A[0] + H[1] * A[1]) / (H[0] + H[1])
     avg, _ = run_rounds(QuadFedAvg, FedAvgServer, None, A, H, train, 80)
     sca, states = run_rounds(QuadScaffold, ScaffoldServer, ScaffoldParams(), A, H, train, 80)
@@ -179,7 +179,7 @@ def test_scaffold_with_momentum_needs_the_momentum_step_count_in_option_two():
     # gradient by K_eff / K = 4.1 (> 2: the variates' update c_i <- c_i + 4.1 (g_i - c_i) diverges);
     # with K_eff the fixed point is the global minimum again. The old after-step convention does
     # not diverge but its fixed point is off (the momentum buffer restarts every round).
-    train = TrainConfig(local_epochs=10, batch_size=2, lr=0.02, momentum=0.9, weight_decay=0.0)
+    train = TrainConfig(optimizer="sgd", local_epochs=10, batch_size=2, lr=0.02, momentum=0.9, weight_decay=0.0)
     assert effective_steps(10, 0.9) / 10 == pytest.approx(4.14, abs=0.01)
     w_star = (H[0] * A[0] + H[1] * A[1]) / (H[0] + H[1])
 
@@ -218,7 +218,7 @@ def test_scaffold_batched_equals_sequential_for_both_conventions(tmp_path, mnist
         cfg = load_config(None, [
             "data.name=mnist_idx", f"data.root={mnist_root}", "partition.name=dirichlet",
             "partition.num_clients=4", "partition.beta=0.5", "clients_per_round=3", "model.name=simple_cnn",
-            "model.out_dim=32", "train.local_epochs=1", "train.batch_size=16", "train.lr=0.05", "threads=1",
+            "model.out_dim=32", "train.local_epochs=1", "train.batch_size=16", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1",
             "rounds=3", f"output_dir={tmp_path}", f"name={name}", "algorithm.name=scaffold",
             f"algorithm.correction={correction}", f"batch_clients={str(batched).lower()}"])
         exp = Experiment(cfg, progress=False)
@@ -236,7 +236,7 @@ def test_scaffold_batched_equals_sequential_for_both_conventions(tmp_path, mnist
 
 def test_scaffold_option_one_variate_is_the_local_gradient_at_the_server_model():
     # option I: c_i+ = grad f_i(x) = h_i (x - a_i) on the quadratic, whatever the local steps did
-    train = TrainConfig(local_epochs=5, batch_size=2, lr=0.1, momentum=0.9, weight_decay=0.0)
+    train = TrainConfig(optimizer="sgd", local_epochs=5, batch_size=2, lr=0.1, momentum=0.9, weight_decay=0.0)
     x0 = np.array([0.3, -0.2, 0.1])
     server, states = run_rounds(QuadScaffold, ScaffoldServer, ScaffoldParams(option="I"), A, H, train, 1, x0)
     for i in range(2):
@@ -244,7 +244,7 @@ def test_scaffold_option_one_variate_is_the_local_gradient_at_the_server_model()
     assert np.allclose(server.c["w"].numpy(), (H[0] * (x0 - A[0]) + H[1] * (x0 - A[1])) / 2, atol=1e-12)
     # and its fixed point is the global minimum too
     w_star = (H[0] * A[0] + H[1] * A[1]) / (H[0] + H[1])
-    plain = TrainConfig(local_epochs=10, batch_size=2, lr=0.1, momentum=0.0, weight_decay=0.0)
+    plain = TrainConfig(optimizer="sgd", local_epochs=10, batch_size=2, lr=0.1, momentum=0.0, weight_decay=0.0)
     s, _ = run_rounds(QuadScaffold, ScaffoldServer, ScaffoldParams(option="I"), A, H, plain, 80)
     assert np.allclose(s.model.w.detach().numpy(), w_star, atol=1e-8)
 
@@ -254,7 +254,7 @@ def test_scaffold_variate_weights_set_which_objective_the_fixed_point_minimizes(
     # mean weighted the same way, the fixed point minimizes sum_i p_i f_i (what FedAvg's weights
     # and the pooled data ask for); with line 17 uniform as printed, it minimizes mean_i f_i,
     # whatever the model average's weights (then sum_i p_i (c - c_i) != 0 every round)
-    train = TrainConfig(local_epochs=10, batch_size=8, lr=0.1, momentum=0.0, weight_decay=0.0)
+    train = TrainConfig(optimizer="sgd", local_epochs=10, batch_size=8, lr=0.1, momentum=0.0, weight_decay=0.0)
     p = np.array([0.2, 0.8])
     w_data = (p[0] * H[0] * A[0] + p[1] * H[1] * A[1]) / (p[0] * H[0] + p[1] * H[1])
     w_unif = (H[0] * A[0] + H[1] * A[1]) / (H[0] + H[1])

@@ -179,7 +179,7 @@ def test_fedcmi_runs_on_two_variable_length_sensor_modalities(tmp_path, monkeypa
     cfg = load_config(None, ["data.name=seq_test", "partition.num_clients=4", "case=D", "model.name=multimodal",
                              "model.two_projector=true", "model.feat_dim=16", "model.conv1d_channels=[8]",
                              "model.encoders={gyro = \"gru\"}", "model.gru_hidden=8", "algorithm.name=fedcmi",
-                             "train.local_epochs=3", "train.batch_size=16", "train.lr=0.05", "threads=1",
+                             "train.local_epochs=3", "train.batch_size=16", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1",
                              "rounds=2", f"output_dir={tmp_path}", "name=seq"])
     exp = Experiment(cfg, progress=False)
     exp.run()

@@ -92,7 +92,7 @@ def unsplit_loss(model, out, labels):
 
 @pytest.mark.parametrize("cid", [0, 1], ids=["both-modalities-with-masks", "image-only"])
 def test_split_gradients_equal_the_unsplit_model_on_one_batch(cid):
-    train = TrainConfig(local_epochs=1, batch_size=64, lr=0.05, momentum=0.9, weight_decay=1e-4)
+    train = TrainConfig(optimizer="sgd", local_epochs=1, batch_size=64, lr=0.05, momentum=0.9, weight_decay=1e-4)
     server, transport, datas = setup(train)
     ref = make_model().keep_only(HOLDS[cid])  # the unsplit model this client would train
     ref.load_state_dict({k: v for k, v in server.model.state_dict().items() if k in ref.state_dict()})
@@ -187,7 +187,7 @@ def test_u_shaped_gradients_equal_the_unsplit_model_and_labels_stay(cid):
     """U-shaped: the encoders' outputs go up without labels, the fusion output comes down, the
     client's d loss / d rep goes up, the encoder gradients come down; every parameter's
     gradient and the step equal the unsplit model's (dropout 0: the client draws it)."""
-    train = TrainConfig(local_epochs=1, batch_size=64, lr=0.05, momentum=0.9, weight_decay=1e-4)
+    train = TrainConfig(optimizer="sgd", local_epochs=1, batch_size=64, lr=0.05, momentum=0.9, weight_decay=1e-4)
     server, transport, datas = setup(train, dropout=0.0, u_shaped=True)
     ref = make_model(0.0).keep_only(HOLDS[cid])
     ref.load_state_dict({k: v for k, v in server.model.state_dict().items() if k in ref.state_dict()})
@@ -310,7 +310,7 @@ def raw_config(tmp_path, algo="split_learning", **over):
            "modalities": {"name": "explicit", "holds": [["image", "features"], ["image"], ["features"]]},
            "model": {"name": "multimodal", "feat_dim": 8, "cnn_channels": [4], "mlp_hidden": [16]},
            "algorithm": {"name": algo},
-           "train": {"local_epochs": 2, "batch_size": 64}}
+           "train": {"optimizer": "sgd", "lr": 0.01, "local_epochs": 2, "batch_size": 64}}
     raw.update(over)
     return raw
 

@@ -89,7 +89,7 @@ def test_make_store_auto_threshold(tmp_path):
 
 
 BASE = ["data.name=digits", "partition.num_clients=6", "clients_per_round=3", "model.name=mlp",
-        "model.hidden=[16]", "train.local_epochs=1", "train.batch_size=128", "train.lr=0.05", "threads=1"]
+        "model.hidden=[16]", "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1"]
 
 
 def run(tmp_path, name, *over, rounds, resume=False):

@@ -20,11 +20,11 @@ from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
 
 BASE = ["data.name=digits", "partition.num_clients=4", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=128", "train.lr=0.05", "threads=1"]
+        "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1"]
 # two mfeat views, 2 of the 4 clients unimodal: the iot rule's per-update multimodal flag matters
 MULTIMODAL = ["data.name=mfeat", 'data.views=["pix", "fou"]', "partition.num_clients=4", 'case="D"',
               "model.name=multimodal", "model.feat_dim=8", "model.mlp_hidden=[16]",
-              "train.local_epochs=1", "train.batch_size=64", "train.lr=0.05", "threads=1"]
+              "train.local_epochs=1", "train.batch_size=64", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1"]
 
 
 def _updates(n=5, seed=0):

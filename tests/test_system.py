@@ -21,7 +21,7 @@ from mmfl.core.system import (WirelessSystem, computation_latency, dbm_to_watts,
 from mmfl.errors import ConfigError
 
 BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=2", "train.batch_size=128", "train.lr=0.05", "threads=1"]
+        "train.local_epochs=2", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1"]
 MM = ["data.name=mfeat", 'data.views=["pix", "fou"]', "case=D", "partition.num_clients=4",
       "clients_per_round=3", "model.name=multimodal", "model.feat_dim=16", "model.mlp_hidden=[32]",
       "train.local_epochs=1", "train.batch_size=64", "train.optimizer=adam", "train.lr=0.001", "threads=1"]

@@ -28,7 +28,7 @@ BASE = {
     "rounds": 10, "eval_every": 10, "threads": 1, "clients_per_round": 5,
     "data": {"name": "mfeat_pair"}, "partition": {"num_clients": 10},
     "model": {"name": "multimodal", "feat_dim": 64, "cnn_channels": [16, 32], "mlp_hidden": [128], "fusion": "concat"},
-    "train": {"local_epochs": 2, "batch_size": 32, "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4},
+    "train": {"optimizer": "sgd", "local_epochs": 2, "batch_size": 32, "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4},
 }
 VARIANTS = {  # name -> [algorithm] table
     "learned": {"name": "fedmsplit"},

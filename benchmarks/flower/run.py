@@ -51,7 +51,7 @@ def config(s: dict, name: str, out: Path, threads: int):
         "partition": {"name": "dirichlet", "num_clients": s["clients"], "beta": 0.5},
         "model": {"name": "simple_cnn"},
         "algorithm": {"name": "fedavg"},
-        "train": {"local_epochs": 1, "batch_size": 64, "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-5},
+        "train": {"optimizer": "sgd", "local_epochs": 1, "batch_size": 64, "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-5},
     })
 
 

@@ -69,7 +69,7 @@ def config(workload: str, algorithm: str, cohort: int, mode: str, a) -> dict:
         "batch_clients": mode == "stacked", "data": data,
         "partition": {"name": "iid", "num_clients": cohort}, "model": model,
         "algorithm": {"name": algorithm},
-        "train": {"local_epochs": 1, "batch_size": 32, "lr": 0.01, "momentum": 0.9},
+        "train": {"optimizer": "sgd", "local_epochs": 1, "batch_size": 32, "lr": 0.01, "momentum": 0.9},
     }
     if a.threads:
         cfg["threads"] = a.threads

@@ -27,7 +27,7 @@ def workload(name: str, *extra: str, rounds: int = 5, clients: int = 100, per_ro
     """``--set`` overrides of the issue's workload."""
     return ["data.name=fashion_mnist", f"partition.name={partition}", f"partition.num_clients={clients}",
             f"clients_per_round={per_round}", "model.name=simple_cnn", f"algorithm.name={algorithm}",
-            "train.local_epochs=1", "train.batch_size=64", "train.lr=0.01", "train.momentum=0.9",
+            "train.optimizer=\"sgd\"", "train.local_epochs=1", "train.batch_size=64", "train.lr=0.01", "train.momentum=0.9",
             f"rounds={rounds}", f"eval_every={rounds}", f"output_dir={out}", f"name={name}", *extra]
 
 

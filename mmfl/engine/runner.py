@@ -37,6 +37,7 @@ from mmfl.core.system import WirelessSystem
 from mmfl.core.training import train_for_run
 from mmfl.data.federation import build_federation
 from mmfl.engine import checkpoint, runfolder
+from mmfl.engine.learning_check import LearningCheck, diverged
 from mmfl.engine.runfolder import with_new_defaults  # noqa: F401  (its home before)
 from mmfl.engine.dp import DPAccountant, LocalDP, check_dpsgd_models
 from mmfl.engine.progress import RunProgress
@@ -258,6 +259,7 @@ class Experiment:
         if bar is not None and hasattr(self.transport, "progress"):
             self.transport.progress = bar  # clients done inside each round
         metrics_path = self.run_dir / "metrics.jsonl"
+        learning = LearningCheck(self.federation.meta.num_classes, cfg.train.optimizer, cfg.train.lr)
         sim_total = self._sim_time_so_far() if self.system is not None else 0.0
         for rnd in rounds:
             t0 = time.perf_counter()
@@ -268,7 +270,10 @@ class Experiment:
             self.transport.begin_round(rnd)
             row: dict = {"round": rnd + 1, "clients": len(cohort)}
             with precision_context(self.device, cfg.run.precision):
-                row.update(self.server.round(rnd, cohort, self.transport))
+                try:
+                    row.update(self.server.round(rnd, cohort, self.transport))
+                except MMFLError as e:  # a centralized run that diverged: "lower train.lr"
+                    raise diverged(e, self.spec.pooled) from None
             row.update(self.transport.batch_info)  # batched clients, or why not
             if self.dp_accountant is not None:
                 row.update(self.dp_accountant.metrics(rnd))
@@ -300,6 +305,7 @@ class Experiment:
                 row["attack/clients"] = [c for c in cohort if self.attack.is_malicious(c)]
             row["wall_time_s"] = time.perf_counter() - t0
             _check_finite(row, rnd)
+            learning.update(row)  # one note per run when train_loss sits at ln K or rises (learning_check)
             # metrics first, then the checkpoint: a crash in between leaves a row
             # newer than the checkpoint, which resume drops (_truncate_metrics).
             with open(metrics_path, "a") as f:
