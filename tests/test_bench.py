@@ -333,9 +333,13 @@ BENCHMARK_GRIDS = sorted((Path(__file__).parent.parent / "benchmarks").glob("*/g
 def test_every_planned_run_of_a_committed_benchmark_grid_resolves(grid):
     """Each committed benchmark grid (and its quick variant) plans configs that mmfl accepts: a
     renamed parameter, rule or attack kind fails here, not hours into `mmfl bench`."""
+    import tomllib
+
+    from mmfl.bench.sweep_grid import load_sweep
     from mmfl.config import resolve
 
-    runs = load_grid(grid).runs()
+    sweep_file = "base" in tomllib.loads(grid.read_text())  # a `mmfl sweep` file (docs/sweep.md)
+    runs = (load_sweep(grid)[0] if sweep_file else load_grid(grid)).runs()
     assert runs
     for r in runs:
         resolve(r.raw)

@@ -294,7 +294,7 @@ def test_batched_replies_are_checked_too(tmp_path, monkeypatch):
 
     base = ["data.name=mfeat", 'data.views=["fou", "kar"]', "partition.num_clients=3", "model.name=mlp",
             "model.hidden=[16]", "algorithm.name=fedavg", "batch_clients=true", "privacy.labels=private",
-            "train.local_epochs=1", "train.batch_size=128", "threads=1", "rounds=1"]
+            "train.local_epochs=1", "train.batch_size=128", "threads=1", "rounds=1", 'train.optimizer="sgd"']
     leak(monkeypatch, FedAvgClient, "batched_finish", "labels")  # only the batched path leaks
     exp = Experiment(tiny_config(tmp_path, "batched", base=base), progress=False, transport=simulation_with_privacy)
     with pytest.raises(PrivacyError, match=r"^client 0, route train: array 'debug/y' carries the client's labels"):
