@@ -132,7 +132,6 @@ def resolve(raw: dict) -> ExperimentConfig:
                                                        "corruption"})
             raise ConfigError(f"{key}: unknown config key (known: {', '.join(known)})")
     run = build_params("", "settings", RunConfig, raw)
-    train = build_params("train", "settings", TrainConfig, tables["train"])
     comps = {}
     for kind in COMPONENTS:
         table = dict(tables[kind])
@@ -141,6 +140,8 @@ def resolve(raw: dict) -> ExperimentConfig:
             raise ConfigError(f"{kind}.name: expected a string, got {name!r}")
         params = registries[kind].params(name, table)
         comps[kind] = Component(name, table, params)
+    train = build_params("train", "settings", TrainConfig,
+                         with_algorithm_defaults(tables["train"], ALGORITHMS.get(comps["algorithm"].name).factory))
     groups = resolve_client_models(groups_raw, tables["model"], MODELS)
     sources = resolve_client_data(sources_raw, {"data": DATASETS, "partition": PARTITIONERS})
     privacy = resolve_privacy(privacy_raw)
@@ -155,6 +156,14 @@ def resolve(raw: dict) -> ExperimentConfig:
     return ExperimentConfig(run=run, train=train, **comps, client_models=groups, client_data=sources,
                             privacy=privacy, system=system, dp=dp, attack=attack, secure_aggregation=secagg,
                             tracking=tracking, reference=reference, corruption=corruption)
+
+
+def with_algorithm_defaults(table: dict, spec) -> dict:
+    """``[train]`` with the algorithm's declared ``train_defaults`` (``Server.train_defaults``,
+    e.g. SCAFFOLD's ``{"optimizer": "sgd", "lr": 0.01}``: its update rule is written for SGD steps)
+    for the keys the user left out; a key the user set is kept as written."""
+    declared = getattr(spec.server, "train_defaults", None) or {}
+    return {**declared, **table}
 
 
 def resolve_corruption(table) -> CorruptionConfig | None:

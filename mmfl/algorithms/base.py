@@ -154,6 +154,11 @@ class Server(Stateful):
     # the global evaluation leaves them out. A server whose params have ``probe`` follows it.
     trains_modality_heads = False
 
+    # ``[train]`` keys this algorithm's update rule is written for, used where the user's ``[train]``
+    # leaves them out (mmfl.config.with_algorithm_defaults): e.g. SCAFFOLD's option II reads the
+    # local update as SGD steps of size lr. {}: the run's defaults (Adam, lr 1e-3).
+    train_defaults: dict = {}
+
     @classmethod
     def trains_heads(cls, params) -> bool:
         """Whether a run with ``params`` trains ``heads[m]`` (:attr:`trains_modality_heads`, and

@@ -123,6 +123,9 @@ class PFedWirelessServer(Server):
                     "prev_round": scalar(), "prev_u": tensors(), "prev_coeff": tensors(),
                     "prev_w": dict_of(per_client())}
     trains_modality_heads = True  # with algorithm.probe (off by default: the paper has no heads)
+    # eq. 1 is plain SGD (and grad_estimate = "mean_gradient" divides by lr x steps): plain SGD at
+    # the packaged configs' lr where [train] leaves these out (the run-wide default is Adam, lr 1e-3)
+    train_defaults = {"optimizer": "sgd", "lr": 0.05, "momentum": 0.0}
 
     def __init__(self, params: PFedWirelessParams, ctx):
         super().__init__(params, ctx)

@@ -123,6 +123,9 @@ def server_variate_update(c: dict[str, Tensor], dcs: list[dict[str, Tensor]], nu
 class ScaffoldServer(FedAvgServer):
     state_fields = {"c": tensors()}  # the server control variate c (per trainable parameter)
     dp_capable = False  # the control-variate updates are averaged without clipping or noise ([dp] refused)
+    # Alg. 1 lines 10 and 12 are SGD steps of size lr (option II divides by K lr): SGD at the MOON
+    # paper's lr where [train] leaves optimizer / lr out (the run-wide default is Adam, lr 1e-3)
+    train_defaults = {"optimizer": "sgd", "lr": 0.01}
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
