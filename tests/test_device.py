@@ -127,6 +127,7 @@ CASES = {
        ("fedavg", "fedprox", "scaffold", "moon", "fedavgm", "feddyn", "local", "centralized")},
     **{f"{a}+batched": digits(algorithm=algo(a), batch_clients=True)
        for a in ("fedavg", "fedprox", "scaffold", "moon")},
+    "moon+batched_adam": digits(algorithm=algo("moon"), batch_clients=True, train=dict(ADAM)),
     "fedavg+bf16": digits(algorithm=algo("fedavg"), precision="bf16"),
     "moon+disk_store": digits(algorithm=algo("moon"), state_store="disk"),
     "scaffold+disk_store": digits(algorithm=algo("scaffold"), state_store="disk"),

@@ -1,13 +1,14 @@
 """Batched clients: the sampled clients of a round trained together.
 
-When every client of a ``send`` shares one architecture, their local SGD runs
+When every client of a ``send`` shares one architecture, their local training runs
 as one computation over *stacked* parameters: each parameter becomes a tensor
 ``[K, *shape]`` (one row per client), the model runs once per step through
 ``torch.func.vmap(functional_call)`` on the clients' mini-batches stacked to
 ``[K, B, ...]``, one backward gives every client's gradient (client ``k``'s
-loss depends only on row ``k``), and SGD with momentum and weight decay updates
-all rows at once. Client ``k`` sees exactly what sequential training would give
-it: the same shuffling (its own seeded generator), the same batches, the same
+loss depends only on row ``k``), and the optimizer updates all rows at once: SGD
+(momentum, weight decay) or Adam, each client's optimizer state a row of the stack
+(:mod:`mmfl.core.batched_optim`). Client ``k`` sees exactly what sequential training
+would give it: the same shuffling (its own seeded generator), the same batches, the same
 loss and the same update rule, so results equal sequential training within
 float tolerance (summation order inside the kernels differs; not bit for bit).
 
@@ -38,7 +39,7 @@ apart). Frozen reference models (MOON's global and previous model) run in eval m
 Where batching cannot apply the transport trains the clients one by one, and
 says so once in the log (logger ``mmfl``) and in every round's metrics row
 (``batched_fallback``): active dropout (its random masks differ from
-sequential training), recurrent encoders, optimizers other than SGD, clients whose start states
+sequential training), recurrent encoders, optimizers other than SGD and Adam, clients whose start states
 differ in shape, and algorithms without the capability.
 """
 
@@ -52,11 +53,12 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from mmfl.core.batched_optim import OPTIMIZERS, make_stacked_optimizer, state_copies
 from mmfl.core.message import Message
 from mmfl.core.training import shuffled_batches
 
 
-MAX_GROUP = 128  # clients per stack: bounds the stacked parameters, momentum and activations
+MAX_GROUP = 128  # clients per stack: bounds the stacked parameters, optimizer state and activations
 MEMORY_FRACTION = 0.8  # an accelerator's stack may use this share of its free memory
 Forward = Callable[[dict[str, Tensor], dict[str, Tensor]], dict[str, Tensor]]
 
@@ -125,8 +127,8 @@ class BatchedClient:
 
 def model_blocker(model: nn.Module, train) -> str | None:
     """Why this model/optimizer cannot be trained batched, or None."""
-    if train.optimizer != "sgd":
-        return f"optimizer '{train.optimizer}' (batched training implements SGD)"
+    if train.optimizer not in OPTIMIZERS:
+        return f"optimizer '{train.optimizer}' (batched training implements SGD and Adam)"
     for m in model.modules():
         if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
             return "the model uses dropout (its random masks would differ from sequential training)"
@@ -147,12 +149,12 @@ def stack_size(per_client_bytes: int, free_bytes: int | None, limit: int = MAX_G
 
 
 def client_bytes(task: BatchedTask, train, activation_bytes: int = 0) -> int:
-    """Device memory one stacked client needs: its parameters, gradients and momentum
-    (``[K, *shape]`` rows of each), its per-client extras (e.g. MOON's two reference models,
-    SCAFFOLD's control variates) and ``activation_bytes`` (one batch's forward and backward,
-    measured by :func:`probe_activation_bytes`)."""
+    """Device memory one stacked client needs: its parameters, gradients and optimizer state
+    (SGD's momentum, Adam's two moments; ``[K, *shape]`` rows of each), its per-client extras
+    (e.g. MOON's two reference models, SCAFFOLD's control variates) and ``activation_bytes``
+    (one batch's forward and backward, measured by :func:`probe_activation_bytes`)."""
     params = sum(t.numel() * t.element_size() for t in task.start.values())
-    copies = 2 + (1 if train.momentum else 0)  # parameters, gradients, momentum buffers
+    copies = 2 + state_copies(train)  # parameters, gradients, optimizer state
 
     def size(tree) -> int:
         if isinstance(tree, dict):
@@ -229,7 +231,7 @@ def _select(tree: dict[str, Any], sel) -> dict[str, Any]:
 def train_stacked(model: nn.Module, client: BatchedClient, tasks: list[BatchedTask], datas: list,
                   generators: list[torch.Generator], train, epochs: int | None = None
                   ) -> list[tuple[dict[str, Tensor], dict]]:
-    """Local SGD of K clients at once. Returns ``(final state, stats)`` per client, in input order.
+    """Local training (SGD or Adam) of K clients at once. Returns ``(final state, stats)`` per client, in input order.
 
     ``model`` is a template of the shared architecture (its own weights are not used).
     """
@@ -243,8 +245,7 @@ def train_stacked(model: nn.Module, client: BatchedClient, tasks: list[BatchedTa
     stacked = {n: torch.stack([tasks[i].start[n].detach() for i in order]).clone() for n in names}
     extras = _stack([tasks[i].extras for i in order]) if tasks[0].extras else {}
     shared = tasks[0].shared
-    momentum, wd, lr = train.momentum, train.weight_decay, train.lr
-    bufs = {n: torch.zeros_like(stacked[n]) for n in trainable} if momentum else {}
+    opt = make_stacked_optimizer(stacked, trainable, train)  # fresh, as local_train's optimizer
     device = next(iter(stacked.values())).device
     totals = torch.zeros(k_all, dtype=torch.float64, device=device)
     same_source = all(d.features is datas[0].features and d.labels is datas[0].labels for d in datas)
@@ -271,9 +272,10 @@ def train_stacked(model: nn.Module, client: BatchedClient, tasks: list[BatchedTa
 
     vloss = vmap(client_loss)
 
-    def step(sel, idx: Tensor, weights: Tensor) -> None:
-        """One SGD step of the stack rows ``sel`` (a slice: views, updated in place; an index
-        tensor: gathered, updated, written back) on their batches' rows ``idx [k, width]``."""
+    def step(sel, rows, idx: Tensor, weights: Tensor) -> None:
+        """One optimizer step of the stack rows ``sel`` (a slice: views, updated in place; an
+        index tensor: gathered, updated, written back; ``rows``: ``sel`` on the CPU) on their
+        batches' rows ``idx [k, width]``."""
         k, width = idx.shape
         if same_source:
             flat = idx.reshape(-1)
@@ -295,22 +297,11 @@ def train_stacked(model: nn.Module, client: BatchedClient, tasks: list[BatchedTa
         with torch.no_grad():
             gd = {n: g for n, g in zip(trainable, grads) if g is not None}
             gd = client.batched_grad_hook(gd, ex)
-            mom = {n: bufs[n][sel] for n in gd} if momentum else {}
-            for n, g in gd.items():  # torch.optim.SGD (dampening 0, no nesterov)
-                p = part[n]
-                if wd:
-                    g = g.add(p, alpha=wd)
-                if momentum:
-                    b = mom[n]
-                    b.mul_(momentum).add_(g)  # first step: 0 * momentum + g == g, as SGD's clone
-                    g = b
-                p.add_(g, alpha=-lr)
+            opt.step(sel, rows, part, gd)  # its state rows are written back by the optimizer
             client.batched_step_hook({n: part[n] for n in trainable}, ex)
             if not isinstance(sel, slice):  # write the gathered rows back
                 for n in names:  # parameters stepped in part; buffers updated in place through leaves
                     stacked[n][sel] = part[n]
-                for n, b in mom.items():
-                    bufs[n][sel] = b
             totals[sel] += losses.detach().double()
 
     idx_all, w_all, widths_all = step_plan([schedules[i] for i in order])
@@ -319,11 +310,11 @@ def train_stacked(model: nn.Module, client: BatchedClient, tasks: list[BatchedTa
     for t, widths in enumerate(widths_all):
         m, width = len(widths), max(widths)  # the active clients are a prefix (longest first)
         if not batch_stats or len(set(widths)) == 1:
-            step(slice(0, m), idx_all[t, :m, :width], w_all[t, :m, :width])
+            step(slice(0, m), slice(0, m), idx_all[t, :m, :width], w_all[t, :m, :width])
         else:  # BatchNorm's batch statistics must not see padding rows: one step per batch width
             for w in sorted(set(widths), reverse=True):
                 js = torch.tensor([j for j in range(m) if widths[j] == w], device="cpu")
-                step(js.to(device), idx_all[t, js.to(data_device), :w], w_all[t, js.to(device), :w])
+                step(js.to(device), js, idx_all[t, js.to(data_device), :w], w_all[t, js.to(device), :w])
     out: list = [None] * k_all
     totals = totals.tolist()  # one device sync for the group
     for j, i in enumerate(order):

@@ -117,7 +117,7 @@ def send_batched(transport, route: str, messages: dict[int, Message]) -> tuple[d
 
 def _stack_limit(transport, template, task, data, train, device) -> int:
     """Clients per stack on ``device``: :data:`MAX_GROUP` on the CPU; on an accelerator what its
-    free memory holds (parameters, gradients, momentum, extras and one batch's activations per
+    free memory holds (parameters, gradients, optimizer state, extras and one batch's activations per
     client, measured once per run), said once in the log."""
     learned = transport.__dict__.get("_oom_limit", MAX_GROUP)  # an earlier out-of-memory's split
     if device.type == "cpu":
