@@ -1,0 +1,166 @@
+"""Missing modalities per sample on Flower: the manifest of ``test_manifest_missing_runs`` (digits,
+~30 % of the rows with an empty ``features`` cell, a few ``image`` files that do not exist, in
+train, test and public rows) runs with every multimodal algorithm on Flower, and each Flower run's
+``metrics.jsonl`` (accuracy by missingness pattern included) and final model equal the in-process
+simulator's for the same config and seed.
+
+How the algorithms are grouped, to stay within a few minutes on a 2-core machine:
+
+- **every** algorithm of the registry (the cases of ``test_manifest_missing_runs``, 2 rounds) runs
+  through :class:`~mmfl.flower.transport.FlowerTransport` on the in-process grid of
+  ``test_flower`` (two nodes, node 0 hosting clients 0 and 2): the real ClientApp handler builds
+  its clients' slices (and their ``present/<m>`` masks) from the run config, messages cross as
+  Flower records serialized to protobuf and back; about a second per algorithm;
+- one algorithm per family on a **real loopback deployment** (``flower-superlink`` and three
+  ``flower-supernode`` processes on 127.0.0.1, one client each), submitted together: MFedAvg
+  (FedAvg family), FedCMI, CreamFL (public representations, unimodal clients), PartialFL, split
+  learning, FedMSplit (personalized: each SuperNode evaluates its client's model on its own
+  rows and sends back its pattern counts);
+- pFedWireless on Flower's **Ray simulation engine** (``mmfl flower simulate``, 2 SuperNodes).
+
+Personalized algorithms evaluate on the SuperNodes through ``evaluate_personal`` messages, which
+the simulator scores in process: their ``eval_bytes_*`` differ by design (docs/flower.md), every
+other number is equal. CreamFL's family reports retrieval (Recall@K) and SOLO (``local``) its
+clients' own accuracies, so they have no ``pattern/*`` keys, on Flower as in the simulator.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr", reason='Flower not installed (pip install -e ".[flower]")')
+
+from mmfl.cli import main as cli_main  # noqa: E402
+from mmfl.config import resolve  # noqa: E402
+from mmfl.engine.runner import Experiment  # noqa: E402
+from mmfl.flower.deploy import LocalDeployment  # noqa: E402
+from mmfl.flower.transport import FlowerTransport  # noqa: E402
+
+try:
+    from test_flower import InProcessGrid, final_server_state, finished, max_abs_diff, rows, timeless
+    from test_manifest_missing_runs import CASES, digits_manifest
+except ImportError:  # tests/ imported as a package
+    from tests.test_flower import InProcessGrid, final_server_state, finished, max_abs_diff, rows, timeless
+    from tests.test_manifest_missing_runs import CASES, digits_manifest
+
+NO_PATTERNS = {"creamfl", "creamfl_fedavg", "creamfl_fediot", "reamfl_mean", "reamfl_avg", "reamfl_iot", "fedmd",
+               "fedet", "fedgems", "local"}  # retrieval / SOLO: no joint accuracy on the shared test set
+LOOPBACK = ["mfedavg", "fedcmi", "creamfl", "partialfl", "split_learning", "fedmsplit"]
+RAY = "pfedwireless"
+
+
+@pytest.fixture(scope="module")
+def manifest_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("digits_missing_flower")
+    digits_manifest(root)
+    return root
+
+
+def config_of(case: str, manifest_root: Path, out: Path):
+    raw = CASES[case](out)
+    raw["data"]["root"] = str(manifest_root)
+    raw["name"] = case
+    return resolve(raw)
+
+
+_SIM: dict = {}
+
+
+def simulator_run(case: str, manifest_root: Path, tmp: Path) -> tuple[Path, bool]:
+    """The in-process simulator's run of ``case`` (once per module); and whether its
+    evaluations include the personalized kind (clients evaluate through messages on Flower)."""
+    if case not in _SIM:
+        exp = Experiment(config_of(case, manifest_root, tmp / "sim"), progress=False)
+        exp.run()
+        _SIM[case] = exp.run_dir, "personalized" in exp.evaluations()
+    return _SIM[case]
+
+
+def assert_same_as_simulator(flower_dir: Path, case: str, manifest_root: Path, tmp: Path) -> list[dict]:
+    sim_dir, personal = simulator_run(case, manifest_root, tmp)
+    drop = ("_time_s", "eval_bytes_down", "eval_bytes_up") if personal else ("_time_s",)
+    strip = lambda rs: [{k: v for k, v in r.items() if not k.endswith(drop)} for r in rs]  # noqa: E731
+    got = rows(flower_dir)
+    assert strip(got) == strip(rows(sim_dir)), case
+    assert max_abs_diff(final_server_state(flower_dir), final_server_state(sim_dir)) == 0.0, case
+    return got
+
+
+def assert_patterns(case: str, got: list[dict]) -> None:
+    assert [r["round"] for r in got] == [1, 2]
+    for r in got:
+        for k, v in r.items():
+            if isinstance(v, float) and not k.endswith("_time_s"):
+                assert math.isfinite(v), (case, k, v)
+    last = got[-1]
+    pat = {k: v for k, v in last.items() if k.startswith("pattern/")}
+    if case in NO_PATTERNS:
+        assert not pat, (case, sorted(pat))
+        return
+    # the test rows lack features (18 of 60) or the image (6); PartialFL's clients all hold the image
+    names = {k.split("/")[1] for k in pat}
+    assert {"complete", "no_image"} <= names and (case.startswith(("partialfl", "pfl_")) or "no_features" in names), \
+        (case, sorted(pat))
+    for name in names:
+        assert 0.0 <= pat[f"pattern/{name}/accuracy"] <= 1.0 and pat[f"pattern/{name}/n"] > 0
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_algorithm_on_the_flower_transport_equals_simulator(case, manifest_root, tmp_path_factory):
+    tmp = tmp_path_factory.getbasetemp() / "flower_missing"
+    cfg = config_of(case, manifest_root, tmp / "grid")
+    grid = InProcessGrid(cfg.to_toml(), {11: {"partition-id": 0, "num-partitions": 2},
+                                         22: {"partition-id": 1, "num-partitions": 2}})
+    exp = Experiment(cfg, progress=False, transport=lambda e: FlowerTransport(grid, e.federation, cfg.run,
+                                                                             wait_for_nodes_s=0))
+    exp.run()
+    got = assert_same_as_simulator(cfg.run_dir, case, manifest_root, tmp)
+    assert_patterns(case, got)
+
+
+@pytest.fixture(scope="module")
+def loopback_runs(manifest_root, tmp_path_factory):
+    """One algorithm per family submitted together to a SuperLink with three SuperNodes."""
+    tmp = tmp_path_factory.getbasetemp() / "flower_missing"
+    dep = LocalDeployment(3, tmp_path_factory.mktemp("flower_missing_dep"))
+    try:
+        dep.start()
+        cfgs = {c: config_of(c, manifest_root, tmp / "loopback") for c in LOOPBACK}
+        ids = {c: dep.submit(cfg) for c, cfg in cfgs.items()}
+        yield tmp, {c: finished(dep, ids[c], cfg) for c, cfg in cfgs.items()}
+    finally:
+        dep.stop()
+
+
+@pytest.mark.parametrize("case", LOOPBACK)
+def test_loopback_deployment_equals_simulator(case, loopback_runs, manifest_root):
+    tmp, runs = loopback_runs
+    got = assert_same_as_simulator(runs[case], case, manifest_root, tmp)
+    assert_patterns(case, got)
+
+
+def test_report_shows_the_pattern_columns_of_a_flower_run(loopback_runs, capsys):
+    _, runs = loopback_runs
+    run = runs["fedmsplit"]  # personalized: the patterns pooled from the SuperNodes' replies
+    assert cli_main(["report", str(run), "--plot", str(run / "acc.png")]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("| run"))
+    assert "acc complete" in header and "acc no_features" in header and "acc no_image" in header
+    last = rows(run)[-1]
+    row = next(line for line in out.splitlines() if line.startswith("| fedmsplit"))
+    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+    for name in ("complete", "no_features", "no_image"):
+        assert cells[f"acc {name}"] == f"{100 * last[f'pattern/{name}/accuracy']:.2f}%"
+
+
+def test_ray_simulation_equals_simulator(manifest_root, tmp_path, capsys):
+    cfg = config_of(RAY, manifest_root, tmp_path / "ray")
+    path = tmp_path / "ray.toml"
+    path.write_text(cfg.to_toml())
+    assert cli_main(["flower", "simulate", str(path), "--num-supernodes", "2", "--ray-cpus", "2"]) == 0, \
+        capsys.readouterr().err
+    got = assert_same_as_simulator(cfg.run_dir, RAY, manifest_root, tmp_path)
+    assert_patterns(RAY, got)
