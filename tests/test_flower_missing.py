@@ -13,10 +13,13 @@ How the algorithms are grouped, to stay within a few minutes on a 2-core machine
   Flower records serialized to protobuf and back; about a second per algorithm;
 - one algorithm per family on a **real loopback deployment** (``flower-superlink`` and three
   ``flower-supernode`` processes on 127.0.0.1, one client each), submitted together: MFedAvg
-  (FedAvg family), FedCMI, CreamFL (public representations, unimodal clients), PartialFL, split
-  learning, FedMSplit (personalized: each SuperNode evaluates its client's model on its own
-  rows and sends back its pattern counts);
-- pFedWireless on Flower's **Ray simulation engine** (``mmfl flower simulate``, 2 SuperNodes).
+  (FedAvg family), FedCMI, CreamFL (public representations, unimodal clients), PartialFL,
+  FedMSplit (personalized: each SuperNode evaluates its client's model on its own rows and sends
+  back its pattern counts);
+- split learning and pFedWireless on Flower's **Ray simulation engine** (``mmfl flower simulate``,
+  2 SuperNodes): split learning's cut exchanges a message per batch and client, one after
+  another, and a deployment starts a ``flwr-clientapp`` process per message and polls every 3 s
+  (a round took 6 minutes on this loaded 2-core machine), where Ray's actors stay up.
 
 Personalized algorithms evaluate on the SuperNodes through ``evaluate_personal`` messages, which
 the simulator scores in process: their ``eval_bytes_*`` differ by design (docs/flower.md), every
@@ -27,6 +30,7 @@ clients' own accuracies, so they have no ``pattern/*`` keys, on Flower as in the
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -40,16 +44,16 @@ from mmfl.flower.deploy import LocalDeployment  # noqa: E402
 from mmfl.flower.transport import FlowerTransport  # noqa: E402
 
 try:
-    from test_flower import InProcessGrid, final_server_state, finished, max_abs_diff, rows, timeless
+    from test_flower import InProcessGrid, final_server_state, max_abs_diff, rows
     from test_manifest_missing_runs import CASES, digits_manifest
 except ImportError:  # tests/ imported as a package
-    from tests.test_flower import InProcessGrid, final_server_state, finished, max_abs_diff, rows, timeless
+    from tests.test_flower import InProcessGrid, final_server_state, max_abs_diff, rows
     from tests.test_manifest_missing_runs import CASES, digits_manifest
 
 NO_PATTERNS = {"creamfl", "creamfl_fedavg", "creamfl_fediot", "reamfl_mean", "reamfl_avg", "reamfl_iot", "fedmd",
                "fedet", "fedgems", "local"}  # retrieval / SOLO: no joint accuracy on the shared test set
-LOOPBACK = ["mfedavg", "fedcmi", "creamfl", "partialfl", "split_learning", "fedmsplit"]
-RAY = "pfedwireless"
+LOOPBACK = ["mfedavg", "fedcmi", "creamfl", "partialfl", "fedmsplit"]
+RAY = ["split_learning", "pfedwireless"]
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +134,10 @@ def loopback_runs(manifest_root, tmp_path_factory):
         dep.start()
         cfgs = {c: config_of(c, manifest_root, tmp / "loopback") for c in LOOPBACK}
         ids = {c: dep.submit(cfg) for c, cfg in cfgs.items()}
-        yield tmp, {c: finished(dep, ids[c], cfg) for c, cfg in cfgs.items()}
+        for c, cfg in cfgs.items():
+            status = dep.wait(ids[c], timeout=900, done_file=cfg.run_dir / "summary.json")
+            assert status == "finished:completed", dep.run_log(ids[c])[-3000:] + dep.log("superlink")[-2000:]
+        yield tmp, {c: cfg.run_dir for c, cfg in cfgs.items()}
     finally:
         dep.stop()
 
@@ -156,11 +163,39 @@ def test_report_shows_the_pattern_columns_of_a_flower_run(loopback_runs, capsys)
         assert cells[f"acc {name}"] == f"{100 * last[f'pattern/{name}/accuracy']:.2f}%"
 
 
-def test_ray_simulation_equals_simulator(manifest_root, tmp_path, capsys):
-    cfg = config_of(RAY, manifest_root, tmp_path / "ray")
+@pytest.mark.parametrize("case", RAY)
+def test_ray_simulation_equals_simulator(case, manifest_root, tmp_path, capsys):
+    cfg = config_of(case, manifest_root, tmp_path / "ray")
     path = tmp_path / "ray.toml"
     path.write_text(cfg.to_toml())
     assert cli_main(["flower", "simulate", str(path), "--num-supernodes", "2", "--ray-cpus", "2"]) == 0, \
         capsys.readouterr().err
-    got = assert_same_as_simulator(cfg.run_dir, RAY, manifest_root, tmp_path)
-    assert_patterns(RAY, got)
+    got = assert_same_as_simulator(cfg.run_dir, case, manifest_root, tmp_path)
+    assert_patterns(case, got)
+
+
+def test_a_node_whose_copy_lacks_other_cells_is_named_in_one_warning(manifest_root, tmp_path, caplog):
+    """The hello carries how many rows of each client hold each modality: a SuperNode whose copy of
+    the manifest lacks one more image file (same rows and labels, so the same slice) trains on its
+    own masks, and the server says so in one warning line per client that differs."""
+    import logging
+    import shutil
+
+    node_root = tmp_path / "node_copy"
+    shutil.copytree(manifest_root, node_root)
+    import csv
+
+    with open(manifest_root / "manifest.csv") as f:  # a train row that keeps its features: it stays a row
+        name = next(r["image"] for r in csv.DictReader(f) if r["split"] == "train" and r["features"]
+                    and (manifest_root / r["image"]).is_file())
+    (node_root / name).unlink()
+    cfg = config_of("mfedavg", manifest_root, tmp_path / "out")
+    grid = InProcessGrid(cfg.to_toml(), {1: {"partition-id": 0, "num-partitions": 1, "data.root": str(node_root)}})
+    with caplog.at_level(logging.WARNING, logger="mmfl.flower"):
+        Experiment(cfg, progress=False, transport=lambda e: FlowerTransport(grid, e.federation, cfg.run,
+                                                                           wait_for_nodes_s=0)).run()
+    warned = [r.getMessage() for r in caplog.records if "rows holding each modality" in r.getMessage()]
+    assert len(warned) == 1 and "on SuperNode 1" in warned[0] and "trains on its own" in warned[0], warned
+    node, server = re.search(r"image:(\d+).*image:(\d+)", warned[0]).groups()
+    assert int(node) == int(server) - 1  # the node's copy holds one image fewer
+    assert [r["round"] for r in rows(cfg.run_dir)] == [1, 2]
