@@ -199,3 +199,25 @@ def test_a_node_whose_copy_lacks_other_cells_is_named_in_one_warning(manifest_ro
     node, server = re.search(r"image:(\d+).*image:(\d+)", warned[0]).groups()
     assert int(node) == int(server) - 1  # the node's copy holds one image fewer
     assert [r["round"] for r in rows(cfg.run_dir)] == [1, 2]
+
+
+def test_secure_aggregation_refuses_per_module_weights_from_missing_cells(manifest_root, tmp_path):
+    """SecAgg+ sums one weighted vector per SuperNode; MFedAvg's clients weigh each module by the
+    rows that hold its modality, which differ here: the run stops with one line."""
+    from mmfl.errors import MMFLError
+    from mmfl.flower.secagg import SecureAggregation
+
+    raw = CASES["mfedavg"](tmp_path)
+    raw.update(name="secagg", rounds=1, secure_aggregation={"protocol": "secaggplus"})
+    raw["data"]["root"] = str(manifest_root)
+    cfg = resolve(raw)
+    grid = InProcessGrid(cfg.to_toml(), {10 + k: {"partition-id": k, "num-partitions": 3} for k in range(3)})
+
+    def transport(e):
+        t = FlowerTransport(grid, e.federation, cfg.run, wait_for_nodes_s=0)
+        t.secure = SecureAggregation(cfg.secure_aggregation, e.federation)
+        return t
+
+    with pytest.raises(MMFLError, match="weighs modules by their own data sizes .samples missing a modality.") as e:
+        Experiment(cfg, progress=False, transport=transport).run()
+    assert "\n" not in str(e.value)
