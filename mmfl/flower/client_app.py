@@ -177,7 +177,7 @@ def handle(msg: FlowerMessage, context: Context, config_text: str | None = None)
 
 def handle_plain(msg: FlowerMessage, context: Context, config_text: str | None = None) -> FlowerMessage:
     """Deliver one Flower message (the mmfl messages of one or more hosted clients)."""
-    from mmfl.flower.transport import fingerprint
+    from mmfl.flower.transport import fingerprint, presence
 
     text = context.run_config.get(CONFIG_KEY) or config_text
     if not text:
@@ -188,7 +188,8 @@ def handle_plain(msg: FlowerMessage, context: Context, config_text: str | None =
     if msg.metadata.message_type.startswith("query."):  # hello: which clients live here
         fps = [x for c in env.cids for x in fingerprint(fed.clients[c])]
         mods = ["+".join(fed.modalities_of(c)) for c in env.cids]  # the server checks both
-        info = ConfigRecord({"cids": env.cids, "fingerprints": fps, "modalities": mods,
+        present = [presence(fed.clients[c], fed.modalities_of(c)) for c in env.cids]  # per-sample masks
+        info = ConfigRecord({"cids": env.cids, "fingerprints": fps, "modalities": mods, "present": present,
                              NODE_KEY: int(bool(context.node_config.get(NODE_KEY)))})
         return FlowerMessage(RecordDict({"mmfl": info}), reply_to=msg)
     messages, meta = decode(msg.content)

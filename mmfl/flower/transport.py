@@ -45,6 +45,7 @@ from flwr.common.constant import ErrorCode
 
 from mmfl.core.device import CPU, fp32_messages, to_device
 from mmfl.core.message import Message
+from mmfl.data.base import PRESENT
 from mmfl.engine.simulation import CommLog
 from mmfl.errors import MMFLError
 from mmfl.flower.records import decode, encode
@@ -66,6 +67,19 @@ def fingerprint(data) -> list[int]:
     """Size and label checksum of a client's data slice (server and node must agree)."""
     y = data.label_array().astype(np.int64)
     return [int(y.size), int(y.sum()), int((y * (1 + np.arange(y.size) % 7)).sum())]
+
+
+def presence(data, modalities) -> str:
+    """Rows of a client's slice holding each modality, ``"features:35,image:48"`` (its per-sample
+    ``present/<m>`` masks; a modality without a mask counts every row)."""
+    out = []
+    for m in modalities:
+        mask = data.features.get(PRESENT + m)
+        if mask is None:
+            out.append(f"{m}:{len(data)}")
+        else:
+            out.append(f"{m}:{int((mask if data.indices is None else mask[data.indices]).sum())}")
+    return ",".join(out)
 
 
 class FlowerTransport:
@@ -138,7 +152,8 @@ class FlowerTransport:
                 raise MMFLError(f"SuperNode {node} could not start the mmfl ClientApp: {rep.error.reason}")
             info = rep.content["mmfl"]
             held = list(info["modalities"]) if "modalities" in info else [None] * len(info["cids"])
-            for cid, fp, mods in zip(info["cids"], _chunks(list(info["fingerprints"]), 3), held):
+            present = list(info["present"]) if "present" in info else [None] * len(info["cids"])
+            for cid, fp, mods, pres in zip(info["cids"], _chunks(list(info["fingerprints"]), 3), held, present):
                 if not 0 <= cid < self.num_clients:
                     raise MMFLError(f"SuperNode {node} hosts client {cid}, but the run has "
                                     f"{self.num_clients} clients (check num-partitions/client-ids)")
@@ -155,6 +170,10 @@ class FlowerTransport:
                     raise MMFLError(f"client {cid} on SuperNode {node} holds modalities {mods}, the server "
                                     f"expects {expected}: the node's data set or [data]/[modalities] config "
                                     "differs from the server's")
+                ours = presence(self.federation.clients[cid], self.federation.modalities_of(cid))
+                if pres is not None and pres != ours:  # its copy lacks other cells or files: it trains on its own
+                    log.warning("client %d on SuperNode %d: rows holding each modality %s, the server's copy of "
+                                "the data %s; the node trains on its own data's missing cells", cid, node, pres, ours)
                 self.node_of[cid] = node
             self.persistent[node] = bool(info["state-dir"]) if "state-dir" in info else False
             self.known.add(node)
