@@ -23,8 +23,9 @@ How the algorithms are grouped, to stay within a few minutes on a 2-core machine
 
 Personalized algorithms evaluate on the SuperNodes through ``evaluate_personal`` messages, which
 the simulator scores in process: their ``eval_bytes_*`` differ by design (docs/flower.md), every
-other number is equal. CreamFL's family reports retrieval (Recall@K) and SOLO (``local``) its
-clients' own accuracies, so they have no ``pattern/*`` keys, on Flower as in the simulator.
+other number is equal. CreamFL's family reports retrieval (Recall@K, scored on the test rows
+holding both modalities), so it has no ``pattern/*`` keys, on Flower as in the simulator; SOLO
+(``local``) reports the mean over its clients' models per pattern.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ except ImportError:  # tests/ imported as a package
     from tests.test_manifest_missing_runs import CASES, digits_manifest
 
 NO_PATTERNS = {"creamfl", "creamfl_fedavg", "creamfl_fediot", "reamfl_mean", "reamfl_avg", "reamfl_iot", "fedmd",
-               "fedet", "fedgems", "local"}  # retrieval / SOLO: no joint accuracy on the shared test set
+               "fedet", "fedgems"}  # retrieval: no joint accuracy on the shared test set
 LOOPBACK = ["mfedavg", "fedcmi", "creamfl", "partialfl", "fedmsplit"]
 RAY = ["split_learning", "pfedwireless"]
 

@@ -19,6 +19,7 @@ from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.fedavg import weighted_mean_scalar
 from mmfl.core.batched import BatchedClient, BatchedTask
 from mmfl.core.evaluation import personalized_metrics
+from mmfl.core.patterns import PATTERN
 from mmfl.core.message import Message
 from mmfl.core.state import read, write
 from mmfl.core.training import evaluate_model, load_into, local_train, state_of
@@ -40,8 +41,15 @@ class LocalServer(Server):
         replies = ctx.send("evaluate", {cid: Message() for cid in range(ctx.num_clients)})
         acc = np.array([replies[c].scalars["accuracy"] for c in sorted(replies)])
         loss = np.array([replies[c].scalars["test_loss"] for c in sorted(replies)])
-        return {"accuracy": float(acc.mean()), "accuracy_std": float(acc.std()),
-                "test_loss": float(loss.mean()), "client_accuracy": [float(a) for a in acc]}
+        out = {"accuracy": float(acc.mean()), "accuracy_std": float(acc.std()),
+               "test_loss": float(loss.mean()), "client_accuracy": [float(a) for a in acc]}
+        # accuracy by missingness pattern (mmfl.core.patterns): the mean over the clients' models,
+        # all scored on the same shared test rows (so each pattern's row count is the same for all)
+        keys = sorted({k for r in replies.values() for k in r.scalars if k.startswith(PATTERN)})
+        for k in keys:
+            vals = [replies[c].scalars[k] for c in sorted(replies) if k in replies[c].scalars]
+            out[k] = int(vals[0]) if k.endswith("/n") else float(np.mean(vals))
+        return out
 
     def evaluate_personalized(self, ctx):
         """Each client's own model (only the clients hold it) on its own test rows."""
@@ -79,7 +87,8 @@ class LocalClient(Client, BatchedClient):
 
     def evaluate(self, msg: Message) -> Message:
         metrics = evaluate_model(self._model(), self.ctx.test_data)
-        scalars = {k: v for k, v in metrics.items() if isinstance(v, float)}  # not the class-wise lists
+        scalars = {k: v for k, v in metrics.items()  # not the class-wise lists; pattern row counts too
+                   if isinstance(v, float) or (k.startswith(PATTERN) and isinstance(v, int))}
         return Message(scalars={**scalars, "num_examples": len(self.ctx.test_data)})
 
 
