@@ -41,33 +41,42 @@ from prepare import OUT, SETS  # noqa: E402
 
 OLD_TRAIN = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-5}  # the defaults before issue 25
 NEW_TRAIN = {"optimizer": "adam", "lr": 1e-3, "momentum": 0.9, "weight_decay": 1e-5}  # the defaults after it
-# "after": an untouched [train] (the defaults of this checkout) and every column z-scored with train
-# statistics (data.normalize: every modality column, frozen text features included; see docs/recipe.md)
+RAW = {"normalize": False}  # the manifest loader's default before issue 25: raw inputs
+# "after": an untouched [train] and an untouched [data] (name + root: the loader's default normalize = "auto"
+# z-scores every column but token ids with train statistics, frozen text features included; docs/recipe.md)
 VARIANTS = {
-    "fedavg": {"data": {"normalize": "all"}},
-    "centralized": {"algorithm": {"name": "centralized"}, "data": {"normalize": "all"}},
-    "fedavg-sgd": {"train": OLD_TRAIN},
-    "centralized-sgd": {"algorithm": {"name": "centralized"}, "train": OLD_TRAIN},
-    "fedavg-raw": {},
-    "fedavg-r30": {"rounds": 30, "data": {"normalize": "all"}},
-    "centralized-r30": {"rounds": 30, "algorithm": {"name": "centralized"}, "data": {"normalize": "all"}},
+    "fedavg": {},
+    "centralized": {"algorithm": {"name": "centralized"}},
+    "fedavg-sgd": {"train": OLD_TRAIN, "data": RAW},
+    "centralized-sgd": {"algorithm": {"name": "centralized"}, "train": OLD_TRAIN, "data": RAW},
+    "fedavg-raw": {"data": RAW},
+    "fedavg-r30": {"rounds": 30},
+    "centralized-r30": {"rounds": 30, "algorithm": {"name": "centralized"}},
 }
-CANDIDATES = {  # the other settings measured before choosing (docs/recipe.md)
-    "fedavg-adam3": {"train": {"optimizer": "adam", "lr": 3e-3}, "data": {"normalize": "all"}},
-    "fedavg-sgd-norm": {"train": OLD_TRAIN, "data": {"normalize": "all"}},
-    "centralized-raw": {"algorithm": {"name": "centralized"}},
-    "fedavg-b32": {"train": {"batch_size": 32}, "data": {"normalize": "all"}},
-    "fedavg-b16": {"train": {"batch_size": 16}, "data": {"normalize": "all"}},
-    "fedavg-e2": {"train": {"local_epochs": 2}, "data": {"normalize": "all"}},
-    "fedavg-e5": {"train": {"local_epochs": 5}, "data": {"normalize": "all"}},
-    "centralized-e5": {"algorithm": {"name": "centralized"}, "train": {"local_epochs": 5},
-                       "data": {"normalize": "all"}},
-    "fedavg-r30-lr3e-4": {"rounds": 30, "train": {"lr": 3e-4}, "data": {"normalize": "all"}},
-    "centralized-r30-lr3e-4": {"rounds": 30, "algorithm": {"name": "centralized"}, "train": {"lr": 3e-4},
-                               "data": {"normalize": "all"}},
-    "fedavg-r30-e1": {"rounds": 30, "train": {"local_epochs": 1}, "data": {"normalize": "all"}},
-    "centralized-b16": {"algorithm": {"name": "centralized"}, "train": {"batch_size": 16},
-                        "data": {"normalize": "all"}},
+CENTRAL = {"algorithm": {"name": "centralized"}}
+CONV = {"model": {"name": "multimodal"}}  # conv1d encoders for [C, T] modalities (the mlp flattens them)
+CANDIDATES = {  # the other settings measured before choosing (docs/recipe.md); all on the default data
+    "fedavg-adam3": {"train": {"optimizer": "adam", "lr": 3e-3}},
+    "fedavg-sgd-norm": {"train": OLD_TRAIN},
+    "centralized-raw": {**CENTRAL, "data": RAW},
+    "fedavg-b32": {"train": {"batch_size": 32}},
+    "fedavg-b16": {"train": {"batch_size": 16}},
+    "fedavg-e2": {"train": {"local_epochs": 2}},
+    "fedavg-e5": {"train": {"local_epochs": 5}},
+    "centralized-e5": {**CENTRAL, "train": {"local_epochs": 5}},
+    "fedavg-r30-lr3e-4": {"rounds": 30, "train": {"lr": 3e-4}},
+    "centralized-r30-lr3e-4": {"rounds": 30, **CENTRAL, "train": {"lr": 3e-4}},
+    "fedavg-r30-e1": {"rounds": 30, "train": {"local_epochs": 1}},
+    "centralized-b16": {**CENTRAL, "train": {"batch_size": 16}},
+    # osu_leaf, one change at a time against fedavg-r30 (docs/recipe.md "osu_leaf")
+    "fedavg-r30-wd0": {"rounds": 30, "train": {"weight_decay": 0.0}},
+    "fedavg-r30-wd1e-3": {"rounds": 30, "train": {"weight_decay": 1e-3}},
+    "fedavg-r30-iid": {"rounds": 30, "partition": {"name": "iid", "num_clients": 10}},
+    "fedavg-r30-conv": {"rounds": 30, **CONV},
+    "centralized-r30-conv": {"rounds": 30, **CENTRAL, **CONV},
+    "fedavg-r100": {"rounds": 100},
+    "fedavg-r30-drop": {"rounds": 30, "model": {"name": "mlp", "dropout": 0.3}},
+    "centralized-r30-drop": {"rounds": 30, **CENTRAL, "model": {"name": "mlp", "dropout": 0.3}},
 }
 
 
@@ -85,9 +94,7 @@ PARTITION = {"wine": {"name": "dirichlet", "num_clients": 5}, "gunpoint": {"name
 def config(data_root: Path, name: str, variant: str, seed: int, runs: Path) -> dict:
     extra = dict({**VARIANTS, **CANDIDATES}[variant])
     data = {"name": "manifest", "root": str(data_root / name), **extra.pop("data", {})}
-    if data.get("normalize") == "all":
-        data["normalize"] = columns(data_root / name)
-    part = {"partition": PARTITION[name]} if name in PARTITION else {}
+    part = {"partition": PARTITION[name]} if name in PARTITION and "partition" not in extra else {}
     return {"name": f"{name}-{variant}-s{seed}", "seed": seed, "threads": 1, "output_dir": str(runs),
             "data": data, **part, **extra}
 
