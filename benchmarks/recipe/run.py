@@ -72,6 +72,8 @@ CANDIDATES = {  # the other settings measured before choosing (docs/recipe.md); 
     "fedavg-r30-wd0": {"rounds": 30, "train": {"weight_decay": 0.0}},
     "fedavg-r30-wd1e-3": {"rounds": 30, "train": {"weight_decay": 1e-3}},
     "fedavg-r30-iid": {"rounds": 30, "partition": {"name": "iid", "num_clients": 10}},
+    "fedavg-conv": CONV,
+    "centralized-conv": {**CENTRAL, **CONV},
     "fedavg-r30-conv": {"rounds": 30, **CONV},
     "centralized-r30-conv": {"rounds": 30, **CENTRAL, **CONV},
     "fedavg-r100": {"rounds": 100},
