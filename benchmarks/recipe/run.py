@@ -4,17 +4,19 @@
     python benchmarks/recipe/run.py [--seeds 0 1 2 3 4] [--out benchmarks/results/recipe.md]
 
 For every data set of ``prepare.py`` it runs configs that set ``[data]`` only (``name =
-"manifest"``, ``root``, and for "after" ``normalize``): the default partition (Dirichlet 0.5, 10
+"manifest"``, ``root``; "before" and "raw" add ``normalize = false``): the default partition (Dirichlet 0.5, 10
 clients; wine and gunpoint: 5 clients, below), modalities, model (``mlp``), algorithm (FedAvg), rounds (10),
 with ``threads = 1``:
 
 - before: ``fedavg-sgd``, ``centralized-sgd``: ``[train]`` pinned to the defaults before issue 25
-  (SGD, lr 0.01, momentum 0.9, weight decay 1e-5), raw inputs;
+  (SGD, lr 0.01, momentum 0.9, weight decay 1e-5), raw inputs (``normalize = false``, the loader's
+  default before issue 25);
 - after: ``fedavg``, ``centralized``: an untouched ``[train]`` (this checkout's defaults: Adam,
-  lr 1e-3) and every modality column standardized (``data.normalize`` = the list of columns);
+  lr 1e-3) and an untouched ``[data]`` (the loader's default ``normalize = "auto"`` z-scores every
+  column but token ids);
 - ``fedavg-r30``, ``centralized-r30``: the same as after with ``rounds = 30`` (FedAvg on clients of
   15-90 rows with Dirichlet(0.5) label skew is still climbing after 10 rounds);
-- ``fedavg-raw``: an untouched ``[train]`` on raw inputs (``[data]`` = name + root: Adam alone);
+- ``fedavg-raw``: an untouched ``[train]`` on raw inputs (``normalize = false``: Adam alone);
 
 and, on the same train/test rows (loaded by mmfl's manifest loader) and the same flattened
 features (every modality, sorted by name, as the ``mlp`` model concatenates them),
@@ -82,12 +84,6 @@ CANDIDATES = {  # the other settings measured before choosing (docs/recipe.md); 
 }
 
 
-def columns(root: Path) -> list[str]:
-    """The manifest's modality columns (every column but the label)."""
-    with open(root / "manifest.csv", encoding="utf-8") as f:
-        return [c for c in f.readline().strip().split(",") if c != "label"]
-
-
 # wine's 142 and gunpoint's 160 train rows cannot always give the default 10 Dirichlet clients >= 10
 # rows each (a one-line ConfigError naming partition.min_size): 5 clients there, nothing else changed
 PARTITION = {"wine": {"name": "dirichlet", "num_clients": 5}, "gunpoint": {"name": "dirichlet", "num_clients": 5}}
@@ -153,7 +149,7 @@ def table(results: dict) -> str:
 
     lines = ["| data set | train/test rows, classes, modalities | before: FedAvg | before: centralized | ratio | "
              "after, 10 rounds: FedAvg | centralized | ratio | after, 30 rounds: FedAvg | centralized | ratio | "
-             "new [train], raw inputs, 10 rounds: FedAvg | logistic regression | random forest |",
+             "raw inputs (normalize = false), 10 rounds: FedAvg | logistic regression | random forest |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         lines.append(f"| {name} | {r['shape']} | {cell(r['fedavg-sgd'])} | {cell(r['centralized-sgd'])} | "
