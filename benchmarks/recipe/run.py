@@ -72,15 +72,14 @@ CANDIDATES = {  # the other settings measured before choosing (docs/recipe.md); 
     "centralized-b16": {**CENTRAL, "train": {"batch_size": 16}},
     # osu_leaf, one change at a time against fedavg-r30 (docs/recipe.md "osu_leaf")
     "fedavg-r30-wd0": {"rounds": 30, "train": {"weight_decay": 0.0}},
-    "fedavg-r30-wd1e-3": {"rounds": 30, "train": {"weight_decay": 1e-3}},
     "fedavg-r30-iid": {"rounds": 30, "partition": {"name": "iid", "num_clients": 10}},
     "fedavg-conv": CONV,
     "centralized-conv": {**CENTRAL, **CONV},
     "fedavg-r30-conv": {"rounds": 30, **CONV},
     "centralized-r30-conv": {"rounds": 30, **CENTRAL, **CONV},
     "fedavg-r100": {"rounds": 100},
-    "fedavg-r30-drop": {"rounds": 30, "model": {"name": "mlp", "dropout": 0.3}},
-    "centralized-r30-drop": {"rounds": 30, **CENTRAL, "model": {"name": "mlp", "dropout": 0.3}},
+    "scaffold-r30": {"rounds": 30, "algorithm": {"name": "scaffold"}},
+    "fedprox-r30": {"rounds": 30, "algorithm": {"name": "fedprox"}},
 }
 
 
@@ -119,7 +118,8 @@ def references(data_root: Path, name: str, seeds: list[int]) -> dict[str, list[f
     from mmfl.data import DATASETS
 
     torch.set_num_threads(1)
-    b = DATASETS.get("manifest").factory(DATASETS.params("manifest", {"root": str(data_root / name)}))
+    b = DATASETS.get("manifest").factory(DATASETS.params("manifest", {"root": str(data_root / name),
+                                                                     "normalize": False}))  # scaled below
     mods = sorted(b.meta.modalities)
 
     def flat(split):
