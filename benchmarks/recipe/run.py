@@ -78,7 +78,6 @@ CANDIDATES = {  # the other settings measured before choosing (docs/recipe.md); 
     "fedavg-r30-conv": {"rounds": 30, **CONV},
     "centralized-r30-conv": {"rounds": 30, **CENTRAL, **CONV},
     "fedavg-r100": {"rounds": 100},
-    "scaffold-r30": {"rounds": 30, "algorithm": {"name": "scaffold"}},
     "fedprox-r30": {"rounds": 30, "algorithm": {"name": "fedprox"}},
 }
 
