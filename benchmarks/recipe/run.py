@@ -76,7 +76,6 @@ CANDIDATES = {  # the other settings measured before choosing (docs/recipe.md); 
     "fedavg-conv": CONV,
     "centralized-conv": {**CENTRAL, **CONV},
     "fedavg-r30-conv": {"rounds": 30, **CONV},
-    "centralized-r30-conv": {"rounds": 30, **CENTRAL, **CONV},
     "fedavg-r100": {"rounds": 100},
     "fedprox-r30": {"rounds": 30, "algorithm": {"name": "fedprox"}},
 }

@@ -17,7 +17,8 @@ or an inline value: a number or a list of numbers (JSON ``[1, 2]``, nested lists
 string -> "text". Text columns go through their ``text_encoder``
 (:mod:`mmfl.data.manifest_text`). Array columns of varying last-axis length are padded or
 cut to ``max_length`` with ``length/<m>`` written; ``normalize`` z-scores modalities with
-train-split statistics (by default every column but token ids: ``"auto"``). Rows are counted from 1 (the first data row, after a CSV header).
+train-split statistics (by default every column but token ids: ``"auto"``). Rows are counted
+from 1 (the first data row, after a CSV header).
 Labels keep their given names, mapped to dense ids in sorted order (numeric order when
 every label is an integer), stored in ``meta.class_names`` and ``meta.info["label_map"]``;
 a column that is not classes is refused (:mod:`mmfl.data.labels`, ``label_type``). An empty
