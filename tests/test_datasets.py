@@ -257,7 +257,8 @@ def test_manifest_csv_all_kinds(tmp_path):
     rows = [{"image": f"img{i}.png", "audio": str(tmp_path / f"a{i}.wav"), "feat": f"f{i}.npy", "vec": vecs[i],
              "text": texts[i], "label": labels[i], "client": clients[i], "split": split[i]} for i in range(6)]
     write_manifest(tmp_path / "manifest.csv", rows)
-    b = load("manifest", root=str(tmp_path), audio_length=10, text_max_tokens=4, text_encoder="tokens")
+    b = load("manifest", root=str(tmp_path), audio_length=10, text_max_tokens=4, text_encoder="tokens",
+             normalize=False)  # the values as read (the default "auto" z-scores them)
     assert b.meta.class_names == ["bird", "cat", "dog"] and b.meta.num_classes == 3
     assert b.train.labels.tolist() == [1, 2, 1, 0] and b.test.labels.tolist() == [2, 0]
     assert b.meta.modalities == {"image": (3, 4, 5), "audio": (1, 10), "feat": (2, 3), "vec": (3,), "text": (4,)}
@@ -291,7 +292,8 @@ def test_manifest_jsonl_resize_resample_stratified(tmp_path):
                      "v": [i, -i], "s": i * 0.5, "client": i % 3})
     write_manifest(tmp_path / "data.jsonl", rows)
     b = load("manifest", root=str(tmp_path), manifest="data.jsonl", image_size=4, image_mode="L",
-             audio_length=12, audio_sample_rate=16000, test_fraction=0.2, seed=0, text_encoder="tokens")
+             audio_length=12, audio_sample_rate=16000, test_fraction=0.2, seed=0, text_encoder="tokens",
+             normalize=False)  # the values as read
     assert len(b.train) == 8 and len(b.test) == 2 and sorted(b.test.labels.tolist()) == [0, 1]
     assert b.meta.modalities["img"] == (1, 4, 4) and b.meta.modalities["s"] == (1,)
     x, y = b.train.get()

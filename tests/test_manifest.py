@@ -9,6 +9,7 @@ import torch
 
 from mmfl.data import DATASETS
 from mmfl.data.base import LENGTH
+from mmfl.data.manifest import ManifestParams
 from mmfl.errors import ConfigError, DataError
 
 try:
@@ -44,7 +45,7 @@ def _text_manifest(tmp_path, name="m.jsonl"):
 def test_text_encoder_per_column_hash_and_tokens_with_train_vocabulary(tmp_path):
     name = _text_manifest(tmp_path)
     b = load(root=str(tmp_path), manifest=name, text_encoder={"caption": "tokens", "title": "hash:16"},
-             text_max_tokens=3)
+             text_max_tokens=3, normalize=False)  # the raw hashed vectors (the default z-scores them)
     assert b.meta.modalities == {"caption": (3,), "title": (16,)}
     ids, lengths = b.train.features["caption"], b.train.features[LENGTH + "caption"]
     assert ids.dtype == torch.int64 and lengths.dtype == torch.int64
@@ -104,7 +105,7 @@ def test_integer_labels_one_to_nine_are_nine_dense_classes(tmp_path):
     write_manifest(tmp_path / "f.csv", [{"x": f"{i} 1", "label": ["2.0", "10", "33.0"][i % 3]} for i in range(9)])
     assert load(root=str(tmp_path), manifest="f.csv").meta.class_names == ["2", "10", "33"]
     # data.classes fixes the order (and ids) and may name classes absent here
-    b = load(root=str(tmp_path), manifest="n.jsonl", classes=["33", "10", "2", "7"])
+    b = load(root=str(tmp_path), manifest="n.jsonl", classes=["33", "10", "2", "7"], normalize=False)  # raw x
     assert b.meta.num_classes == 4 and b.meta.info["label_map"] == {"33": 0, "10": 1, "2": 2, "7": 3}
     xs = torch.cat([b.train.features["x"][:, 0], b.test.features["x"][:, 0]]).long()
     ys = torch.cat([b.train.labels, b.test.labels])
@@ -124,7 +125,7 @@ def test_max_length_pads_and_cuts_the_last_axis_and_writes_lengths(tmp_path):
             for i in range(4)]
     err(tmp_path, rows, r"row 2, column 'acc': ragged shapes: \(2, 3\) here, \(2, 5\) in row 1 "
                         r"\(set data.max_length")
-    b = load(root=str(tmp_path), manifest="m.jsonl", max_length=6)
+    b = load(root=str(tmp_path), manifest="m.jsonl", max_length=6, normalize=False)  # the values as stored
     assert b.meta.modalities == {"acc": (2, 6), "hr": (1, 6)}  # a [T] sequence is one channel: [1, T]
     x, lengths = b.train.features["acc"], b.train.features[LENGTH + "acc"]
     assert lengths.tolist() == [5, 3, 6] and b.test.features[LENGTH + "acc"].tolist() == [4]
@@ -132,7 +133,8 @@ def test_max_length_pads_and_cuts_the_last_axis_and_writes_lengths(tmp_path):
     assert torch.equal(x[2], torch.from_numpy(seqs[2][:, :6]))  # "end": the first 6 steps kept
     assert b.train.features[LENGTH + "hr"].tolist() == [1, 2, 3]
     assert b.train.features["hr"][2].tolist() == [[1, 2, 3, 0, 0, 0]]
-    b = load(root=str(tmp_path), manifest="m.jsonl", max_length={"acc": 4, "hr": 5}, truncate="start")
+    b = load(root=str(tmp_path), manifest="m.jsonl", max_length={"acc": 4, "hr": 5}, truncate="start",
+             normalize=False)
     assert b.meta.info["max_length"] == {"acc": 4, "hr": 5} and b.meta.modalities == {"acc": (2, 4), "hr": (1, 5)}
     assert torch.equal(b.train.features["acc"][2], torch.from_numpy(seqs[2][:, 4:]))  # the last 4 kept
 
@@ -145,7 +147,7 @@ def test_time_axis_first_reads_time_major_arrays_as_channels_by_time(tmp_path):
         np.save(tmp_path / f"s{i}.npy", s)
     rows = [{"acc": f"s{i}.npy", "label": i % 2, "split": "test" if i == 2 else "train"} for i in range(3)]
     err(tmp_path, rows, r"only the last axis \(time\) may differ.*time_axis = 'first'", max_length=5)
-    b = load(root=str(tmp_path), manifest="m.jsonl", max_length=5, time_axis="first")
+    b = load(root=str(tmp_path), manifest="m.jsonl", max_length=5, time_axis="first", normalize=False)
     assert b.meta.modalities == {"acc": (3, 5)} and b.train.features[LENGTH + "acc"].tolist() == [4, 2]
     assert torch.equal(b.train.features["acc"][0, :, :4], torch.from_numpy(seqs[0].T))
 
@@ -193,6 +195,34 @@ def test_normalize_uses_train_statistics_per_feature_and_per_channel_over_valid_
     err(tmp_path, rows, r"data.normalize: 'nope' is not a modality column", exc=ConfigError,
         max_length=4, normalize=["nope"])
 
+
+
+def test_normalize_auto_is_the_default_every_column_but_token_ids_and_false_keeps_raw_values(tmp_path):
+    """The default ``normalize = "auto"``: tabular, sequence, image and frozen text feature columns
+    z-scored with train statistics (docs/recipe.md measures why); token ids never; false: raw."""
+    from PIL import Image
+
+    rows = []
+    for i in range(8):
+        Image.fromarray(np.full((2, 2), 30 * i, np.uint8)).save(tmp_path / f"i{i}.png")
+        rows.append({"v": [100.0 * i, 3.0], "seq": [[float(i), 2.0 * i, 1.0]], "img": f"i{i}.png",
+                     "h": f"word{i % 3} shared", "t": f"tok{i % 2}", "label": i % 2,
+                     "split": "test" if i >= 6 else "train"})
+    write_manifest(tmp_path / "m.jsonl", rows)
+    enc = {"h": "hash:8", "t": "tokens"}
+    b = load(root=str(tmp_path), manifest="m.jsonl", text_encoder=enc, image_mode="L")
+    assert ManifestParams(root=".").normalize == "auto"
+    assert sorted(b.meta.info["standardize"]) == ["h", "img", "seq", "v"]  # not the token ids "t"
+    tr = b.train.features
+    assert np.allclose(tr["v"][:, 0].mean(), 0, atol=1e-6) and np.allclose(tr["v"][:, 0].std(unbiased=False), 1)
+    assert torch.all(tr["v"][:, 1] == 0)  # a constant feature: std taken as 1, centred
+    assert np.isclose(float(b.test.features["v"][0, 0]), (600 - 250) / np.std(100.0 * np.arange(6)), atol=1e-5)
+    raw = load(root=str(tmp_path), manifest="m.jsonl", text_encoder=enc, image_mode="L", normalize=False)
+    assert "standardize" not in raw.meta.info and raw.train.features["v"][1].tolist() == [100.0, 3.0]
+    assert torch.equal(raw.train.features["t"], tr["t"]) and tr["t"].dtype == torch.int64
+    assert torch.allclose(raw.train.features["h"].norm(dim=1), torch.ones(6))  # hash vectors as encoded
+    err(tmp_path, rows, r"data.normalize: expected \"auto\", true/false or a list", exc=ConfigError,
+        text_encoder=enc, normalize="yes")
 
 # ---------------------------------------------------------------- splits and clients
 
@@ -259,7 +289,7 @@ def test_per_sample_csv_tables_are_sequences_and_unknown_files_are_not_text(tmp_
     rows = [{"imu": f"r{i}.{'tsv' if i == 2 else 'csv'}", "label": i % 2, "split": ["train", "train", "test"][i]}
             for i in range(3)]
     write_manifest(tmp_path / "m.jsonl", rows)
-    b = load(root=str(tmp_path), manifest="m.jsonl", max_length=3)
+    b = load(root=str(tmp_path), manifest="m.jsonl", max_length=3, normalize=False)  # the values as stored
     assert b.meta.modalities == {"imu": (2, 3)} and b.meta.info["kinds"] == {"imu": "array"}
     assert b.train.features["imu"][0].tolist() == [[1, 2, 3], [10, 20, 30]]
     assert b.train.features[LENGTH + "imu"].tolist() == [3, 2] and b.test.features["imu"][0, 1, 0] == 70
@@ -281,11 +311,11 @@ def test_image_encoder_gives_frozen_features_and_transparency_is_white(tmp_path)
         Image.fromarray(rgba, "RGBA").save(tmp_path / f"{i}.png")
         rows.append({"img": f"{i}.png", "label": i % 2, "split": "test" if i >= 4 else "train"})
     write_manifest(tmp_path / "m.jsonl", rows)
-    b = load(root=str(tmp_path), manifest="m.jsonl", image_encoder="pixels:4")
+    b = load(root=str(tmp_path), manifest="m.jsonl", image_encoder="pixels:4", normalize=False)  # raw features
     assert b.meta.modalities == {"img": (16,)} and b.meta.info["image_encoder"] == {"img": "pixels:4"}
     x = b.train.features["img"]
     assert torch.allclose(x[1], torch.ones(16)) and torch.allclose(x[0], torch.zeros(16))
-    raw = load(root=str(tmp_path), manifest="m.jsonl")  # default: pixels kept as [C, H, W]
+    raw = load(root=str(tmp_path), manifest="m.jsonl", normalize=False)  # default: pixels kept as [C, H, W]
     assert raw.meta.modalities == {"img": (3, 8, 8)} and float(raw.train.features["img"][1].min()) == 1.0
     with pytest.raises(ConfigError, match=r"data.image_encoder"):
         load(root=str(tmp_path), manifest="m.jsonl", image_encoder="resnet")

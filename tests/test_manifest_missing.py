@@ -40,7 +40,7 @@ def _rows(tmp_path):
 
 def test_empty_cells_and_missing_files_load_as_zeros_with_masks_and_one_line_per_modality(tmp_path, capsys):
     write_manifest(tmp_path / "m.csv", _rows(tmp_path))
-    b = load(root=str(tmp_path), manifest="m.csv")
+    b = load(root=str(tmp_path), manifest="m.csv", normalize=False)  # the values as stored
     err = capsys.readouterr().err.strip().splitlines()
     assert len(b.train) == 6 and len(b.test) == 2  # rows 5 and 6 left out
     assert err == [
@@ -99,7 +99,7 @@ def test_parquet_none_and_nan_cells_and_a_stored_image_without_its_file_are_miss
     table = pa.table({"seq": seq, "num": num, "img": img, "label": [i % 3 for i in range(n)],
                       "split": ["train"] * 9 + ["test"] * 3})
     pq.write_table(table, tmp_path / "m.parquet")
-    b = load(root=str(tmp_path), manifest="m.parquet", image_mode="L")
+    b = load(root=str(tmp_path), manifest="m.parquet", image_mode="L", normalize=False)  # the values as stored
     tr = b.train.features
     assert tr[PRESENT + "seq"].tolist() == [i != 3 for i in range(9)]
     assert tr[PRESENT + "num"].tolist() == [i != 4 for i in range(9)]
@@ -166,7 +166,7 @@ def test_frozen_text_encoders_never_see_absent_cells(tmp_path, monkeypatch):
     rows = [{"t": "" if i in (1, 4) else f"text number {i}", "x": f"{i} 1", "label": i % 2,
              "split": "test" if i > 5 else "train"} for i in range(8)]
     write_manifest(tmp_path / "m.csv", rows)
-    b = load(root=str(tmp_path), manifest="m.csv", text_encoder="hash:16")
+    b = load(root=str(tmp_path), manifest="m.csv", text_encoder="hash:16", normalize=False)  # raw hashed vectors
     assert seen == [[f"text number {i}" for i in range(8) if i not in (1, 4)]]
     assert b.train.features["t"].shape == (6, 16) and torch.all(b.train.features["t"][1] == 0)
     assert torch.all(b.train.features["t"][0] != 0) or b.train.features["t"][0].norm() > 0

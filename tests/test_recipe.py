@@ -1,6 +1,7 @@
 """The default recipe (docs/recipe.md): the [train] defaults are Adam at lr 1e-3, every packaged
 config pins its optimizer (so its numbers do not follow a change of default), and the recipe
-benchmark's "after" runs leave [train] untouched while its "before" runs pin the old values."""
+benchmark's "after" runs leave [train] and [data] (but name and root) untouched while its "before" runs
+pin the old values (SGD, raw inputs)."""
 
 from __future__ import annotations
 
@@ -44,11 +45,15 @@ def test_recipe_configs_leave_train_untouched_after_and_pin_it_before(tmp_path):
         raw = recipe.config(tmp_path, "wine", variant, 0, tmp_path / "runs")
         assert "train" not in raw, variant
         assert resolve(raw).train == TrainConfig()
-    after = recipe.config(tmp_path, "wine", "fedavg", 0, tmp_path / "runs")
-    assert after["data"]["normalize"] == ["chem", "color"] and after["partition"]["num_clients"] == 5
+    for variant in ("fedavg", "centralized", "fedavg-r30", "centralized-r30"):  # "after": [data] untouched too
+        raw = recipe.config(tmp_path, "wine", variant, 0, tmp_path / "runs")
+        assert set(raw["data"]) == {"name", "root"} and raw["partition"] == {"name": "dirichlet", "num_clients": 5}
+        assert set(raw) <= {"name", "seed", "threads", "output_dir", "data", "partition", "algorithm", "rounds"}
+        assert resolve(raw).data.params.normalize == "auto"
     before = resolve(recipe.config(tmp_path, "wine", "fedavg-sgd", 0, tmp_path / "runs"))
     assert {k: asdict(before.train)[k] for k in recipe.OLD_TRAIN} == recipe.OLD_TRAIN
     assert before.data.params.normalize is False
+    assert resolve(recipe.config(tmp_path, "wine", "fedavg-raw", 0, tmp_path / "runs")).data.params.normalize is False
 
 
 def test_prepare_writes_a_two_modality_manifest_mmfl_reads(tmp_path):

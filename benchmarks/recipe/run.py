@@ -4,17 +4,19 @@
     python benchmarks/recipe/run.py [--seeds 0 1 2 3 4] [--out benchmarks/results/recipe.md]
 
 For every data set of ``prepare.py`` it runs configs that set ``[data]`` only (``name =
-"manifest"``, ``root``, and for "after" ``normalize``): the default partition (Dirichlet 0.5, 10
+"manifest"``, ``root``; "before" and "raw" add ``normalize = false``): the default partition (Dirichlet 0.5, 10
 clients; wine and gunpoint: 5 clients, below), modalities, model (``mlp``), algorithm (FedAvg), rounds (10),
 with ``threads = 1``:
 
 - before: ``fedavg-sgd``, ``centralized-sgd``: ``[train]`` pinned to the defaults before issue 25
-  (SGD, lr 0.01, momentum 0.9, weight decay 1e-5), raw inputs;
+  (SGD, lr 0.01, momentum 0.9, weight decay 1e-5), raw inputs (``normalize = false``, the loader's
+  default before issue 25);
 - after: ``fedavg``, ``centralized``: an untouched ``[train]`` (this checkout's defaults: Adam,
-  lr 1e-3) and every modality column standardized (``data.normalize`` = the list of columns);
+  lr 1e-3) and an untouched ``[data]`` (the loader's default ``normalize = "auto"`` z-scores every
+  column but token ids);
 - ``fedavg-r30``, ``centralized-r30``: the same as after with ``rounds = 30`` (FedAvg on clients of
   15-90 rows with Dirichlet(0.5) label skew is still climbing after 10 rounds);
-- ``fedavg-raw``: an untouched ``[train]`` on raw inputs (``[data]`` = name + root: Adam alone);
+- ``fedavg-raw``: an untouched ``[train]`` on raw inputs (``normalize = false``: Adam alone);
 
 and, on the same train/test rows (loaded by mmfl's manifest loader) and the same flattened
 features (every modality, sorted by name, as the ``mlp`` model concatenates them),
@@ -41,40 +43,42 @@ from prepare import OUT, SETS  # noqa: E402
 
 OLD_TRAIN = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-5}  # the defaults before issue 25
 NEW_TRAIN = {"optimizer": "adam", "lr": 1e-3, "momentum": 0.9, "weight_decay": 1e-5}  # the defaults after it
-# "after": an untouched [train] (the defaults of this checkout) and every column z-scored with train
-# statistics (data.normalize: every modality column, frozen text features included; see docs/recipe.md)
+RAW = {"normalize": False}  # the manifest loader's default before issue 25: raw inputs
+# "after": an untouched [train] and an untouched [data] (name + root: the loader's default normalize = "auto"
+# z-scores every column but token ids with train statistics, frozen text features included; docs/recipe.md)
 VARIANTS = {
-    "fedavg": {"data": {"normalize": "all"}},
-    "centralized": {"algorithm": {"name": "centralized"}, "data": {"normalize": "all"}},
-    "fedavg-sgd": {"train": OLD_TRAIN},
-    "centralized-sgd": {"algorithm": {"name": "centralized"}, "train": OLD_TRAIN},
-    "fedavg-raw": {},
-    "fedavg-r30": {"rounds": 30, "data": {"normalize": "all"}},
-    "centralized-r30": {"rounds": 30, "algorithm": {"name": "centralized"}, "data": {"normalize": "all"}},
+    "fedavg": {},
+    "centralized": {"algorithm": {"name": "centralized"}},
+    "fedavg-sgd": {"train": OLD_TRAIN, "data": RAW},
+    "centralized-sgd": {"algorithm": {"name": "centralized"}, "train": OLD_TRAIN, "data": RAW},
+    "fedavg-raw": {"data": RAW},
+    "fedavg-r30": {"rounds": 30},
+    "centralized-r30": {"rounds": 30, "algorithm": {"name": "centralized"}},
 }
-CANDIDATES = {  # the other settings measured before choosing (docs/recipe.md)
-    "fedavg-adam3": {"train": {"optimizer": "adam", "lr": 3e-3}, "data": {"normalize": "all"}},
-    "fedavg-sgd-norm": {"train": OLD_TRAIN, "data": {"normalize": "all"}},
-    "centralized-raw": {"algorithm": {"name": "centralized"}},
-    "fedavg-b32": {"train": {"batch_size": 32}, "data": {"normalize": "all"}},
-    "fedavg-b16": {"train": {"batch_size": 16}, "data": {"normalize": "all"}},
-    "fedavg-e2": {"train": {"local_epochs": 2}, "data": {"normalize": "all"}},
-    "fedavg-e5": {"train": {"local_epochs": 5}, "data": {"normalize": "all"}},
-    "centralized-e5": {"algorithm": {"name": "centralized"}, "train": {"local_epochs": 5},
-                       "data": {"normalize": "all"}},
-    "fedavg-r30-lr3e-4": {"rounds": 30, "train": {"lr": 3e-4}, "data": {"normalize": "all"}},
-    "centralized-r30-lr3e-4": {"rounds": 30, "algorithm": {"name": "centralized"}, "train": {"lr": 3e-4},
-                               "data": {"normalize": "all"}},
-    "fedavg-r30-e1": {"rounds": 30, "train": {"local_epochs": 1}, "data": {"normalize": "all"}},
-    "centralized-b16": {"algorithm": {"name": "centralized"}, "train": {"batch_size": 16},
-                        "data": {"normalize": "all"}},
+CENTRAL = {"algorithm": {"name": "centralized"}}
+CONV = {"model": {"name": "multimodal"}}  # conv1d encoders for [C, T] modalities (the mlp flattens them)
+CANDIDATES = {  # the other settings measured before choosing (docs/recipe.md); all on the default data
+    "fedavg-adam3": {"train": {"optimizer": "adam", "lr": 3e-3}},
+    "fedavg-sgd-norm": {"train": OLD_TRAIN},
+    "centralized-raw": {**CENTRAL, "data": RAW},
+    "fedavg-b32": {"train": {"batch_size": 32}},
+    "fedavg-b16": {"train": {"batch_size": 16}},
+    "fedavg-e2": {"train": {"local_epochs": 2}},
+    "fedavg-e5": {"train": {"local_epochs": 5}},
+    "centralized-e5": {**CENTRAL, "train": {"local_epochs": 5}},
+    "fedavg-r30-lr3e-4": {"rounds": 30, "train": {"lr": 3e-4}},
+    "centralized-r30-lr3e-4": {"rounds": 30, **CENTRAL, "train": {"lr": 3e-4}},
+    "fedavg-r30-e1": {"rounds": 30, "train": {"local_epochs": 1}},
+    "centralized-b16": {**CENTRAL, "train": {"batch_size": 16}},
+    # osu_leaf, one change at a time against fedavg-r30 (docs/recipe.md "osu_leaf")
+    "fedavg-r30-wd0": {"rounds": 30, "train": {"weight_decay": 0.0}},
+    "fedavg-r30-iid": {"rounds": 30, "partition": {"name": "iid", "num_clients": 10}},
+    "fedavg-conv": CONV,
+    "centralized-conv": {**CENTRAL, **CONV},
+    "fedavg-r30-conv": {"rounds": 30, **CONV},
+    "fedavg-r100": {"rounds": 100},
+    "fedprox-r30": {"rounds": 30, "algorithm": {"name": "fedprox"}},
 }
-
-
-def columns(root: Path) -> list[str]:
-    """The manifest's modality columns (every column but the label)."""
-    with open(root / "manifest.csv", encoding="utf-8") as f:
-        return [c for c in f.readline().strip().split(",") if c != "label"]
 
 
 # wine's 142 and gunpoint's 160 train rows cannot always give the default 10 Dirichlet clients >= 10
@@ -85,9 +89,7 @@ PARTITION = {"wine": {"name": "dirichlet", "num_clients": 5}, "gunpoint": {"name
 def config(data_root: Path, name: str, variant: str, seed: int, runs: Path) -> dict:
     extra = dict({**VARIANTS, **CANDIDATES}[variant])
     data = {"name": "manifest", "root": str(data_root / name), **extra.pop("data", {})}
-    if data.get("normalize") == "all":
-        data["normalize"] = columns(data_root / name)
-    part = {"partition": PARTITION[name]} if name in PARTITION else {}
+    part = {"partition": PARTITION[name]} if name in PARTITION and "partition" not in extra else {}
     return {"name": f"{name}-{variant}-s{seed}", "seed": seed, "threads": 1, "output_dir": str(runs),
             "data": data, **part, **extra}
 
@@ -114,7 +116,8 @@ def references(data_root: Path, name: str, seeds: list[int]) -> dict[str, list[f
     from mmfl.data import DATASETS
 
     torch.set_num_threads(1)
-    b = DATASETS.get("manifest").factory(DATASETS.params("manifest", {"root": str(data_root / name)}))
+    b = DATASETS.get("manifest").factory(DATASETS.params("manifest", {"root": str(data_root / name),
+                                                                     "normalize": False}))  # scaled below
     mods = sorted(b.meta.modalities)
 
     def flat(split):
@@ -144,7 +147,7 @@ def table(results: dict) -> str:
 
     lines = ["| data set | train/test rows, classes, modalities | before: FedAvg | before: centralized | ratio | "
              "after, 10 rounds: FedAvg | centralized | ratio | after, 30 rounds: FedAvg | centralized | ratio | "
-             "new [train], raw inputs, 10 rounds: FedAvg | logistic regression | random forest |",
+             "raw inputs (normalize = false), 10 rounds: FedAvg | logistic regression | random forest |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         lines.append(f"| {name} | {r['shape']} | {cell(r['fedavg-sgd'])} | {cell(r['centralized-sgd'])} | "

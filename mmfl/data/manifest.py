@@ -17,7 +17,8 @@ or an inline value: a number or a list of numbers (JSON ``[1, 2]``, nested lists
 string -> "text". Text columns go through their ``text_encoder``
 (:mod:`mmfl.data.manifest_text`). Array columns of varying last-axis length are padded or
 cut to ``max_length`` with ``length/<m>`` written; ``normalize`` z-scores modalities with
-train-split statistics. Rows are counted from 1 (the first data row, after a CSV header).
+train-split statistics (by default every column but token ids: ``"auto"``). Rows are counted
+from 1 (the first data row, after a CSV header).
 Labels keep their given names, mapped to dense ids in sorted order (numeric order when
 every label is an integer), stored in ``meta.class_names`` and ``meta.info["label_map"]``;
 a column that is not classes is refused (:mod:`mmfl.data.labels`, ``label_type``). An empty
@@ -105,9 +106,10 @@ class ManifestParams:
                 "a table saved row per time step: moved to the last axis at load)"})
     truncate: Literal["end", "start"] = field(default="end", metadata={
         "help": "what max_length cuts from a longer sequence: 'end' keeps the first steps, 'start' the last"})
-    normalize: bool | list[str] = field(default=False, metadata={
-        "help": "z-score with train-split mean/std (present rows only): true = every array, image and audio "
-                "column, or a list of columns; per feature for [d], per channel for [C, ...]"})
+    normalize: bool | str | list[str] = field(default="auto", metadata={
+        "help": "z-score with train-split mean/std (present rows only): 'auto' = every column but token ids "
+                "(frozen text features included), true = every array, image and audio column, false = none, "
+                "or a list of columns; per feature for [d], per channel for [C, ...]"})
     missing: Literal["allow", "error"] = field(default="allow", metadata={
         "help": "an empty modality cell or one naming a missing file: 'allow' (zeros + present/<m> = False, one "
                 "line per modality at load) or 'error'; a row with no modality at all is left out"})
@@ -163,8 +165,10 @@ class ManifestParams:
         if not all(isinstance(c, str) for c in cols):
             raise ConfigError(f"data.length_column: expected a column name or a table column -> column, "
                               f"got {self.length_column!r}")
-        if isinstance(self.normalize, list) and not all(isinstance(m, str) for m in self.normalize):
-            raise ConfigError(f"data.normalize: expected true/false or a list of column names, got {self.normalize!r}")
+        if isinstance(self.normalize, str) and self.normalize != "auto" or (
+                isinstance(self.normalize, list) and not all(isinstance(m, str) for m in self.normalize)):
+            raise ConfigError(f"data.normalize: expected \"auto\", true/false or a list of column names, "
+                              f"got {self.normalize!r}")
         if not isinstance(self.classes, list) or len(set(map(str, self.classes))) != len(self.classes):
             raise ConfigError(f"data.classes: expected a list of distinct labels, got {self.classes!r}")
         self.classes = [str(c).strip() for c in self.classes]
