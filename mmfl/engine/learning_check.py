@@ -54,10 +54,10 @@ class LearningCheck:
     def advice(self) -> str:
         if self.optimizer == "sgd":
             return (f'try train.optimizer = "adam", train.lr = 1e-3, or a larger train.lr than {self.lr:g}; '
-                    "standardize raw inputs (data.normalize = true for a manifest)")
+                    "standardize raw inputs (a manifest does unless data.normalize = false)")
         return (f"try another train.lr than {self.lr:g} (1e-3 is the default; 1e-4 if the loss rises, 3e-3 if "
                 'it stays) or train.optimizer = "sgd" with train.lr = 0.01; standardize raw inputs '
-                "(data.normalize = true for a manifest)")
+                "(a manifest does unless data.normalize = false)")
 
     def update(self, row: dict) -> str | None:
         loss = row.get("train_loss")
