@@ -12,6 +12,21 @@ from mmfl.errors import ConfigError
 TRACKING_BACKENDS = ("tensorboard", "mlflow", "wandb")
 
 
+def _names(value, where: str, known: tuple[str, ...], what: str) -> list[str]:
+    """``value`` (a name or a list of names) checked as a non-empty list of distinct ``known``
+    names; a one-line :class:`ConfigError` naming ``where`` otherwise."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{where}: must be a non-empty list of {', '.join(known)}, got {value!r}")
+    for v in value:
+        if v not in known:
+            raise ConfigError(f"{where}: unknown {what} {v!r} (known: {', '.join(known)})")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{where}: a {what} is named twice in {value}")
+    return value
+
+
 @dataclass
 class TrackingConfig:
     """The ``[tracking]`` table: send every metrics row (the rows of ``metrics.jsonl``, step =
@@ -29,16 +44,7 @@ class TrackingConfig:
     run_name: str = field(default="", metadata={"help": "the run's name in the trackers (\"\" = the run's name)"})
 
     def __post_init__(self):
-        if isinstance(self.backends, str):
-            self.backends = [self.backends]
-        if not isinstance(self.backends, list) or not self.backends:
-            raise ConfigError(f"tracking.backends: must be a non-empty list of {', '.join(TRACKING_BACKENDS)}, "
-                              f"got {self.backends!r}")
-        for b in self.backends:
-            if b not in TRACKING_BACKENDS:
-                raise ConfigError(f"tracking.backends: unknown back-end {b!r} (known: {', '.join(TRACKING_BACKENDS)})")
-        if len(set(self.backends)) != len(self.backends):
-            raise ConfigError(f"tracking.backends: a back-end is named twice in {self.backends}")
+        self.backends = _names(self.backends, "tracking.backends", TRACKING_BACKENDS, "back-end")
         for key in ("dir", "project", "run_name"):
             if not isinstance(getattr(self, key), str):
                 raise ConfigError(f"tracking.{key}: must be a string, got {getattr(self, key)!r}")
@@ -73,16 +79,7 @@ class ReferenceConfig:
     def __post_init__(self):
         if not isinstance(self.enabled, bool):
             raise ConfigError(f"reference.enabled: must be true or false, got {self.enabled!r}")
-        if isinstance(self.methods, str):
-            self.methods = [self.methods]
-        if not isinstance(self.methods, list) or not self.methods:
-            raise ConfigError(f"reference.methods: must be a non-empty list of {', '.join(REFERENCE_METHODS)}, "
-                              f"got {self.methods!r}")
-        for m in self.methods:
-            if m not in REFERENCE_METHODS:
-                raise ConfigError(f"reference.methods: unknown method {m!r} (known: {', '.join(REFERENCE_METHODS)})")
-        if len(set(self.methods)) != len(self.methods):
-            raise ConfigError(f"reference.methods: a method is named twice in {self.methods}")
+        self.methods = _names(self.methods, "reference.methods", REFERENCE_METHODS, "method")
         for key in ("sklearn_max_rows", "forest_max_features", "forest_trees"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
