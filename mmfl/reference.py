@@ -31,6 +31,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from mmfl.errors import ConfigError
+from mmfl.report import final_best
 
 CAVEAT = "reference (pooled data, simulation only)"
 METRICS = {"classification": ("accuracy", "test accuracy"),
@@ -145,15 +146,6 @@ def run_child(ccfg, progress: bool, transport=None) -> list[dict]:
     return load_metrics(d)
 
 
-def _curve(rows: list[dict], key: str, uar: bool = True) -> dict:
-    vals = [r[key] for r in rows if r.get(key) is not None]
-    out = {"final": vals[-1] if vals else None, "best": max(vals) if vals else None}
-    last = [r for r in rows if r.get(key) is not None]
-    if uar and last and last[-1].get("uar") is not None and key == "accuracy":
-        out["uar"] = last[-1]["uar"]
-    return out
-
-
 def _predictions(run_dir: Path, test):
     """The finished reference run's final server model's class predictions on ``test``."""
     import numpy as np
@@ -202,7 +194,7 @@ def run_references(cfg, progress: bool = True) -> dict:
                                                              "without clients: no server-alone reference"))
             else:
                 r = run_child(child_config(cfg, "server_alone", table), progress, transport=_silent)
-                rows.append(dict(method="server alone", folder="reference/server_alone", **_curve(r, key),
+                rows.append(dict(method="server alone", folder="reference/server_alone", **final_best(r, key),
                                  note=f"{table['name']}'s server on its public set, no client"))
         else:
             table = centralized_table(cfg)
@@ -211,7 +203,7 @@ def run_references(cfg, progress: bool = True) -> dict:
             else:
                 r = run_child(child_config(cfg, "centralized", table), progress)
                 name = "centralized" if table["name"] == "centralized" else f"centralized ({table['name']})"
-                row = dict(method=name, folder="reference/centralized", **_curve(r, "accuracy"))
+                row = dict(method=name, folder="reference/centralized", **final_best(r, "accuracy"))
                 if personal:  # its final model on each client's personalized test rows
                     from mmfl.reference_sklearn import personal_mean
 
@@ -231,7 +223,7 @@ def run_references(cfg, progress: bool = True) -> dict:
             r = run_child(child_config(cfg, "local", {"name": "local"}, sample_fraction=1.0, clients_per_round=0,
                                        personal_eval=personal), progress)
             rows.append(dict(method="local-only", folder="reference/local",
-                             **_curve(r, "personal/accuracy" if personal else "accuracy", uar=not personal)))
+                             **final_best(r, "personal/accuracy" if personal else "accuracy", uar=not personal)))
     rows += _sklearn_rows(cfg, settings, fam, pooled, rows_of, out_dir)
     kind = "this run" if fam == "clients" or pooled_run else "federated"
     summary = {"caveat": CAVEAT, "family": fam, "metric": key, "metric_label": label,

@@ -275,6 +275,16 @@ def compare(run_dirs: list[str | Path], plot_path: str | Path | None = None) -> 
     return "\n".join(lines)
 
 
+def final_best(rows: list[dict], key: str, uar: bool = True) -> dict:
+    """``{"final", "best"}`` of metric ``key`` over the rows that have it (None without any), and
+    ``"uar"``: the last such row's UAR where ``key`` is ``accuracy``, ``uar`` and the row has one."""
+    evals = [r for r in rows if r.get(key) is not None]
+    out = {"final": evals[-1][key] if evals else None, "best": max(r[key] for r in evals) if evals else None}
+    if uar and evals and key == "accuracy" and evals[-1].get("uar") is not None:
+        out["uar"] = evals[-1]["uar"]
+    return out
+
+
 def reference_rows(run_dir: str | Path) -> list[dict] | None:
     """A run's references (``<run>/reference/summary.json``, written by :mod:`mmfl.reference`) under
     its own result: dicts of ``method``, ``metric``, ``final``, ``best``, ``uar``, ``note``, the
@@ -287,10 +297,7 @@ def reference_rows(run_dir: str | Path) -> list[dict] | None:
         key = ref["metric"]
     except (ValueError, KeyError):
         raise MMFLError(f"{path}: not a reference summary written by mmfl run --reference") from None
-    evals = [r for r in load_metrics(run_dir) if r.get(key) is not None]
-    fed = {"method": ref["federated"]["method"], "final": evals[-1][key] if evals else None,
-           "best": max(r[key] for r in evals) if evals else None,
-           "uar": evals[-1].get("uar") if evals and key == "accuracy" else None, "note": ""}
+    fed = {"method": ref["federated"]["method"], **final_best(load_metrics(run_dir), key), "note": ""}
     cols = ("method", "final", "best", "uar", "note")
     return [{"metric": ref["metric_label"], **{c: r.get(c) for c in cols}} for r in [fed, *ref["rows"]]]
 
