@@ -208,7 +208,7 @@ def run_references(cfg, progress: bool = True) -> dict:
                     from mmfl.reference_sklearn import personal_mean
 
                     pred = _predictions(cfg.run_dir / "reference" / "centralized", pooled.test)
-                    y = pooled.test.get()[1].cpu().numpy()
+                    y = pooled.test.label_array()
                     row.update(test_accuracy=row.get("final"), final=personal_mean(pred, y, rows_of), best=None,
                                uar=None, note="its final model on each client's test rows, every modality; "
                                               f"test accuracy {100 * (row.get('final') or 0):.2f}%")

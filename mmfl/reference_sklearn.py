@@ -45,8 +45,7 @@ def training_matrix(train: ArrayDataset, seed: int, max_rows: int) -> tuple[np.n
     if total > max_rows:
         rng = np.random.default_rng(derive_seed(seed, "reference", "sklearn-rows"))
         train = train.subset(np.sort(rng.choice(total, size=max_rows, replace=False)))
-    _, labels = train.get()
-    return flat_columns(train, keys), labels.cpu().numpy(), keys, total
+    return flat_columns(train, keys), train.label_array(), keys, total
 
 
 def _scores(y: np.ndarray, pred: np.ndarray, personal_rows) -> dict:
@@ -88,7 +87,7 @@ def _fit(train, test, seed, settings, methods, threads, personal_rows, log) -> d
     X, y, keys, total = training_matrix(train, seed, settings.sklearn_max_rows)
     widths = [int(np.prod(train.features[k].shape[1:])) for k in keys]
     Xt = flat_columns(test, keys, widths)
-    yt = test.get()[1].cpu().numpy()
+    yt = test.label_array()
     shape = {"train_rows": int(X.shape[0]), "pooled_rows": int(total), "features": int(X.shape[1]),
              "columns": keys}
     out: dict = {}
