@@ -168,7 +168,8 @@ def run_references(cfg, progress: bool = True) -> dict:
     from mmfl.schema import ReferenceConfig
 
     settings = cfg.reference or ReferenceConfig()
-    fam = family(ALGORITHMS.get(cfg.algorithm.name).factory)
+    spec = ALGORITHMS.get(cfg.algorithm.name).factory
+    fam = family(spec)
     key, label = METRICS[fam]
     rows: list[dict] = []
     out_dir = cfg.run_dir / "reference"
@@ -176,7 +177,7 @@ def run_references(cfg, progress: bool = True) -> dict:
     methods = settings.methods
     personal = fam == "personalized"
     pooled = rows_of = None
-    pooled_run = ALGORITHMS.get(cfg.algorithm.name).factory.pooled  # centralized itself: not federated
+    pooled_run = spec.pooled  # centralized itself: not federated
     if personal or (fam != "retrieval" and any(m in methods for m in ("logistic_regression", "random_forest"))):
         from mmfl.data.federation import build_federation
 
@@ -217,7 +218,7 @@ def run_references(cfg, progress: bool = True) -> dict:
         if fam == "retrieval":
             rows.append(dict(method="local-only", note="does not apply to retrieval (clients' own models are "
                                                   "classifiers or encoders of their own; the server is scored)"))
-        elif ALGORITHMS.get(cfg.algorithm.name).factory == ALGORITHMS.get("local").factory:
+        elif spec == ALGORITHMS.get("local").factory:
             rows.append(dict(method="local-only", note="the run is local-only itself"))
         else:
             r = run_child(child_config(cfg, "local", {"name": "local"}, sample_fraction=1.0, clients_per_round=0,
