@@ -109,6 +109,17 @@ def pair_loss(model: nn.Module, inputs: dict[str, Tensor], z: dict[str, Tensor] 
     return info_nce(z[pair[0]], z[pair[1]], params.temperature)
 
 
+def _ce_rows(logits: Tensor, target: Tensor, row_ok: Tensor | None, local: Tensor) -> Tensor:
+    """Cross-entropy of eq. 1 / eq. 2 over the rows ``row_ok`` (None: all); 0 (on ``local``'s
+    graph) with none."""
+    if row_ok is not None:
+        row_ok = row_ok.to(local.device)
+        if not bool(row_ok.any()):
+            return local.sum() * 0.0
+        logits, target = logits[row_ok], target[row_ok]
+    return F.cross_entropy(logits, target)
+
+
 def inter_loss(local: Tensor, global_other: Tensor, rows: Tensor, tau: float, row_ok: Tensor | None = None,
                col_ok: Tensor | None = None) -> Tensor:
     """Eq. 1, mean over the batch: ``-log softmax_j(local_k . other_j / tau)[j = k]`` over all |P| j.
@@ -121,12 +132,7 @@ def inter_loss(local: Tensor, global_other: Tensor, rows: Tensor, tau: float, ro
     target = rows.to(local.device)
     if col_ok is not None:
         logits = logits.masked_fill(~col_ok.to(logits.device).unsqueeze(0), float("-inf"))
-    if row_ok is not None:
-        row_ok = row_ok.to(local.device)
-        if not bool(row_ok.any()):
-            return local.sum() * 0.0
-        logits, target = logits[row_ok], target[row_ok]
-    return F.cross_entropy(logits, target)
+    return _ce_rows(logits, target, row_ok, local)
 
 
 def intra_loss(local: Tensor, global_same: Tensor, prev: Tensor, tau: float, row_ok: Tensor | None = None) -> Tensor:
@@ -134,12 +140,7 @@ def intra_loss(local: Tensor, global_same: Tensor, prev: Tensor, tau: float, row
     ``row_ok`` (bool ``[B]``): the rows holding the modality (the others give no term)."""
     logits = torch.stack([(local * global_same).sum(-1), (local * prev).sum(-1)], dim=1) / tau
     target = torch.zeros(local.shape[0], dtype=torch.long, device=local.device)
-    if row_ok is not None:
-        row_ok = row_ok.to(local.device)
-        if not bool(row_ok.any()):
-            return local.sum() * 0.0
-        logits, target = logits[row_ok], target[row_ok]
-    return F.cross_entropy(logits, target)
+    return _ce_rows(logits, target, row_ok, local)
 
 
 def variance_weights(local: Tensor) -> Tensor:
