@@ -48,8 +48,9 @@ def present_of(data_or_inputs, m: str) -> Tensor | None:
     return mask.to(torch.bool).reshape(-1)
 
 
-def both_present(inputs: dict[str, Tensor], pair) -> Tensor | None:
-    """The rows of a batch holding both modalities of ``pair`` (None: every row)."""
+def both_present(inputs, pair) -> Tensor | None:
+    """The rows of a batch's inputs (a dict) or of a data set holding both modalities of
+    ``pair`` (None: every row; :func:`present_of`)."""
     masks = [k for k in (present_of(inputs, m) for m in pair) if k is not None]
     if not masks:
         return None
@@ -212,11 +213,7 @@ def pair_modalities(meta) -> tuple[str, str]:
 def retrieval_metrics(model: nn.Module, test, meta, modalities: tuple[str, str], batch_size: int = 512) -> dict:
     """Image-to-text and text-to-image Recall@1/5/10 of ``model`` on ``test``
     (:func:`mmfl.core.evaluation.retrieval_scores` of its test-set representations)."""
-    both = None
-    for m in modalities:  # a test set missing modalities: retrieval over the rows holding both
-        mask = present_of(test, m)
-        if mask is not None:
-            both = mask if both is None else both & mask
+    both = both_present(test, modalities)  # a test set missing modalities: retrieval over the rows holding both
     if both is not None and not bool(both.all()):
         test = test.subset(both.nonzero().squeeze(1).cpu().numpy())
     reps = public_reps(model, test, modalities, batch_size)
