@@ -16,7 +16,7 @@ from mmfl.core.training import (load_into, make_optimizer, shuffled_batches, sta
 from mmfl.errors import ConfigError
 
 from mmfl.algorithms.creamfl_terms import (CONSENSUS, GLOBAL, MODEL, REP, inter_loss, intra_loss, masked_mse,
-                                           pair_loss, present_of, public_reps, reps_of, select_public)
+                                           pair_loss, present_of, public_reps, reps_of, select_public, zero_loss)
 from mmfl.algorithms.multimodal import masked_ce
 from mmfl.data.base import PRESENT
 
@@ -55,7 +55,7 @@ class CreamFLClient(TrainingClient):
         z = model.encode_present(m, inputs, model.proj[m])  # only the rows holding m are encoded
         mask = present_of(inputs, m)
         if not bool(mask.any()):
-            return sum(q.sum() for q in model.parameters() if q.requires_grad) * 0.0
+            return zero_loss(model)
         return masked_ce(model.heads[m](z), labels, mask)
 
     def train(self, msg: Message) -> Message:

@@ -62,6 +62,12 @@ def take_rows(inputs: dict[str, Tensor], rows: Tensor) -> dict[str, Tensor]:
     return {k: v[rows.to(v.device)] for k, v in inputs.items()}
 
 
+def zero_loss(model: nn.Module) -> Tensor:
+    """A loss of 0 on the graph of every trainable parameter of ``model`` (a batch with no row
+    that gives the term: backward and the optimizer step still run)."""
+    return sum(q.sum() for q in model.parameters() if q.requires_grad) * 0.0
+
+
 def masked_mse(z: Tensor, target: Tensor, mask: Tensor | None) -> Tensor:
     """MSE over the rows where ``mask`` (None: all) holds; 0 with none."""
     if mask is None:
@@ -102,7 +108,7 @@ def pair_loss(model: nn.Module, inputs: dict[str, Tensor], z: dict[str, Tensor] 
     both = both_present(inputs, pair)
     if both is not None and not bool(both.all()):
         if int(both.sum()) < 2:
-            return sum(q.sum() for q in model.parameters() if q.requires_grad) * 0.0
+            return zero_loss(model)
         inputs = take_rows(inputs, both)
         z = None if z is None else {m: t[both.to(t.device)] for m, t in z.items()}
     if params.multimodal_loss == "pcme":  # Chun et al. 2021, eq. 3-7 (mmfl.algorithms.pcme)
