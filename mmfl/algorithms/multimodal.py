@@ -63,12 +63,6 @@ def any_present(present: dict[str, Tensor] | None) -> Tensor | None:
     return out
 
 
-def row_mask(out: dict) -> Tensor | None:
-    """The rows of a multimodal model's output ``out`` that hold at least one of the given
-    modalities (``out["any_present"]``; None = every row, no mask was given)."""
-    return out.get("any_present")
-
-
 def present_counts(data, modalities) -> dict[str, int]:
     """Samples of ``data`` that hold each modality (per-sample ``present/<m>`` masks)."""
     out = {}
@@ -178,7 +172,7 @@ class MultimodalClient(TrainingClient):
     def task_loss(self, model, out: dict, labels: Tensor) -> Tensor:
         """Cross-entropy of the joint output (MFedAvg's objective), over the rows that hold at
         least one modality (a row with none would train the classifier on the empty fusion)."""
-        return masked_ce(out["logits"], labels, row_mask(out))
+        return masked_ce(out["logits"], labels, out.get("any_present"))  # None: every row
 
     def probe_loss(self, model, out: dict, labels: Tensor) -> Tensor:
         """Linear probes: each ``heads[m]`` on the detached ``z_m`` (no gradient to the encoders)."""
