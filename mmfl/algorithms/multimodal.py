@@ -51,18 +51,6 @@ def only_held(arrays: dict[str, Tensor], holds: tuple[str, ...]) -> dict[str, Te
     return {k: v for k, v in arrays.items() if (b := branch_of(k)) is None or b in holds}
 
 
-def any_present(present: dict[str, Tensor] | None) -> Tensor | None:
-    """The rows holding at least one modality of ``present`` (modality -> bool ``[B]``); None
-    (every row) without masks. A row holding none of the client's modalities gives no loss."""
-    masks = [p for p in (present or {}).values() if p is not None]
-    if not masks:
-        return None
-    out = masks[0]
-    for p in masks[1:]:
-        out = out | p
-    return out
-
-
 def present_counts(data, modalities) -> dict[str, int]:
     """Samples of ``data`` that hold each modality (per-sample ``present/<m>`` masks)."""
     out = {}
