@@ -5,8 +5,6 @@ the upload of its public-set representations."""
 
 from __future__ import annotations
 
-
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmfl.algorithms.base import TrainingClient
@@ -18,7 +16,6 @@ from mmfl.errors import ConfigError
 from mmfl.algorithms.creamfl_terms import (CONSENSUS, GLOBAL, MODEL, REP, inter_loss, intra_loss, masked_mse,
                                            pair_loss, present_of, public_reps, reps_of, select_public, zero_loss)
 from mmfl.algorithms.multimodal import masked_ce
-from mmfl.data.base import PRESENT
 
 
 def at(mask: Tensor | None, rows: Tensor) -> Tensor | None:
@@ -55,12 +52,10 @@ class CreamFLClient(TrainingClient):
             z = reps_of(model, inputs, held) if self.params.multimodal_loss == "infonce" else None
             return pair_loss(model, inputs, z, held, self.params)
         m = held[0] if held else next(m for m in model.holds if m in inputs)
-        if PRESENT + m not in inputs:
-            return F.cross_entropy(model.heads[m](model.proj[m](model.encode(m, inputs))), labels)
-        z = model.encode_present(m, inputs, model.proj[m])  # only the rows holding m are encoded
-        mask = present_of(inputs, m)
-        if not bool(mask.any()):
+        mask = present_of(inputs, m)  # None: every row holds m
+        if mask is not None and not bool(mask.any()):
             return zero_loss(model)
+        z = model.encode_present(m, inputs, model.proj[m])  # only the rows holding m are encoded
         return masked_ce(model.heads[m](z), labels, mask)
 
     def train(self, msg: Message) -> Message:
