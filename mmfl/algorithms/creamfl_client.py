@@ -5,8 +5,6 @@ the upload of its public-set representations."""
 
 from __future__ import annotations
 
-
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmfl.algorithms.base import TrainingClient
@@ -16,9 +14,13 @@ from mmfl.core.training import (load_into, make_optimizer, shuffled_batches, sta
 from mmfl.errors import ConfigError
 
 from mmfl.algorithms.creamfl_terms import (CONSENSUS, GLOBAL, MODEL, REP, inter_loss, intra_loss, masked_mse,
-                                           pair_loss, present_of, public_reps, reps_of, select_public)
+                                           pair_loss, present_of, public_reps, reps_of, select_public, zero_loss)
 from mmfl.algorithms.multimodal import masked_ce
-from mmfl.data.base import PRESENT
+
+
+def at(mask: Tensor | None, rows: Tensor) -> Tensor | None:
+    """``mask`` (bool ``[P]`` over the public set; None: every row) at the public rows ``rows``."""
+    return None if mask is None else mask.to(rows.device)[rows]
 
 
 class CreamFLClient(TrainingClient):
@@ -50,12 +52,10 @@ class CreamFLClient(TrainingClient):
             z = reps_of(model, inputs, held) if self.params.multimodal_loss == "infonce" else None
             return pair_loss(model, inputs, z, held, self.params)
         m = held[0] if held else next(m for m in model.holds if m in inputs)
-        if PRESENT + m not in inputs:
-            return F.cross_entropy(model.heads[m](model.proj[m](model.encode(m, inputs))), labels)
+        mask = present_of(inputs, m)  # None: every row holds m
+        if mask is not None and not bool(mask.any()):
+            return zero_loss(model)
         z = model.encode_present(m, inputs, model.proj[m])  # only the rows holding m are encoded
-        mask = present_of(inputs, m)
-        if not bool(mask.any()):
-            return sum(q.sum() for q in model.parameters() if q.requires_grad) * 0.0
         return masked_ce(model.heads[m](z), labels, mask)
 
     def train(self, msg: Message) -> Message:
@@ -76,10 +76,10 @@ class CreamFLClient(TrainingClient):
             target = {k[len(CONSENSUS):]: v for k, v in msg.arrays.items() if k.startswith(CONSENSUS)}
         elif p.local_distill == "global":
             target = {m: glob[m] for m in held if m in glob}
+        has = {m: present_of(public, m) for m in pair}  # the public rows holding m (None: all), once per round
         if target and p.local_distill_weight:  # FedMD's digest / FedET-FedGEMS's local distillation
-            has = {m: present_of(public, m) for m in held}  # rows lacking m: no target, no term
             self.public_pass(model, opt, public, gen, stats["kd"], lambda z, rows: p.local_distill_weight * sum(
-                masked_mse(z[m], target[m][rows], None if has.get(m) is None else has[m].to(rows.device)[rows])
+                masked_mse(z[m], target[m][rows], at(has[m], rows))  # rows lacking m: no target, no term
                 for m in z if m in target))
         loss_fn = self.loss_fn(msg)
         for epoch in range(ctx.train.local_epochs):
@@ -98,7 +98,7 @@ class CreamFLClient(TrainingClient):
             self.extra_epoch(model, opt, public, gen, stats["task"], pair)
             if glob and (p.inter or p.intra):  # LCR: one pass over the public set after every epoch (eq. 3)
                 self.public_pass(model, opt, public, gen, stats["lcr"],
-                                 lambda z, rows: p.gamma * self.lcr(z, rows, glob, prev, pair))
+                                 lambda z, rows: p.gamma * self.lcr(z, rows, glob, prev, pair, has))
         self.after_train(model, msg, stats)
         return self.finish(model, msg, stats)
 
@@ -119,21 +119,19 @@ class CreamFLClient(TrainingClient):
         return Message(arrays=out, scalars=scalars)
 
     def lcr(self, z: dict[str, Tensor], rows: Tensor, glob: dict[str, Tensor], prev: dict[str, Tensor],
-            pair: list[str]) -> Tensor:
-        """Eq. 1-3 on public rows ``rows``. A public set missing modalities: an anchor of eq. 1 must
-        hold both modalities, a candidate j (negatives included) the other one; eq. 2 uses the rows
-        holding the modality (:func:`present_of` of the public set)."""
+            pair: list[str], has: dict[str, Tensor | None]) -> Tensor:
+        """Eq. 1-3 on public rows ``rows``. A public set missing modalities (``has``: modality ->
+        the public rows holding it, :func:`present_of`; None: all): an anchor of eq. 1 must hold
+        both modalities, a candidate j (negatives included) the other one; eq. 2 uses the rows
+        holding the modality."""
         p = self.params
-        public = select_public(self.ctx.public, p.public_size)
-        has = {m: present_of(public, m) for m in pair}
         loss = 0.0
         for m, zm in z.items():
             other = pair[1] if m == pair[0] else pair[0]
-            own = None if has[m] is None else has[m].to(rows.device)[rows]
+            own = at(has[m], rows)
             if p.inter and other in glob:
                 col = has[other]
-                anchor = own if col is None else (col.to(rows.device)[rows] if own is None
-                                                  else own & col.to(rows.device)[rows])
+                anchor = own if col is None else (at(col, rows) if own is None else own & at(col, rows))
                 loss = loss + inter_loss(zm, glob[other], rows, p.lcr_temperature, anchor, col)  # eq. 1
             if p.intra and m in glob and m in prev:
                 loss = loss + intra_loss(zm, glob[m][rows], prev[m][rows], p.lcr_temperature, own)  # eq. 2

@@ -48,8 +48,9 @@ def present_of(data_or_inputs, m: str) -> Tensor | None:
     return mask.to(torch.bool).reshape(-1)
 
 
-def both_present(inputs: dict[str, Tensor], pair) -> Tensor | None:
-    """The rows of a batch holding both modalities of ``pair`` (None: every row)."""
+def both_present(inputs, pair) -> Tensor | None:
+    """The rows of a batch's inputs (a dict) or of a data set holding both modalities of
+    ``pair`` (None: every row; :func:`present_of`)."""
     masks = [k for k in (present_of(inputs, m) for m in pair) if k is not None]
     if not masks:
         return None
@@ -59,6 +60,12 @@ def both_present(inputs: dict[str, Tensor], pair) -> Tensor | None:
 def take_rows(inputs: dict[str, Tensor], rows: Tensor) -> dict[str, Tensor]:
     """Every per-sample tensor of a batch's ``inputs`` at the bool ``rows``."""
     return {k: v[rows.to(v.device)] for k, v in inputs.items()}
+
+
+def zero_loss(model: nn.Module) -> Tensor:
+    """A loss of 0 on the graph of every trainable parameter of ``model`` (a batch with no row
+    that gives the term: backward and the optimizer step still run)."""
+    return sum(q.sum() for q in model.parameters() if q.requires_grad) * 0.0
 
 
 def masked_mse(z: Tensor, target: Tensor, mask: Tensor | None) -> Tensor:
@@ -101,12 +108,23 @@ def pair_loss(model: nn.Module, inputs: dict[str, Tensor], z: dict[str, Tensor] 
     both = both_present(inputs, pair)
     if both is not None and not bool(both.all()):
         if int(both.sum()) < 2:
-            return sum(q.sum() for q in model.parameters() if q.requires_grad) * 0.0
+            return zero_loss(model)
         inputs = take_rows(inputs, both)
         z = None if z is None else {m: t[both.to(t.device)] for m, t in z.items()}
     if params.multimodal_loss == "pcme":  # Chun et al. 2021, eq. 3-7 (mmfl.algorithms.pcme)
         return pcme_pair_loss(model, inputs, pair, params.pcme_samples, params.pcme_vib_weight, generator)
     return info_nce(z[pair[0]], z[pair[1]], params.temperature)
+
+
+def _ce_rows(logits: Tensor, target: Tensor, row_ok: Tensor | None, local: Tensor) -> Tensor:
+    """Cross-entropy of eq. 1 / eq. 2 over the rows ``row_ok`` (None: all); 0 (on ``local``'s
+    graph) with none."""
+    if row_ok is not None:
+        row_ok = row_ok.to(local.device)
+        if not bool(row_ok.any()):
+            return local.sum() * 0.0
+        logits, target = logits[row_ok], target[row_ok]
+    return F.cross_entropy(logits, target)
 
 
 def inter_loss(local: Tensor, global_other: Tensor, rows: Tensor, tau: float, row_ok: Tensor | None = None,
@@ -121,12 +139,7 @@ def inter_loss(local: Tensor, global_other: Tensor, rows: Tensor, tau: float, ro
     target = rows.to(local.device)
     if col_ok is not None:
         logits = logits.masked_fill(~col_ok.to(logits.device).unsqueeze(0), float("-inf"))
-    if row_ok is not None:
-        row_ok = row_ok.to(local.device)
-        if not bool(row_ok.any()):
-            return local.sum() * 0.0
-        logits, target = logits[row_ok], target[row_ok]
-    return F.cross_entropy(logits, target)
+    return _ce_rows(logits, target, row_ok, local)
 
 
 def intra_loss(local: Tensor, global_same: Tensor, prev: Tensor, tau: float, row_ok: Tensor | None = None) -> Tensor:
@@ -134,12 +147,7 @@ def intra_loss(local: Tensor, global_same: Tensor, prev: Tensor, tau: float, row
     ``row_ok`` (bool ``[B]``): the rows holding the modality (the others give no term)."""
     logits = torch.stack([(local * global_same).sum(-1), (local * prev).sum(-1)], dim=1) / tau
     target = torch.zeros(local.shape[0], dtype=torch.long, device=local.device)
-    if row_ok is not None:
-        row_ok = row_ok.to(local.device)
-        if not bool(row_ok.any()):
-            return local.sum() * 0.0
-        logits, target = logits[row_ok], target[row_ok]
-    return F.cross_entropy(logits, target)
+    return _ce_rows(logits, target, row_ok, local)
 
 
 def variance_weights(local: Tensor) -> Tensor:
@@ -211,11 +219,7 @@ def pair_modalities(meta) -> tuple[str, str]:
 def retrieval_metrics(model: nn.Module, test, meta, modalities: tuple[str, str], batch_size: int = 512) -> dict:
     """Image-to-text and text-to-image Recall@1/5/10 of ``model`` on ``test``
     (:func:`mmfl.core.evaluation.retrieval_scores` of its test-set representations)."""
-    both = None
-    for m in modalities:  # a test set missing modalities: retrieval over the rows holding both
-        mask = present_of(test, m)
-        if mask is not None:
-            both = mask if both is None else both & mask
+    both = both_present(test, modalities)  # a test set missing modalities: retrieval over the rows holding both
     if both is not None and not bool(both.all()):
         test = test.subset(both.nonzero().squeeze(1).cpu().numpy())
     reps = public_reps(model, test, modalities, batch_size)

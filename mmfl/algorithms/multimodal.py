@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmfl.algorithms.registry import register
@@ -39,7 +38,7 @@ from mmfl.algorithms.fedavg import MODULE_WEIGHT, FedAvgParams, FedAvgServer
 from mmfl.data.base import PRESENT
 from mmfl.core.message import Message
 from mmfl.core.state import read, write
-from mmfl.core.training import load_into, model_tensors, state_of
+from mmfl.core.training import load_into, masked_ce, model_tensors, state_of
 from mmfl.errors import ConfigError
 from mmfl.models.multimodal import BRANCH_MODULES, branch_of
 
@@ -50,33 +49,6 @@ from mmfl.models.multimodal import BRANCH_MODULES, branch_of
 def only_held(arrays: dict[str, Tensor], holds: tuple[str, ...]) -> dict[str, Tensor]:
     """The entries of ``arrays`` a client holding ``holds`` has (branch keys of other modalities dropped)."""
     return {k: v for k, v in arrays.items() if (b := branch_of(k)) is None or b in holds}
-
-
-def masked_ce(logits: Tensor, labels: Tensor, mask: Tensor | None, reduction: str = "mean") -> Tensor:
-    """Cross-entropy over the rows where ``mask`` is True (all rows if None); 0 if none."""
-    if mask is None or bool(mask.all()):
-        return F.cross_entropy(logits, labels, reduction=reduction)
-    if not bool(mask.any()):
-        return logits.sum() * 0.0
-    return F.cross_entropy(logits[mask], labels[mask], reduction=reduction)
-
-
-def any_present(present: dict[str, Tensor] | None) -> Tensor | None:
-    """The rows holding at least one modality of ``present`` (modality -> bool ``[B]``); None
-    (every row) without masks. A row holding none of the client's modalities gives no loss."""
-    masks = [p for p in (present or {}).values() if p is not None]
-    if not masks:
-        return None
-    out = masks[0]
-    for p in masks[1:]:
-        out = out | p
-    return out
-
-
-def row_mask(out: dict) -> Tensor | None:
-    """The rows of a multimodal model's output ``out`` that hold at least one of the given
-    modalities (``out["any_present"]``; None = every row, no mask was given)."""
-    return out.get("any_present")
 
 
 def present_counts(data, modalities) -> dict[str, int]:
@@ -188,7 +160,7 @@ class MultimodalClient(TrainingClient):
     def task_loss(self, model, out: dict, labels: Tensor) -> Tensor:
         """Cross-entropy of the joint output (MFedAvg's objective), over the rows that hold at
         least one modality (a row with none would train the classifier on the empty fusion)."""
-        return masked_ce(out["logits"], labels, row_mask(out))
+        return masked_ce(out["logits"], labels, out.get("any_present"))  # None: every row
 
     def probe_loss(self, model, out: dict, labels: Tensor) -> Tensor:
         """Linear probes: each ``heads[m]`` on the detached ``z_m`` (no gradient to the encoders)."""

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mmfl.algorithms.multimodal import any_present, masked_ce
+from mmfl.algorithms.multimodal import masked_ce
 from mmfl.data.base import PRESENT
 from mmfl.core.message import Message
-from mmfl.models.multimodal import branch_of
+from mmfl.models.multimodal import any_present, branch_of
 
 CLIENT_MODULES = ("encoders", "proj")  # the client side of the cut; everything else is the server's
 U_FRONT, U_TAIL = ("encoders",), ("classifier", "heads")  # U-shaped: the client's two ends; proj + fusion: the server's

@@ -29,6 +29,11 @@ def pattern_name(missing) -> str:
     return "complete" if not missing else "no_" + "+".join(missing)
 
 
+def pattern_order(name: str) -> tuple:
+    """Sort key of pattern names: ``complete`` first, then by how many modalities are missing."""
+    return (name != "complete", name.count("+"), name)
+
+
 def masked_modalities(inputs: dict[str, Tensor]) -> list[str]:
     """The modalities of a batch that carry a ``present/<m>`` mask (sorted)."""
     return sorted(k[len(PRESENT):] for k in inputs if k.startswith(PRESENT) and k[len(PRESENT):] in inputs)
@@ -70,7 +75,7 @@ class PatternCounter:
         if not self.masked:
             return {}
         out: dict[str, float] = {}
-        for name in sorted(self.rows, key=lambda k: (k != "complete", k.count("+"), k)):
+        for name in sorted(self.rows, key=pattern_order):
             n = self.rows[name]
             if n:
                 out[f"{PATTERN}{name}/accuracy"] = self.hits[name] / n
@@ -94,7 +99,7 @@ def pool_patterns(per_device: list[dict]) -> dict[str, float]:
                 rows[name] = rows.get(name, 0.0) + float(n)
                 hits[name] = hits.get(name, 0.0) + float(d[f"{PATTERN}{name}/accuracy"]) * float(n)
     out: dict[str, float] = {}
-    for name in sorted(rows, key=lambda k: (k != "complete", k.count("+"), k)):
+    for name in sorted(rows, key=pattern_order):
         if rows[name] > 0:
             out[f"{PATTERN}{name}/accuracy"] = hits[name] / rows[name]
             out[f"{PATTERN}{name}/n"] = int(round(rows[name]))

@@ -21,16 +21,20 @@ from mmfl.data.base import PRESENT, ArrayDataset
 LossFn = Callable[[nn.Module, dict[str, Tensor], Tensor], Tensor]
 
 
+def masked_ce(logits: Tensor, labels: Tensor, mask: Tensor | None, reduction: str = "mean") -> Tensor:
+    """Cross-entropy over the rows where ``mask`` is True (all rows if None); 0 if none."""
+    if mask is None or bool(mask.all()):
+        return F.cross_entropy(logits, labels, reduction=reduction)
+    if not bool(mask.any()):
+        return logits.sum() * 0.0
+    return F.cross_entropy(logits[mask], labels[mask], reduction=reduction)
+
+
 def cross_entropy_loss(model: nn.Module, inputs: dict[str, Tensor], labels: Tensor) -> Tensor:
     """Cross-entropy of the output; a multimodal model given ``present/<m>`` masks: over the rows
     holding at least one modality (``out["any_present"]``)."""
     out = model(inputs)
-    rows = out.get("any_present")
-    if rows is None or bool(rows.all()):
-        return F.cross_entropy(out["logits"], labels)
-    if not bool(rows.any()):
-        return out["logits"].sum() * 0.0
-    return F.cross_entropy(out["logits"][rows], labels[rows])
+    return masked_ce(out["logits"], labels, out.get("any_present"))
 
 
 def cosine_lr(lr: float, rnd: int, period: int, lr_min: float = 0.0) -> float:

@@ -43,9 +43,9 @@ import numpy as np
 from flwr.app import ConfigRecord, Message as FlowerMessage, RecordDict
 from flwr.common.constant import ErrorCode
 
+from mmfl.algorithms.multimodal import present_counts
 from mmfl.core.device import CPU, fp32_messages, to_device
 from mmfl.core.message import Message
-from mmfl.data.base import PRESENT
 from mmfl.engine.simulation import CommLog
 from mmfl.errors import MMFLError
 from mmfl.flower.records import decode, encode
@@ -72,14 +72,7 @@ def fingerprint(data) -> list[int]:
 def presence(data, modalities) -> str:
     """Rows of a client's slice holding each modality, ``"features:35,image:48"`` (its per-sample
     ``present/<m>`` masks; a modality without a mask counts every row)."""
-    out = []
-    for m in modalities:
-        mask = data.features.get(PRESENT + m)
-        if mask is None:
-            out.append(f"{m}:{len(data)}")
-        else:
-            out.append(f"{m}:{int((mask if data.indices is None else mask[data.indices]).sum())}")
-    return ",".join(out)
+    return ",".join(f"{m}:{n}" for m, n in present_counts(data, modalities).items())
 
 
 class FlowerTransport:

@@ -82,6 +82,18 @@ def branch_of(key: str) -> str | None:
 # --------------------------------------------------------------------------- projectors (encoders: mmfl.models.encoders)
 
 
+def any_present(present: dict[str, Tensor] | None) -> Tensor | None:
+    """The rows holding at least one modality of ``present`` (modality -> bool ``[B]``); None
+    (every row) without masks. A row holding none of the client's modalities gives no loss."""
+    masks = [p for p in (present or {}).values() if p is not None]
+    if not masks:
+        return None
+    out = masks[0]
+    for p in masks[1:]:
+        out = out | p
+    return out
+
+
 def make_projector(kind: str, dim: int) -> nn.Module:
     """``"mlp"``: Linear-ReLU-Linear (dim -> dim -> dim); ``"linear"``: Linear; ``"none"``: Identity."""
     if kind == "mlp":
@@ -287,15 +299,9 @@ class MultimodalModel(nn.Module):
             slots.append(torch.where(present[m].unsqueeze(1), reps[m], fill) if m in reps else fill)
         rep = self.fusion(slots)
         logits = self.classifier(self.dropout(rep))
-        # the rows holding at least one of the given modalities (None: no mask given, every row)
-        any_present = None
-        if masked:
-            any_present = torch.zeros(b, dtype=torch.bool, device=device)
-            for p in present.values():
-                any_present = any_present | p
         return {"logits": logits, "rep": rep, "features": rep, "mod_feats": feats, "mod_reps": reps,
                 "mod_logits": mod_logits, "ip_reps": ip_reps, "ip_logits": ip_logits, "present": present,
-                "any_present": any_present}
+                "any_present": any_present(present) if masked else None}  # None: no mask given, every row
 
     def _branch(self, m: str, inputs: dict[str, Tensor], rows: Tensor | None, b: int) -> list[Tensor]:
         """``[f, z, head(z)(, ip, head(ip))]`` of modality ``m`` ``[B, .]``: computed on the rows
