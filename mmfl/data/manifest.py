@@ -132,14 +132,9 @@ class ManifestParams:
         for key in ("audio_length", "text_max_tokens"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"data.{key}: must be >= 1, got {getattr(self, key)}")
-        if self.image_mode not in ("L", "RGB"):
-            raise ConfigError(f"data.image_mode: must be 'L' or 'RGB', got {self.image_mode!r}")
-        if self.time_axis not in ("last", "first"):
-            raise ConfigError(f"data.time_axis: must be 'last' or 'first', got {self.time_axis!r}")
-        if self.truncate not in ("end", "start"):
-            raise ConfigError(f"data.truncate: must be 'end' or 'start', got {self.truncate!r}")
-        for key, allowed in (("missing", ("allow", "error")), ("unlabelled", ("drop", "error")),
-                             ("label_type", LABEL_TYPES)):
+        for key, allowed in (("image_mode", ("L", "RGB")), ("time_axis", ("last", "first")),
+                             ("truncate", ("end", "start")), ("missing", ("allow", "error")),
+                             ("unlabelled", ("drop", "error")), ("label_type", LABEL_TYPES)):
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"data.{key}: must be {' or '.join(map(repr, allowed))}, got {getattr(self, key)!r}")
         if isinstance(self.text_encoder, dict):
