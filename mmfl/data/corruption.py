@@ -101,7 +101,7 @@ def client_report(data: ArrayDataset, held: tuple[str, ...], original: np.ndarra
     lacking each held modality, and the counters of what the simulation did (``counts``:
     ``labels_dropped``, ``incomplete_dropped``, ``empty_dropped``). ``labels_flipped``: its rows
     whose label differs from ``original`` (the loader's labels, None: no label noise)."""
-    rows = data.indices.cpu().numpy() if data.indices is not None else np.arange(int(data.labels.shape[0]))
+    rows = data.base_rows()
     lacking = {}
     for m in held:
         mask = data.features.get(PRESENT + m)
@@ -167,7 +167,7 @@ def simulate(cfg, bundle: DatasetBundle, parts: list[np.ndarray], holds: list[tu
         y = train.labels.cpu().numpy().copy()
         for cid, part in enumerate(parts):
             parts[cid], counts[cid]["labels_dropped"] = drop_labels(part, lost_rate, seed, cid)
-            rows = _rows(train, parts[cid])
+            rows = train.base_rows(parts[cid])
             flip_labels(y, rows, noise["rate"], noise["kind"], meta.num_classes, seed, cid)
         if noise["rate"] > 0:
             original = train.labels.cpu().numpy()
@@ -197,17 +197,11 @@ def _warn_short(key: str, where: str, short: dict[str, int]) -> None:
               f"while keeping one modality: {gaps} than asked", file=sys.stderr)
 
 
-def _rows(data: ArrayDataset, part: np.ndarray) -> np.ndarray:
-    """The underlying rows of positions ``part`` of ``data``."""
-    return data.indices[torch.as_tensor(part, dtype=torch.long)].cpu().numpy() if data.indices is not None \
-        else np.asarray(part, dtype=np.int64)
-
-
 def _rows_holding(data: ArrayDataset, part: np.ndarray, held: tuple[str, ...], every: bool) -> np.ndarray:
     """The rows of ``part`` that hold every modality of ``held`` (``every``) or at least one (a
     modality without a ``present/`` mask is held by every row)."""
     part = np.asarray(part, dtype=np.int64)
-    base = _rows(data, part)
+    base = data.base_rows(part)
     keep = np.full(len(part), every)
     for m in held:
         mask = data.features.get(PRESENT + m)

@@ -230,7 +230,7 @@ def missing_masks(train: ArrayDataset, parts: list[np.ndarray], holds: list[tupl
     for part, held in zip(parts, holds):
         if len(held) < 2 or len(part) == 0:
             continue
-        rows = train.indices[torch.as_tensor(part)].numpy() if train.indices is not None else np.asarray(part)
+        rows = train.base_rows(part)
         _draw_into(present, rows, tuple(held), rates, rng, short)
     return {PRESENT + m: torch.from_numpy(present[m]) for m in mods}
 
@@ -272,7 +272,7 @@ def missing_test_masks(test: ArrayDataset, rates: dict[str, float], rng,
         return {}
     mods = tuple(test.modalities)
     present = _present(test)  # a data set's own masks (a manifest's empty cells) stay
-    rows = test.indices.cpu().numpy() if test.indices is not None else np.arange(int(test.labels.shape[0]))
+    rows = test.base_rows()
     _draw_into(present, rows, mods, rates, rng, short)
     return {PRESENT + m: torch.from_numpy(present[m]) for m in mods}
 
