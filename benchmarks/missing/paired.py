@@ -38,7 +38,7 @@ def split_accuracy(run: Path) -> tuple[float, float]:
     if mask is None:  # drop_modality: the test set lacks the modality; the mask run's masks mark the rows
         ref = mmfl.load_run(run.parent / run.name.replace("drop-", "mask-", 1)).federation().test
         mask = ref.features[PRESENT + MISSING]
-    rows = fed.test.indices.numpy() if fed.test.indices is not None else np.arange(len(fed.test))
+    rows = fed.test.base_rows()
     has = mask.numpy()[rows]
     out = []
     with torch.no_grad():
