@@ -140,7 +140,7 @@ def fill(x: torch.Tensor, rows: np.ndarray, n: int) -> torch.Tensor:
     """``x`` (the present rows' values, ``[len(rows), ...]``) scattered into zeros ``[n, ...]``."""
     if len(rows) == n:
         return x
-    out = torch.zeros((n, *x.shape[1:]), dtype=x.dtype)
+    out = torch.zeros((n, *x.shape[1:]), dtype=x.dtype, device=x.device)
     out[torch.from_numpy(rows)] = x
     return out
 
@@ -150,7 +150,7 @@ def fill_lengths(lengths: torch.Tensor | None, rows: np.ndarray, n: int) -> torc
     of length 1 (one zero step), never 0, so that masked pooling stays finite."""
     if lengths is None or len(rows) == n:
         return lengths
-    out = torch.ones(n, dtype=lengths.dtype)
+    out = torch.ones(n, dtype=lengths.dtype, device=lengths.device)
     out[torch.from_numpy(rows)] = lengths
     return out
 
