@@ -215,14 +215,9 @@ def load_manifest(p: ManifestParams) -> DatasetBundle:
     labels_raw = [r.get(p.label_column) for r in rows]
     check_label_column(labels_raw, np.flatnonzero(~public[keep]), p.label_type, p.label_column, where, numbers)
     split = split_rows(rows, cols, p, labels_raw, where)
-    for n, row in enumerate(rows, 1):
-        need = [p.label_column] if split[n - 1] != "public" else []
-        if p.client_column in cols and split[n - 1] == "train":
-            need.append(p.client_column)
-        for col in need:
-            if empty(row.get(col)):
-                what = "train row" if col == p.client_column else "train and test row"
-                raise DataError(f"{where(n, col)}: empty cell (every {what} needs a {col})")
+    for n, row in enumerate(rows, 1):  # (every kept train/test row has a label: rows_to_keep)
+        if p.client_column in cols and split[n - 1] == "train" and empty(row.get(p.client_column)):
+            raise DataError(f"{where(n, p.client_column)}: empty cell (every train row needs a {p.client_column})")
     known = np.flatnonzero(split != "public")
     try:
         labels, class_names = label_ids(labels_raw, list(known), p.classes)
