@@ -2,7 +2,8 @@
 (mean +- std over seeds), the accuracy on the test rows that hold the audio and on those that
 lack it (each run's final server model re-evaluated on the two halves of its test set), and the
 paired differences between the policies (same seed = same partition, masks and initialisation)
-with a bootstrap CI and scipy's paired t-test (``mmfl.sweep.paired_verdict``).
+with a bootstrap CI and scipy's paired t-test over the seeds both have (``mmfl.bench.render.paired``,
+i.e. ``mmfl.sweep.paired_verdict``).
 
     .venv/bin/python benchmarks/missing/paired.py /tmp/missing            # print the Markdown
     .venv/bin/python benchmarks/missing/paired.py /tmp/missing --out x.md # and write it
@@ -37,7 +38,7 @@ def split_accuracy(run: Path) -> tuple[float, float]:
     if mask is None:  # drop_modality: the test set lacks the modality; the mask run's masks mark the rows
         ref = mmfl.load_run(run.parent / run.name.replace("drop-", "mask-", 1)).federation().test
         mask = ref.features[PRESENT + MISSING]
-    rows = fed.test.indices.numpy() if fed.test.indices is not None else np.arange(len(fed.test))
+    rows = fed.test.base_rows()
     has = mask.numpy()[rows]
     out = []
     with torch.no_grad():
@@ -69,7 +70,7 @@ def pm(values: dict) -> str:
 
 
 def render(data: dict, seeds: list[int], methods) -> str:
-    from mmfl.sweep import paired_verdict
+    from mmfl.bench.render import paired
 
     METHODS = methods  # noqa: N806  (the columns of this table)
     lines = ["Final test accuracy (%), mean ± std over seeds " + ", ".join(map(str, seeds)) + ":", "",
@@ -89,9 +90,7 @@ def render(data: dict, seeds: list[int], methods) -> str:
               "| method | a - b | mean | 95 % CI | p | verdict (a > b) |", "|---|---|---|---|---|---|"]
     for meth, mlabel in METHODS:
         for a, b in PAIRS:
-            da, db = data[a, meth]["final"], data[b, meth]["final"]
-            common = [s for s in seeds if s in da and s in db]
-            v = paired_verdict([da[s] for s in common], [db[s] for s in common], scale=100)
+            v = paired(data[a, meth]["final"], data[b, meth]["final"], scale=100)
             verdict = v["text"].split(" (")[0]
             names = dict(POLICIES)
             lines.append(f"| {mlabel} | `{names[a]}` - `{names[b]}` | {v['delta']:+.2f} | "

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mmfl.convert import read_ts as parse_ts
+
 OUT = Path("~/.cache/mmfl/recipe").expanduser()
 
 
@@ -44,18 +46,9 @@ def package_dir(name: str) -> Path:
 
 
 def read_ts(path: Path) -> list[tuple[np.ndarray, str]]:
-    """A ``.ts`` file -> [(float32 [C, T], label)] (as scripts/ts_to_manifest.py reads it)."""
-    out, in_data = [], False
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        if not in_data:
-            in_data = line.lower() == "@data"
-            continue
-        *chans, label = line.split(":")
-        out.append((np.array([[float(v) for v in c.split(",")] for c in chans], dtype=np.float32), label.strip()))
-    return out
+    """A ``.ts`` file -> [(float32 [C, T], label)] (:func:`mmfl.convert.read_ts`)."""
+    ts = parse_ts(path)
+    return list(zip(ts.series, ts.labels))
 
 
 def write(out: Path, header: list[str], rows: list[list]) -> None:

@@ -106,7 +106,6 @@ def mmfl_accuracy(cfg: dict) -> float:
 
 def references(data_root: Path, name: str, seeds: list[int]) -> dict[str, list[float]]:
     """Logistic regression and a random forest on the run's split and flattened features."""
-    import numpy as np
     import torch
     from sklearn.ensemble import RandomForestClassifier
     from sklearn.linear_model import LogisticRegression
@@ -114,6 +113,7 @@ def references(data_root: Path, name: str, seeds: list[int]) -> dict[str, list[f
     from sklearn.preprocessing import StandardScaler
 
     from mmfl.data import DATASETS
+    from mmfl.reference_sklearn import flat_columns
 
     torch.set_num_threads(1)
     b = DATASETS.get("manifest").factory(DATASETS.params("manifest", {"root": str(data_root / name),
@@ -121,8 +121,7 @@ def references(data_root: Path, name: str, seeds: list[int]) -> dict[str, list[f
     mods = sorted(b.meta.modalities)
 
     def flat(split):
-        x = np.concatenate([split.features[m].flatten(1).float().numpy() for m in mods], axis=1)
-        return x, split.labels.numpy()
+        return flat_columns(split, mods), split.label_array()
 
     (xtr, ytr), (xte, yte) = flat(b.train), flat(b.test)
     lr = make_pipeline(StandardScaler(), LogisticRegression(max_iter=5000)).fit(xtr, ytr)

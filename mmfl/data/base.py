@@ -98,6 +98,14 @@ class ArrayDataset:
             labels = labels.to(self.device, non_blocking=True)
         return feats, labels
 
+    def base_rows(self, part=None) -> np.ndarray:
+        """int64 rows of the underlying tensors behind this view's positions ``part`` (every
+        position: None), e.g. to index a ``present/<m>`` mask."""
+        if part is None:
+            return self.indices.cpu().numpy() if self.indices is not None else np.arange(int(self.labels.shape[0]))
+        part = np.asarray(part, dtype=np.int64)
+        return self.indices[torch.as_tensor(part)].cpu().numpy() if self.indices is not None else part
+
     def label_array(self) -> np.ndarray:
         y = self.labels if self.indices is None else self.labels[self.indices]
         return y.cpu().numpy()

@@ -84,14 +84,7 @@ def flip_labels(labels: np.ndarray, rows: np.ndarray, rate: float, kind: str, nu
 def policy_rows(data: ArrayDataset, part: np.ndarray, held: tuple[str, ...]) -> np.ndarray:
     """``complete_rows``: the rows of ``part`` (positions in ``data``) that hold every modality
     in ``held`` (all of them where ``data`` has no masks)."""
-    part = np.asarray(part, dtype=np.int64)
-    keep = np.ones(len(part), dtype=bool)
-    base = _rows(data, part)
-    for m in held:
-        mask = data.features.get(PRESENT + m)
-        if mask is not None:
-            keep &= mask.cpu().numpy()[base]
-    return part[keep]
+    return _rows_holding(data, part, held, every=True)
 
 
 def without_modality(data: ArrayDataset | None, m: str) -> ArrayDataset | None:
@@ -108,7 +101,7 @@ def client_report(data: ArrayDataset, held: tuple[str, ...], original: np.ndarra
     lacking each held modality, and the counters of what the simulation did (``counts``:
     ``labels_dropped``, ``incomplete_dropped``, ``empty_dropped``). ``labels_flipped``: its rows
     whose label differs from ``original`` (the loader's labels, None: no label noise)."""
-    rows = data.indices.cpu().numpy() if data.indices is not None else np.arange(int(data.labels.shape[0]))
+    rows = data.base_rows()
     lacking = {}
     for m in held:
         mask = data.features.get(PRESENT + m)
@@ -174,7 +167,7 @@ def simulate(cfg, bundle: DatasetBundle, parts: list[np.ndarray], holds: list[tu
         y = train.labels.cpu().numpy().copy()
         for cid, part in enumerate(parts):
             parts[cid], counts[cid]["labels_dropped"] = drop_labels(part, lost_rate, seed, cid)
-            rows = _rows(train, parts[cid])
+            rows = train.base_rows(parts[cid])
             flip_labels(y, rows, noise["rate"], noise["kind"], meta.num_classes, seed, cid)
         if noise["rate"] > 0:
             original = train.labels.cpu().numpy()
@@ -187,7 +180,8 @@ def simulate(cfg, bundle: DatasetBundle, parts: list[np.ndarray], holds: list[tu
             kept = policy_rows(train, part, held)
             counts[cid]["incomplete_dropped"] = len(part) - len(kept)
             part = kept
-        kept = _any_present(train, part, held)  # a row with none of its client's modalities trains nothing
+        # a row with none of its client's modalities trains nothing
+        kept = _rows_holding(train, part, held, every=False)
         counts[cid]["empty_dropped"] = len(part) - len(kept)
         parts[cid] = kept
     changed = bool(lost_rate > 0 or noise["rate"] > 0 or any(c.get("incomplete_dropped") or c.get("empty_dropped")
@@ -203,17 +197,14 @@ def _warn_short(key: str, where: str, short: dict[str, int]) -> None:
               f"while keeping one modality: {gaps} than asked", file=sys.stderr)
 
 
-def _rows(data: ArrayDataset, part: np.ndarray) -> np.ndarray:
-    """The underlying rows of positions ``part`` of ``data``."""
-    return data.indices[torch.as_tensor(part, dtype=torch.long)].cpu().numpy() if data.indices is not None \
-        else np.asarray(part, dtype=np.int64)
-
-
-def _any_present(data: ArrayDataset, part: np.ndarray, held: tuple[str, ...]) -> np.ndarray:
-    """The rows of ``part`` that hold at least one modality of ``held``."""
-    base = _rows(data, part)
-    keep = np.zeros(len(part), dtype=bool)
+def _rows_holding(data: ArrayDataset, part: np.ndarray, held: tuple[str, ...], every: bool) -> np.ndarray:
+    """The rows of ``part`` that hold every modality of ``held`` (``every``) or at least one (a
+    modality without a ``present/`` mask is held by every row)."""
+    part = np.asarray(part, dtype=np.int64)
+    base = data.base_rows(part)
+    keep = np.full(len(part), every)
     for m in held:
         mask = data.features.get(PRESENT + m)
-        keep |= mask.cpu().numpy()[base] if mask is not None else True
-    return np.asarray(part, dtype=np.int64)[keep]
+        has = mask.cpu().numpy()[base] if mask is not None else np.ones(len(part), dtype=bool)
+        keep = keep & has if every else keep | has
+    return part[keep]

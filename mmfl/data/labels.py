@@ -87,7 +87,8 @@ def check_label_column(values: list[Any], rows, label_type: str, column: str,
                         f"not classes? bin the values into classes, {hint}")
 
 
-def _listed(items: list[str], most: int = 10) -> str:
+def listed(items: list[str], most: int = 10) -> str:
+    """``items`` comma-joined, the first ``most`` of them, then "and N more"."""
     more = len(items) - most
     return ", ".join(items[:most]) + (f" and {more} more" if more > 0 else "")
 
@@ -112,13 +113,13 @@ def label_warnings(train: np.ndarray, test: np.ndarray | None, num_classes: int,
         if unseen:
             rows = int(n_test[unseen].sum())
             lines.append(f"{what}{len(unseen)} class(es) in the test split have no training row: "
-                         f"{_listed([f'{name(c)} ({n_test[c]} test rows)' for c in unseen])}; no model can "
+                         f"{listed([f'{name(c)} ({n_test[c]} test rows)' for c in unseen])}; no model can "
                          f"predict them, so {rows} of {len(test)} test rows ({100 * rows / len(test):.1f} %) "
                          "count as errors")
     few = [c for c in range(k) if 0 < n_train[c] < FEW_ROWS]
     if few:
         lines.append(f"{what}{len(few)} class(es) have fewer than {FEW_ROWS} training rows: "
-                     f"{_listed([f'{name(c)} ({n_train[c]})' for c in few])}; too few to learn them reliably")
+                     f"{listed([f'{name(c)} ({n_train[c]})' for c in few])}; too few to learn them reliably")
     if clients is not None and not single_class_ok and len(clients) > 1:
         single = []
         for cid, y in enumerate(clients):
@@ -128,7 +129,7 @@ def label_warnings(train: np.ndarray, test: np.ndarray | None, num_classes: int,
                 single.append(f"{label}: {name(int(held[0]))} ({len(y)} rows)")
         if single:
             lines.append(f"{what}{len(single)} of {len(clients)} clients hold a single class: client "
-                         f"{_listed(single)}; their local training sees one label (a label-skew partition "
+                         f"{listed(single)}; their local training sees one label (a label-skew partition "
                          "does this on purpose; otherwise raise partition.beta or use fewer clients)")
     return lines
 

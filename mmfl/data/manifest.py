@@ -132,14 +132,9 @@ class ManifestParams:
         for key in ("audio_length", "text_max_tokens"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"data.{key}: must be >= 1, got {getattr(self, key)}")
-        if self.image_mode not in ("L", "RGB"):
-            raise ConfigError(f"data.image_mode: must be 'L' or 'RGB', got {self.image_mode!r}")
-        if self.time_axis not in ("last", "first"):
-            raise ConfigError(f"data.time_axis: must be 'last' or 'first', got {self.time_axis!r}")
-        if self.truncate not in ("end", "start"):
-            raise ConfigError(f"data.truncate: must be 'end' or 'start', got {self.truncate!r}")
-        for key, allowed in (("missing", ("allow", "error")), ("unlabelled", ("drop", "error")),
-                             ("label_type", LABEL_TYPES)):
+        for key, allowed in (("image_mode", ("L", "RGB")), ("time_axis", ("last", "first")),
+                             ("truncate", ("end", "start")), ("missing", ("allow", "error")),
+                             ("unlabelled", ("drop", "error")), ("label_type", LABEL_TYPES)):
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"data.{key}: must be {' or '.join(map(repr, allowed))}, got {getattr(self, key)!r}")
         if isinstance(self.text_encoder, dict):
@@ -220,14 +215,9 @@ def load_manifest(p: ManifestParams) -> DatasetBundle:
     labels_raw = [r.get(p.label_column) for r in rows]
     check_label_column(labels_raw, np.flatnonzero(~public[keep]), p.label_type, p.label_column, where, numbers)
     split = split_rows(rows, cols, p, labels_raw, where)
-    for n, row in enumerate(rows, 1):
-        need = [p.label_column] if split[n - 1] != "public" else []
-        if p.client_column in cols and split[n - 1] == "train":
-            need.append(p.client_column)
-        for col in need:
-            if empty(row.get(col)):
-                what = "train row" if col == p.client_column else "train and test row"
-                raise DataError(f"{where(n, col)}: empty cell (every {what} needs a {col})")
+    for n, row in enumerate(rows, 1):  # (every kept train/test row has a label: rows_to_keep)
+        if p.client_column in cols and split[n - 1] == "train" and empty(row.get(p.client_column)):
+            raise DataError(f"{where(n, p.client_column)}: empty cell (every train row needs a {p.client_column})")
     known = np.flatnonzero(split != "public")
     try:
         labels, class_names = label_ids(labels_raw, list(known), p.classes)

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from mmfl.data.base import PRESENT
+from mmfl.data.labels import listed
 from mmfl.data.manifest_cells import file_kind
 from mmfl.data.manifest_rows import empty
 from mmfl.errors import DataError
@@ -44,11 +45,6 @@ def note(line: str) -> None:
 
 def warn(line: str) -> None:
     print(f"mmfl: warning: {line}", file=sys.stderr, flush=True)
-
-
-def _listed(items: list[str], most: int = 10) -> str:
-    more = len(items) - most
-    return ", ".join(items[:most]) + (f" and {more} more" if more > 0 else "")
 
 
 def absent_reason(cell: Any, root: Path) -> tuple[str, str] | None:
@@ -106,7 +102,7 @@ def rows_to_keep(rows, absent: np.ndarray, labelled: np.ndarray, public: np.ndar
         raise DataError(f"{where(n, p.label_column)}: empty cell (data.unlabelled = \"error\"; "
                         "the default \"drop\" leaves unlabelled rows out)")
     nothing = absent.all(axis=1)
-    numbers = lambda mask: _listed([str(i + 1) for i in np.flatnonzero(mask)], 8)  # noqa: E731
+    numbers = lambda mask: listed([str(i + 1) for i in np.flatnonzero(mask)], 8)  # noqa: E731
     if no_label.any():
         note(f"manifest: {int(no_label.sum())} of {len(rows)} rows have no {p.label_column} and are left out "
              f"(rows {numbers(no_label)}; data.unlabelled = \"drop\": no algorithm here trains on unlabelled rows yet)")
@@ -144,7 +140,7 @@ def fill(x: torch.Tensor, rows: np.ndarray, n: int) -> torch.Tensor:
     """``x`` (the present rows' values, ``[len(rows), ...]``) scattered into zeros ``[n, ...]``."""
     if len(rows) == n:
         return x
-    out = torch.zeros((n, *x.shape[1:]), dtype=x.dtype)
+    out = torch.zeros((n, *x.shape[1:]), dtype=x.dtype, device=x.device)
     out[torch.from_numpy(rows)] = x
     return out
 
@@ -154,7 +150,7 @@ def fill_lengths(lengths: torch.Tensor | None, rows: np.ndarray, n: int) -> torc
     of length 1 (one zero step), never 0, so that masked pooling stays finite."""
     if lengths is None or len(rows) == n:
         return lengths
-    out = torch.ones(n, dtype=lengths.dtype)
+    out = torch.ones(n, dtype=lengths.dtype, device=lengths.device)
     out[torch.from_numpy(rows)] = lengths
     return out
 
@@ -172,5 +168,5 @@ def warn_absent_clients(clients, mods: list[str], names: list[str] | None = None
             if not bool(mask.any()):
                 bad.append(names[cid] if names else str(cid))
         if bad:
-            warn(f"{len(bad)} of {len(clients)} clients lack {m!r} on every row (client {_listed(bad)}): they "
+            warn(f"{len(bad)} of {len(clients)} clients lack {m!r} on every row (client {listed(bad)}): they "
                  f"train no {m!r} encoder on their own data")

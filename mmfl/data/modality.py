@@ -230,13 +230,20 @@ def missing_masks(train: ArrayDataset, parts: list[np.ndarray], holds: list[tupl
     for part, held in zip(parts, holds):
         if len(held) < 2 or len(part) == 0:
             continue
-        rows = train.indices[torch.as_tensor(part)].numpy() if train.indices is not None else np.asarray(part)
-        initial = np.stack([~present[m][rows] for m in held], axis=1)
-        drop = draw_absent(len(rows), tuple(held), rates, rng, initial)
-        for j, m in enumerate(held):
-            present[m][rows[drop[:, j]]] = False
-        _add(short, shortfall(len(rows), tuple(held), rates, drop, initial))
+        rows = train.base_rows(part)
+        _draw_into(present, rows, tuple(held), rates, rng, short)
     return {PRESENT + m: torch.from_numpy(present[m]) for m in mods}
+
+
+def _draw_into(present: dict[str, np.ndarray], rows: np.ndarray, held: tuple[str, ...], rates: dict[str, float],
+               rng, short: dict[str, int] | None) -> None:
+    """:func:`draw_absent` over the underlying ``rows`` (their current absences kept), written
+    into ``present`` in place; ``short`` adds up :func:`shortfall`."""
+    initial = np.stack([~present[m][rows] for m in held], axis=1)
+    drop = draw_absent(len(rows), held, rates, rng, initial)
+    for j, m in enumerate(held):
+        present[m][rows[drop[:, j]]] = False
+    _add(short, shortfall(len(rows), held, rates, drop, initial))
 
 
 def _add(total: dict[str, int] | None, more: dict[str, int]) -> None:
@@ -265,12 +272,8 @@ def missing_test_masks(test: ArrayDataset, rates: dict[str, float], rng,
         return {}
     mods = tuple(test.modalities)
     present = _present(test)  # a data set's own masks (a manifest's empty cells) stay
-    rows = test.indices.cpu().numpy() if test.indices is not None else np.arange(int(test.labels.shape[0]))
-    initial = np.stack([~present[m][rows] for m in mods], axis=1)
-    drop = draw_absent(len(rows), mods, rates, rng, initial)
-    for j, m in enumerate(mods):
-        present[m][rows[drop[:, j]]] = False
-    _add(short, shortfall(len(rows), mods, rates, drop, initial))
+    rows = test.base_rows()
+    _draw_into(present, rows, mods, rates, rng, short)
     return {PRESENT + m: torch.from_numpy(present[m]) for m in mods}
 
 

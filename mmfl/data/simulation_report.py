@@ -85,7 +85,7 @@ def simulation_table(fed, cfg, max_rows: int = 50) -> str:
 def test_line(fed) -> str:
     """``test: N rows; lacking <m> k, ...`` of the server's test set."""
     test = fed.test
-    rows = test.indices.cpu().numpy() if test.indices is not None else np.arange(int(test.labels.shape[0]))
+    rows = test.base_rows()
     parts = []
     for m in test.modalities:
         mask = test.features.get(PRESENT + m)
