@@ -36,7 +36,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from mmfl.errors import MMFLError
+from mmfl.errors import one_line
 
 KINDS = ("algorithm", "dataset", "partition", "modality", "model", "aggregation")
 # kind -> (heading, config table)
@@ -124,19 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     from mmfl.convert import add_convert_parser  # imports no numpy: cheap
 
     add_convert_parser(sub)
-    p = sub.add_parser("bench", help="run a benchmark grid (what is missing, in parallel) and write its tables",
-                       description="Run the runs of a benchmark grid file that are not finished yet "
-                                   "(worker processes, one torch thread each; resumable) and write its "
-                                   "report from the finished runs. Grid format: docs/benchmarks.md.")
-    p.add_argument("grid", help="grid file (TOML), e.g. benchmarks/moon/grid.toml")
-    p.add_argument("--tables-only", action="store_true", help="run nothing; rebuild the report from finished runs")
-    p.add_argument("--workers", type=int, help="worker processes (default: the grid's workers)")
-    p.add_argument("--seeds", type=int, nargs="+", help="run only these seeds (the tables use every finished run)")
-    p.add_argument("--group", action="append", default=[], help="run only this group (repeatable)")
-    p.add_argument("--raw-dir", help="folder of the run folders instead of the grid's raw_dir (the report is "
-                                     "written there too)")
-    p.add_argument("--grid-set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a grid file value, e.g. 'groups.fig4.seeds=[0, 1, 2]' (repeatable)")
+    from mmfl.bench.runner import add_bench_parser  # imports no torch: cheap
+
+    add_bench_parser(sub)
     p = sub.add_parser("sweep", help="a grid of methods x settings x seeds: parallel, resumable, mean ± std table",
                        description="Run the runs of a sweep file that are not finished (worker processes, one "
                                    "torch thread each), then write a mean ± std table over seeds (results.md, "
@@ -318,23 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = {"run": cmd_run, "demo": cmd_demo, "list": cmd_list, "partition": cmd_partition,
                "report": cmd_report, "flower": cmd_flower, "vqa": cmd_vqa,
                "bench": cmd_bench, "sweep": cmd_sweep, "convert": cmd_convert}[args.command]
-    try:
-        return handler(args)
-    except BrokenPipeError:  # `mmfl list | head`: the reader left; not an error of ours
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
-        return 0
-    except MMFLError as e:
-        print(f"mmfl: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # a file system error not caught closer to its cause: still one line
-        print(f"mmfl: error: {str(e.filename) + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("mmfl: interrupted (the last completed round is checkpointed; continue with --resume)",
-              file=sys.stderr)
-        return 130
+    return one_line(handler, args)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import sys
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from mmfl.errors import ConfigError
+from mmfl.errors import ConfigError, MMFLError
 from mmfl.report import final_best
 
 CAVEAT = "reference (pooled data, simulation only)"
@@ -146,14 +146,22 @@ def run_child(ccfg, progress: bool, transport=None) -> list[dict]:
     return load_metrics(d)
 
 
-def _predictions(run_dir: Path, test):
-    """The finished reference run's final server model's class predictions on ``test``."""
+def _predictions(ccfg, meta, test):
+    """The finished reference run ``ccfg``'s final server model's class predictions on ``test``
+    (``meta``: the pooled federation's, which built the run's model)."""
     import numpy as np
     import torch
 
-    from mmfl.api import load_run
+    from mmfl.core.training import load_into
+    from mmfl.engine import checkpoint
+    from mmfl.models.factory import model_factory
 
-    model = load_run(run_dir).model()
+    ckpt = checkpoint.latest(ccfg.run_dir / "checkpoints")
+    if ckpt is None:
+        raise MMFLError(f"{ccfg.run_dir}: the reference run saved no checkpoint")
+    model = model_factory(ccfg, meta)()
+    load_into(model, checkpoint.load(ckpt, lazy_clients=True)[0], prefix="model/")
+    model.eval()
     preds = []
     with torch.no_grad():
         for inputs, _ in test.batches(1000, shuffle=False):
@@ -202,13 +210,14 @@ def run_references(cfg, progress: bool = True) -> dict:
             if table is None:
                 rows.append(dict(method="centralized", note="the run is centralized itself"))
             else:
-                r = run_child(child_config(cfg, "centralized", table), progress)
+                ccfg = child_config(cfg, "centralized", table)
+                r = run_child(ccfg, progress)
                 name = "centralized" if table["name"] == "centralized" else f"centralized ({table['name']})"
                 row = dict(method=name, folder="reference/centralized", **final_best(r, "accuracy"))
                 if personal:  # its final model on each client's personalized test rows
                     from mmfl.reference_sklearn import personal_mean
 
-                    pred = _predictions(cfg.run_dir / "reference" / "centralized", pooled.test)
+                    pred = _predictions(ccfg, pooled.meta, pooled.test)
                     y = pooled.test.label_array()
                     row.update(test_accuracy=row.get("final"), final=personal_mean(pred, y, rows_of), best=None,
                                uar=None, note="its final model on each client's test rows, every modality; "

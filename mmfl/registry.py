@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import typing
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Generic, TypeVar
@@ -145,9 +146,20 @@ def param_doc(cls: type | None) -> list[tuple[str, str, Any, str]]:
 class Registry(Generic[T]):
     """A name -> Entry map for one kind of thing ("algorithm", "dataset", ...)."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, plugins: tuple[str, ...] = ()):
+        """``plugins``: modules (dotted names, higher in the layers than the registry's owner) that
+        register entries here; imported on the first lookup, so the owner need not import them
+        (an owner importing what imports it back would be an import cycle)."""
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
+        self._plugins = tuple(plugins)
+
+    def _load(self) -> None:
+        """Import the plugin modules once (they register on import; an import in progress is skipped)."""
+        if self._plugins:
+            plugins, self._plugins = self._plugins, ()
+            for module in plugins:
+                importlib.import_module(module)
 
     def register(self, name: str, params: type | None = None, help: str = ""):
         """Decorator: ``@DATASETS.register("mfeat", MfeatParams, help="...")``."""
@@ -162,6 +174,7 @@ class Registry(Generic[T]):
         return deco
 
     def get(self, name: str) -> Entry[T]:
+        self._load()
         if name not in self._entries:
             close = difflib.get_close_matches(name, self._entries, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
@@ -175,10 +188,12 @@ class Registry(Generic[T]):
         return build_params(self.kind, name, entry.params, values)
 
     def names(self) -> list[str]:
+        self._load()
         return sorted(self._entries)
 
     def entries(self) -> list[Entry[T]]:
         return [self._entries[n] for n in self.names()]
 
     def __contains__(self, name: str) -> bool:
+        self._load()
         return name in self._entries

@@ -112,3 +112,90 @@ def test_no_import_comment_names_a_cycle(comment):
             for i, line in enumerate(p.read_text().splitlines(), 1)
             if "import" in line and "#" in line and comment in line.split("#", 1)[1]]
     assert not hits, f"imports whose comment names a cycle ({comment!r}): {hits}"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the mmfl modules it imports (``from mmfl.core import dp`` names the submodule
+    ``mmfl.core.dp`` where one exists), the package facade left out."""
+    names = {module_name(p) for p in all_modules()}
+    graph: dict[str, set[str]] = {}
+    for path in all_modules():
+        me = module_name(path)
+        targets = set()
+        tree = ast.parse(path.read_text(), str(path))
+        for line, target in imported_modules(path):
+            targets.add(target)
+        for node in ast.walk(tree):  # from package import submodule
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "") in names:
+                targets |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in names}
+        graph[me] = {t for t in targets if t in names and t not in (me, FACADE)}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def package_parents(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph without a package's edges to its own submodules (``__init__`` re-exports:
+    importing ``a.b`` runs ``a`` first by Python's rules, which is no cycle of ours)."""
+    return {m: {t for t in ts if not t.startswith(m + ".")} for m, ts in graph.items()}
+
+
+def test_no_import_cycle_inside_a_layer():
+    """Issue 28: aggregation, robust, streaming and dp imported each other, so importing
+    ``mmfl.core.robust`` first failed; the direction check cannot see a circle inside a layer."""
+    found = cycles(package_parents(import_graph()))
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_cycle_check_finds_a_circle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_every_module_imports_alone_in_a_fresh_interpreter():
+    """Each mmfl module imported first, with no other mmfl module loaded (one interpreter,
+    ``sys.modules`` cleared of mmfl between imports: torch and the rest stay loaded)."""
+    import subprocess
+    import sys
+    names = sorted(module_name(p) for p in all_modules())
+    script = ("import importlib, sys\nbad = []\nfor n in sys.argv[1:]:\n"
+              "    for k in [k for k in sys.modules if k == 'mmfl' or k.startswith('mmfl.')]:\n"
+              "        del sys.modules[k]\n"
+              "    try:\n        importlib.import_module(n)\n"
+              "    except Exception as e:\n        bad.append(f'{n}: {type(e).__name__}: {e}')\n"
+              "print('\\n'.join(bad))\nsys.exit(1 if bad else 0)\n")
+    proc = subprocess.run([sys.executable, "-c", script, *names], cwd=ROOT.parent, capture_output=True, text=True)
+    assert proc.returncode == 0, "modules that fail to import alone:\n" + proc.stdout + proc.stderr[-2000:]

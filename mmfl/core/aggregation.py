@@ -36,7 +36,10 @@ from mmfl.errors import ConfigError
 from mmfl.registry import Registry, build_params
 
 Rule = Callable[..., dict[str, Tensor]]
-AGGREGATION_RULES: Registry[Rule] = Registry("aggregation rule")
+AGGREGATION_RULES: Registry[Rule] = Registry("aggregation rule", plugins=(
+    "mmfl.core.robust",  # registers the robust rules: median, krum, bulyan, ...
+    "mmfl.core.streaming",  # declares which rules fold one update at a time: rule.fold
+))
 
 
 def aggregate(rule: str, updates: list[dict[str, Tensor]], weights: list[float | dict[str, float]],
@@ -247,6 +250,3 @@ def rep_iot(updates: list[dict[str, Tensor]], weights: list[float | dict[str, fl
 
 rep_iot.per_sample = True
 
-
-import mmfl.core.robust  # noqa: E402,F401  (registers the robust rules: median, krum, bulyan, ...)
-import mmfl.core.streaming  # noqa: E402,F401  (declares which rules fold one update at a time: rule.fold)
