@@ -289,6 +289,32 @@ def test_a_leaking_client_fails_the_run_with_one_line(tmp_path, monkeypatch, wha
                transport=simulation_with_privacy).run()
 
 
+@pytest.mark.parametrize("near", [False, True])
+def test_labels_sent_as_scalars_beside_num_examples_fail_the_run(tmp_path, monkeypatch, near):
+    """Issue 27: a client that adds its labels to the reply scalars, where the required
+    ``num_examples`` (already in the reply) sits before them, and later a loss; ``near``: one
+    label changed too. The run stops with one line; nothing reaches the server."""
+    from mmfl.algorithms.multimodal import MFedAvgClient
+
+    original = MFedAvgClient.train
+
+    def leaky(self, *args):
+        reply = original(self, *args)
+        y = self.ctx.data.get()[1].tolist()
+        if near:
+            y[0] = (y[0] + 1) % 10
+        reply.scalars.update({"s" + "".join(chr(97 + i // 26 ** p % 26) for p in (2, 1, 0)): float(v)
+                              for i, v in enumerate(y)})  # names with no number: no name family
+        reply.scalars["train_loss_again"] = 0.5
+        return reply
+
+    monkeypatch.setattr(MFedAvgClient, "train", leaky)
+    exp = Experiment(tiny_config(tmp_path, f"scalars{near}"), progress=False, transport=simulation_with_privacy)
+    with pytest.raises(PrivacyError, match=r"^client 0, route train: the \d+ numeric scalars .* carries the "
+                                           r"client's labels \("):
+        exp.run()
+
+
 def test_batched_replies_are_checked_too(tmp_path, monkeypatch):
     from mmfl.algorithms.fedavg import FedAvgClient
 

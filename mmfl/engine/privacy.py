@@ -17,7 +17,11 @@ line naming the client, the route, the array and the rule, when the reply carrie
   one-hot or soft labels in either layout, bytes read as another dtype), out of order as
   class ids (or shifted ids, or one-hot rows) fitting the client's class histogram and
   covering ``LABEL_SHARE`` of its rows, a label-named array of the client's classes, a
-  label-named scalar, the numbers of a string scalar, the numeric scalars read in order.
+  label-named scalar, the numbers of a string scalar, the numeric scalars read as vectors
+  (in order, without the required ``num_examples``, by name families ``y0, y1, ...``);
+  **near-copies** that a simple decoder reads back (:mod:`mmfl.engine.privacy_decode`: a share
+  of the labels changed, noise, affine maps, renamed classes, one-hot with added columns,
+  balanced accuracy >= 0.9).
   Not counted as labels: arrays with fewer than ``MIN_LABEL_ROWS`` values or a single
   distinct value (counters, ``num_batches_tracked``, zero tensors), and per-class vectors
   or matrices (last dim = number of classes), which are not per-sample.
@@ -49,10 +53,14 @@ from mmfl.data.base import PRESENT, ArrayDataset
 from mmfl.core.message import Message
 from mmfl.errors import MMFLError
 from mmfl.engine.privacy_content import WindowIndex, find_rows, numbers_in
+from mmfl.engine.privacy_decode import decode_labels
 
 MIN_LABEL_ROWS = 4  # fewer values than this are never read as labels (counters, scalars)
 LABEL_SHARE = 0.5  # a permutation/subset of labels must cover this share of the client's rows
 _LABEL_NAME = re.compile(r"^(labels?|targets?|y|y_true|gt)(_?\d+)?$")
+REQUIRED_SCALARS = ("num_examples", "batch_size")
+_SCALARS = "#scalars"  # the name of a carrier made of numeric scalars (no array is named so)  # scalars a reply must carry (the aggregation weight)
+_STEM = re.compile(r"^(.*?)[_\-.]?(\d+)$")  # a scalar name ending in a number: 'y17', 'v_3', 'label-0'
 
 
 class PrivacyError(MMFLError):
@@ -275,7 +283,7 @@ class PrivacyChecker:
                 return f"scalar '{name}' is named like a label (privacy.labels = \"private\")"
         c = num_classes if num_classes is not None else int(data.label_array().max(initial=-1)) + 1
         y, hist = self._label_stats(data, c)
-        for what, name, t in carriers:
+        for what, name, t in _with_windows(carriers, y.numel()):
             if t.numel() < MIN_LABEL_ROWS and not label_named(name):
                 continue
             kind = _label_match(t, y, hist, c)
@@ -284,6 +292,8 @@ class PrivacyChecker:
                 hot = _one_hot(v, c) if v is not None else None
                 if v is not None and _sub_multiset(hot if hot is not None else v.reshape(-1), hist):
                     kind = "a label-named array of the client's classes"  # e.g. one batch's labels (split learning)
+            if kind is None:
+                kind = decode_labels(t, y, c)  # near-copies: a share changed, noise, affine, extra columns
             if kind is not None:
                 return f"{what} carries the client's labels ({kind}; privacy.labels = \"private\")"
         return None
@@ -298,14 +308,10 @@ class PrivacyChecker:
 
 def _carriers(reply: Message) -> list[tuple[str, str, Tensor]]:
     """Everything in ``reply`` that can carry data, as ``(what, array name or "", tensor)``: each
-    array; the numeric scalars in order, as one vector; the digits of each integer scalar;
-    the numbers written in each string scalar."""
+    array; the numeric scalars as vectors (:func:`_scalar_vectors`); the digits of each
+    integer scalar; the numbers written in each string scalar."""
     out = [(f"array '{k}'", k, t) for k, t in reply.arrays.items()]
-    nums = [(k, float(v)) for k, v in reply.scalars.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    if len(nums) >= MIN_LABEL_ROWS:
-        names = ", ".join(f"'{k}'" for k, _ in nums[:3]) + (", ..." if len(nums) > 3 else "")
-        out.append((f"the {len(nums)} numeric scalars ({names}), read in order,", "",
-                    torch.tensor([v for _, v in nums], dtype=torch.float64, device="cpu")))
+    out += _scalar_vectors(reply.scalars)
     for k, v in reply.scalars.items():
         if isinstance(v, int) and not isinstance(v, bool) and len(str(abs(v))) >= MIN_LABEL_ROWS:
             out.append((f"scalar '{k}' (its decimal digits)", "",
@@ -314,6 +320,47 @@ def _carriers(reply: Message) -> list[tuple[str, str, Tensor]]:
             vals = numbers_in(v)
             if len(vals):
                 out.append((f"string scalar '{k}' (the numbers it holds)", "", torch.from_numpy(vals)))
+    return out
+
+
+MAX_WINDOWS = 256  # a scalar vector at most this much longer than the labels is searched window by window
+
+
+def _with_windows(carriers: list[tuple[str, str, Tensor]], n: int) -> Iterable[tuple[str, str, Tensor]]:
+    """The carriers, and for each scalar vector longer than the client's ``n`` labels each of its
+    windows of ``n`` consecutive values (labels written among other scalars, before and after)."""
+    for what, name, t in carriers:
+        yield what, name, t
+        if name == _SCALARS and n >= MIN_LABEL_ROWS and n < t.numel() <= n + MAX_WINDOWS:
+            for i in range(t.numel() - n + 1):
+                yield f"{what[:-1]} values {i}..{i + n - 1},", name, t[i:i + n]
+
+
+def _scalar_vectors(scalars: dict) -> list[tuple[str, str, Tensor]]:
+    """The numeric scalars read as vectors of at least ``MIN_LABEL_ROWS`` values: all of them
+    in order; all but the required ones (:data:`REQUIRED_SCALARS`, wherever they sit); and
+    each family of names with a common stem and a number (``y0``, ``y1``, ...), in the
+    numbers' order (any other scalar anywhere between them)."""
+    nums = [(k, float(v)) for k, v in scalars.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    out, seen = [], set()
+
+    def add(what: str, pairs: list[tuple[str, float]]) -> None:
+        key = tuple(k for k, _ in pairs)
+        if len(pairs) >= MIN_LABEL_ROWS and key not in seen:
+            seen.add(key)
+            names = ", ".join(f"'{k}'" for k, _ in pairs[:3]) + (", ..." if len(pairs) > 3 else "")
+            out.append((f"the {len(pairs)} numeric scalars ({names}), {what},", _SCALARS,
+                        torch.tensor([v for _, v in pairs], dtype=torch.float64, device="cpu")))
+
+    add("read in order", nums)
+    add("read in order without the required ones", [(k, v) for k, v in nums if k not in REQUIRED_SCALARS])
+    families: dict[str, list[tuple[int, str, float]]] = {}
+    for k, v in nums:
+        m = _STEM.match(k)
+        if m:
+            families.setdefault(m.group(1), []).append((int(m.group(2)), k, v))
+    for stem, members in families.items():
+        add(f"'{stem}<i>' in the order of i", [(k, v) for _, k, v in sorted(members)])
     return out
 
 
