@@ -38,6 +38,40 @@ TITLES = {"env": "Machine and imports", "tests": "Device tests on the GPU", "pre
 BUDGET = {"env": 45, "tests": 130, "precision": 60, "cohorts": 90, "public": 40, "moon": 150, "flower": 70}  # seconds, at most
 MINIMUM = {"env": 10, "tests": 30, "precision": 20, "cohorts": 20, "public": 10, "moon": 40, "flower": 30}
 NEEDS_FASHION = {"precision", "cohorts", "moon", "flower"}
+TESTS = ["tests/test_device.py", "tests/test_device_engine.py", "tests/test_flower_device.py"]
+RAY = "ray_simulation"  # the test that needs Flower's Ray simulation (not on the GPU machine: Ray's wheel > 64 MiB)
+SMOKE_TESTS = "tree_moves or stack_size or unknown_device or gpu_resources"
+
+
+# ----------------------------------------------------------------------------- tests
+
+def sec_tests(ctx) -> dict:
+    """The device tests (tests/test_device*.py, tests/test_flower_device.py; they select cuda where
+    torch sees one) under pytest, Ray's test deselected (Ray is not on the machine)."""
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-rfE", *TESTS,
+            "-k", SMOKE_TESTS if ctx["smoke"] else f"not {RAY}"]
+    if not ctx["smoke"] and ctx.get("xdist"):
+        args += ["-n", str(ctx["xdist"])]
+    budget = max(5.0, ctx["deadline"] - time.time() - 5)
+    try:
+        p = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=budget)
+        out, rc = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        prog = "".join(x for x in out.splitlines() if x and set(x.split(" [")[0]) <= set(".FEsx"))
+        out, rc = out + f"\n(pytest stopped after {budget:.0f} s: {prog.count('.')} passed, {prog.count('F')} " \
+                        f"failed, {prog.count('E')} errors, {prog.count('s')} skipped so far)", None
+    summary = [x for x in out.splitlines()
+               if re.search(r"pytest stopped after|\d+ (passed|failed|errors?|skipped|deselected)|no tests ran", x)]
+    failed = [x.strip() for x in out.splitlines() if x.startswith(("FAILED ", "ERROR "))]
+    print(out[-6000:])
+    lines = [f"Command: `{' '.join(['python'] + args[1:])}` (device tests select cuda when torch sees a GPU; "
+             f"`{RAY}` deselected: it needs Ray, which cannot be carried).", "",
+             f"Result: {summary[-1].strip('= ') if summary else 'no summary line (see gpu_check.log)'}"
+             + ("" if rc is not None else f" — **stopped at the section's limit ({budget:.0f} s)**")]
+    lines += [f"- {x[:300]}" for x in failed[:30]]
+    return {"lines": lines, "figures": {"rc": rc, "summary": summary[-1] if summary else None, "failed": failed},
+            "ok": rc == 0}
 
 
 # ----------------------------------------------------------------------------- the environment (a child)
@@ -112,11 +146,11 @@ def child(names: str, ctx_path: str, work: str) -> int:
     if ctx["device"] == "cpu":
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     for name in names.split(","):
-        current["name"] = name
+        current["name"] = ctx["section"] = name
         print(f"----- {name}", flush=True)
         try:
-            if name == "env":
-                res = sec_env(ctx)
+            if name in ("env", "tests"):
+                res = sec_env(ctx) if name == "env" else sec_tests(ctx)
             else:
                 sys.path.insert(0, str(HERE))
                 from gpu_sections import SECTIONS
@@ -126,8 +160,11 @@ def child(names: str, ctx_path: str, work: str) -> int:
             traceback.print_exc()
             msg = " ".join(str(e).split())[:400]
             res = {"error": f"{type(e).__name__}: {msg}"}
+            saved = Path(work, f"result-{name}.json")
+            if "SIGTERM" in msg and saved.exists():  # stopped: keep what the section had measured
+                res = json.loads(saved.read_text()) | {"stopped": msg}
         Path(work, f"result-{name}.json").write_text(json.dumps(res, default=str))
-        if isinstance(e := res.get("error"), str) and "SIGTERM" in e:
+        if "SIGTERM" in str(res.get("error", "")) or res.get("stopped"):
             break
     return 0
 
@@ -171,6 +208,11 @@ def run_sections(names: list[str], ctx: dict, limit: float, work: Path, log) -> 
         elif (timed_out and not res) or "SIGTERM" in str(res.get("error", "")):
             stopped = True
             res = {"status": "timeout", "lines": [f"**Stopped at the time limit ({limit:.0f} s)** (gpu_check.log)."]}
+        elif res.get("partial") or res.get("stopped"):
+            stopped = True
+            res["status"] = "timeout"
+            res["lines"] = [f"**Stopped at the time limit ({limit:.0f} s)**; the figures below are those measured "
+                            "before it.", ""] + res.get("lines", [])
         elif "error" in res:
             res["status"], res["lines"] = "failed", [f"**Failed**: {res['error']} (traceback in gpu_check.log)"]
         elif not res:

@@ -11,10 +11,8 @@ algorithm search) and is left out of the medians.
 from __future__ import annotations
 
 import copy
-import re
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,9 +31,6 @@ FULL = dict(prec_clients=10, prec_train=10_000, prec_test=2_000, prec_rounds=5, 
 SMOKE = dict(prec_clients=3, prec_train=240, prec_test=60, prec_rounds=2, cohorts=[3], per_client=16, coh_rounds=2,
              flower_cohort=2, flower_nodes=2, flower_rounds=2, public=(3, 400, 32), public_reps=2, moon_rounds=2,
              moon_setting="0.5", moon_train=240, moon_test=60, moon_methods=["fedavg", "moon"])
-TESTS = ["tests/test_device.py", "tests/test_device_engine.py", "tests/test_flower_device.py"]
-RAY = "ray_simulation"  # the test that needs Flower's Ray simulation (not on the GPU machine: Ray's wheel > 64 MiB)
-SMOKE_TESTS = "tree_moves or stack_size or unknown_device or gpu_resources"
 
 
 def sizes(ctx) -> dict:
@@ -98,39 +93,14 @@ def run_timed(cfg: dict, dev: torch.device) -> tuple[list[dict], RoundTimer]:
     return load_metrics(exp.run_dir), timer
 
 
+def save_partial(ctx, res: dict) -> None:
+    """What a section has measured so far (the driver reports it if the section is stopped)."""
+    if ctx.get("section"):
+        Path(ctx["work"], f"result-{ctx['section']}.json").write_text(json.dumps(res | {"partial": True}, default=str))
+
+
 def fmt(v, spec=".3f", none="—"):
     return none if v is None or v != v else format(v, spec)
-
-
-# ----------------------------------------------------------------------------- tests
-
-def sec_tests(ctx) -> dict:
-    """The device tests (tests/test_device*.py, tests/test_flower_device.py; they select cuda where
-    torch sees one) under pytest, Ray's test deselected (Ray is not on the machine)."""
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-rfE", *TESTS,
-            "-k", SMOKE_TESTS if ctx["smoke"] else f"not {RAY}"]
-    if not ctx["smoke"] and ctx.get("xdist"):
-        args += ["-n", str(ctx["xdist"])]
-    budget = max(5.0, left(ctx) - 5)
-    try:
-        p = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=budget)
-        out, rc = p.stdout + p.stderr, p.returncode
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        prog = "".join(x for x in out.splitlines() if x and set(x.split(" [")[0]) <= set(".FEsx"))
-        out, rc = out + f"\n(pytest stopped after {budget:.0f} s: {prog.count('.')} passed, {prog.count('F')} " \
-                        f"failed, {prog.count('E')} errors, {prog.count('s')} skipped so far)", None
-    summary = [x for x in out.splitlines()
-               if re.search(r"pytest stopped after|\d+ (passed|failed|errors?|skipped|deselected)|no tests ran", x)]
-    failed = [x.strip() for x in out.splitlines() if x.startswith(("FAILED ", "ERROR "))]
-    print(out[-6000:])
-    lines = [f"Command: `{' '.join(['python'] + args[1:])}` (device tests select cuda when torch sees a GPU; "
-             f"`{RAY}` deselected: it needs Ray, which cannot be carried).", "",
-             f"Result: {summary[-1].strip('= ') if summary else 'no summary line (see gpu_check.log)'}"
-             + ("" if rc is not None else f" — **stopped at the section's limit ({budget:.0f} s)**")]
-    lines += [f"- {x[:300]}" for x in failed[:30]]
-    return {"lines": lines, "figures": {"rc": rc, "summary": summary[-1] if summary else None, "failed": failed},
-            "ok": rc == 0}
 
 
 # ----------------------------------------------------------------------------- bf16 vs fp32
@@ -191,7 +161,7 @@ def sec_cohorts(ctx) -> dict:
     res, skipped, t_cell = {}, [], 0.0
     for w, alg, k in cells:
         for mode in ("one-by-one", "stacked"):
-            if left(ctx) < 1.5 * t_cell + 3:
+            if left(ctx) < (3.0 if mode == "one-by-one" else 1.5) * t_cell + 3:  # a pair at a time
                 skipped.append(f"{w} {alg} {k} {mode}")
                 continue
             t = time.perf_counter()
@@ -203,6 +173,11 @@ def sec_cohorts(ctx) -> dict:
                                             "accuracy": rows[-1].get("accuracy")}
             t_cell = max(t_cell, time.perf_counter() - t)
             print(f"{w} {alg} {k} {mode}: {k / wall:.1f} clients/s (wall)", flush=True)
+            save_partial(ctx, _cohorts_report(s, cells, res, skipped))
+    return _cohorts_report(s, cells, res, skipped)
+
+
+def _cohorts_report(s, cells, res, skipped) -> dict:
     lines = [f"Cells of benchmarks/perf/accelerator.py (`config()`): cnn = MOON's simple CNN on Fashion-MNIST, "
              f"{s['per_client']} images per client; multimodal = MLP encoder per view on mfeat's six views; batch 32, "
              f"1 local epoch, SGD lr 0.01 momentum 0.9, {s['coh_rounds']} rounds, round 1 not counted. The same cohort "
@@ -367,6 +342,12 @@ def sec_moon(ctx) -> dict:
                    "rounds_wall_s": timer.wall, "accuracy": rows[-1].get("accuracy"), "run_s": time.perf_counter() - t}
         t_method = max(t_method, meas[m]["run_s"])
         print(f"moon slice {m}: round {wall:.2f} s wall", flush=True)
+        save_partial(ctx, _moon_report(ctx, s, grid, runs, rep, order, meas))
+    return _moon_report(ctx, s, grid, runs, rep, order, meas)
+
+
+def _moon_report(ctx, s, grid, runs, rep, order, meas) -> dict:
+    R = s["moon_rounds"]
     like = {"fedprox": "fedavg", "scaffold": "fedavg", "local": "fedavg", "moon": "fedavg", "fedavg": "moon"}
     total, projected_from = 0.0, {}
     for r in runs:
@@ -402,5 +383,5 @@ def sec_moon(ctx) -> dict:
                                         "runs": len(runs)}}
 
 
-SECTIONS = {"tests": sec_tests, "precision": sec_precision, "cohorts": sec_cohorts, "public": sec_public,
+SECTIONS = {"precision": sec_precision, "cohorts": sec_cohorts, "public": sec_public,
             "moon": sec_moon, "flower": sec_flower}
