@@ -50,7 +50,9 @@ def sec_tests(ctx) -> dict:
     torch sees one) under pytest, Ray's test deselected (Ray is not on the machine)."""
     args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-rfE", *TESTS,
             "-k", SMOKE_TESTS if ctx["smoke"] else f"not {RAY}"]
-    if not ctx["smoke"] and ctx.get("xdist"):
+    import importlib.util
+
+    if not ctx["smoke"] and ctx.get("xdist") and importlib.util.find_spec("xdist"):  # pytest-xdist is there
         args += ["-n", str(ctx["xdist"])]
     budget = max(5.0, ctx["deadline"] - time.time() - 5)
     try:
@@ -175,6 +177,20 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
 
 
+RUNNING: dict = {}  # the sections' process now running (stopped with the driver)
+
+
+def _stop_running(signum, frame):
+    proc = RUNNING.get("proc")
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=8)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    raise SystemExit(124)
+
+
 def run_sections(names: list[str], ctx: dict, limit: float, work: Path, log) -> dict:
     """Runs ``names`` in one child process stopped after ``limit`` seconds; their results."""
     ctx = dict(ctx, deadline=time.time() + limit - 3)
@@ -188,6 +204,7 @@ def run_sections(names: list[str], ctx: dict, limit: float, work: Path, log) -> 
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", ",".join(names), str(cpath),
                              str(work)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    RUNNING["proc"] = proc
     try:
         proc.wait(timeout=limit)
         timed_out = False
@@ -279,6 +296,7 @@ def main(argv=None) -> int:
     if a.child:
         return child(*a.child)
     t0 = time.time()
+    signal.signal(signal.SIGTERM, _stop_running)  # `timeout` stops the driver: its section's processes go too
     budget = a.budget or (120.0 if a.smoke else 450.0)
     device = a.device or ("cpu" if a.smoke else "cuda")
     outs = [Path(o) for o in a.out] or [Path(tempfile.mkdtemp(prefix="mmfl-gpu-check-"))]
