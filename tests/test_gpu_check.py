@@ -70,3 +70,22 @@ def test_a_spent_budget_skips_each_section_with_a_line(tmp_path):
     assert [r["status"] for r in res.values()] == ["skipped"] * len(ORDER)
     assert all(r["lines"][0].startswith("Skipped: the time budget is out") for r in res.values())
     assert "| Machine and imports | skipped | — |" in md
+
+
+def test_every_config_the_check_trains_at_its_gpu_sizes_resolves(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks" / "perf"))
+    import gpu_sections
+
+    import mmfl
+
+    ctx = {"device": "cuda", "smoke": True, "work": str(tmp_path), "fashion": str(tmp_path)}
+    cfgs = gpu_sections.full_configs(ctx)
+    assert len(cfgs) == 2 + 12 + 1 + 5, sorted(cfgs)
+    for name, raw in cfgs.items():
+        conf = mmfl.configure(raw)  # resolves every setting (the data is not loaded)
+        assert conf.run.device == "cuda", name
+    slice_ = mmfl.configure(cfgs["moon-slice-moon"])
+    assert slice_.train.local_epochs == 10 and slice_.run.rounds == 2 and slice_.data.params.train_limit == 0
+    assert slice_.algorithm.name == "moon" and slice_.run.batch_clients
+    assert mmfl.configure(cfgs["cnn-fedavg-100-stacked"]).run.clients_per_round == 100
+    assert mmfl.configure(cfgs["precision-bf16"]).run.precision == "bf16"

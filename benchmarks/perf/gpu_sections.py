@@ -105,18 +105,22 @@ def fmt(v, spec=".3f", none="—"):
 
 # ----------------------------------------------------------------------------- bf16 vs fp32
 
+def precision_cfg(ctx, s, prec: str) -> dict:
+    n = s["prec_clients"]
+    return train_cfg(ctx, f"precision-{prec}", rounds=s["prec_rounds"], eval_every=s["prec_rounds"],
+                     clients_per_round=n, batch_clients=True, precision=prec,
+                     data={"name": "fashion_mnist", "root": ctx["fashion"], "train_limit": s["prec_train"],
+                           "test_limit": s["prec_test"]},
+                     partition={"name": "iid", "num_clients": n}, model={"name": "simple_cnn"},
+                     algorithm={"name": "fedavg"},
+                     train={"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "local_epochs": 1, "batch_size": 64})
+
+
 def sec_precision(ctx) -> dict:
     s, dev = sizes(ctx), torch.device(ctx["device"])
     n, res = s["prec_clients"], {}
     for prec in ("fp32", "bf16"):
-        cfg = train_cfg(ctx, f"precision-{prec}", rounds=s["prec_rounds"], eval_every=s["prec_rounds"],
-                        clients_per_round=n, batch_clients=True, precision=prec,
-                        data={"name": "fashion_mnist", "root": ctx["fashion"], "train_limit": s["prec_train"],
-                              "test_limit": s["prec_test"]},
-                        partition={"name": "iid", "num_clients": n}, model={"name": "simple_cnn"},
-                        algorithm={"name": "fedavg"},
-                        train={"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "local_epochs": 1, "batch_size": 64})
-        rows, timer = run_timed(cfg, dev)
+        rows, timer = run_timed(precision_cfg(ctx, s, prec), dev)
         wall, gpu = timer.steady()
         res[prec] = {"train_loss": rows[-1].get("train_loss"), "accuracy": rows[-1].get("accuracy"),
                      "round_wall_s": wall, "round_gpu_s": gpu, "fallback": rows[-1].get("batched_fallback"),
@@ -304,13 +308,10 @@ def sec_public(ctx) -> dict:
 
 # ----------------------------------------------------------------------------- MOON paper profile
 
-def sec_moon(ctx) -> dict:
-    import mmfl
+def moon_grid(ctx, s):
+    """grid-paper.toml, its runs, one run per method (the slice's setting, the first seed) and their order."""
     from mmfl.bench.gridfile import load_grid
-    from mmfl.engine.runner import Experiment
-    from mmfl.report import load_metrics
 
-    s, dev = sizes(ctx), torch.device(ctx["device"])
     grid = load_grid(ROOT / "benchmarks" / "moon" / "grid-paper.toml")
     runs = grid.runs(None)
     rep = {}
@@ -320,19 +321,50 @@ def sec_moon(ctx) -> dict:
     order = [m for m in ("fedavg", "moon", "scaffold", "fedprox", "local") if m in rep]
     if ctx["smoke"]:
         order = [m for m in order if m in s["moon_methods"]]
+    return grid, runs, rep, order
+
+
+def moon_raw(ctx, s, run) -> dict:
+    """The slice of one grid run: its config as the profile has it, ``moon_rounds`` rounds on the check's device."""
+    raw = copy.deepcopy(run.raw)
+    R = s["moon_rounds"]
+    raw.update(device=ctx["device"], rounds=R, eval_every=R, output_dir=str(Path(ctx["work"]) / "runs"),
+               name=f"moon-slice-{run.method}")
+    raw["data"]["root"] = ctx["fashion"]
+    if ctx["smoke"]:
+        raw["data"].update(train_limit=s["moon_train"], test_limit=s["moon_test"])
+        raw["train"]["local_epochs"] = 1
+    return raw
+
+
+def full_configs(ctx) -> dict[str, dict]:
+    """Every run config the check trains at its GPU sizes, by name (tests resolve them on the CPU)."""
+    s, ctx = FULL, dict(ctx, smoke=False)
+    out = {f"precision-{p}": precision_cfg(ctx, s, p) for p in ("fp32", "bf16")}
+    for k in s["cohorts"]:
+        for w, alg in (("cnn", "fedavg"), ("cnn", "moon"), ("multimodal", "fedavg")):
+            for mode in ("one-by-one", "stacked"):
+                out[f"{w}-{alg}-{k}-{mode}"] = acc_config(ctx, s, w, alg, k, mode)
+    out["flower-loopback"] = acc_config(ctx, s | {"coh_rounds": s["flower_rounds"]}, "cnn", "fedavg",
+                                        s["flower_cohort"], "one-by-one")
+    _, _, rep, order = moon_grid(ctx, s)
+    out |= {f"moon-slice-{m}": moon_raw(ctx, s, rep[m]) for m in order}
+    return out
+
+
+def sec_moon(ctx) -> dict:
+    import mmfl
+    from mmfl.engine.runner import Experiment
+    from mmfl.report import load_metrics
+
+    s, dev = sizes(ctx), torch.device(ctx["device"])
+    grid, runs, rep, order = moon_grid(ctx, s)
     R, meas, t_method = s["moon_rounds"], {}, 0.0
     for m in order:
         if meas and left(ctx) < 1.3 * t_method + 5:
             break
-        raw = copy.deepcopy(rep[m].raw)
-        raw.update(device=ctx["device"], rounds=R, eval_every=R, output_dir=str(Path(ctx["work"]) / "runs"),
-                   name=f"moon-slice-{m}")
-        raw["data"]["root"] = ctx["fashion"]
-        if ctx["smoke"]:
-            raw["data"].update(train_limit=s["moon_train"], test_limit=s["moon_test"])
-            raw["train"]["local_epochs"] = 1
         t = time.perf_counter()
-        exp = Experiment(mmfl.configure(raw), progress=False)
+        exp = Experiment(mmfl.configure(moon_raw(ctx, s, rep[m])), progress=False)
         timer = RoundTimer(exp, dev)
         exp.run(overwrite=True)
         rows = load_metrics(exp.run_dir)
