@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -326,36 +327,39 @@ def main(argv=None) -> int:
                                                                         indent=1, default=str) + "\n")
 
     groups = [[n] for n in wanted] if not a.smoke else [["env"], wanted[1:]]  # smoke: one process for the rest
-    for group in groups:
-        todo = []
-        for name in group:
-            remaining = budget - (time.time() - t0)
-            if fatal:
-                results[name] = {"status": "skipped", "lines": [f"Skipped: {fatal}."]}
-            elif name in NEEDS_FASHION and not ctx["fashion"]:
-                results[name] = {"status": "skipped", "lines": ["Skipped: no Fashion-MNIST folder (carry .gpu_carry/, "
-                                                                "made by scripts/gpu_wheels.sh, or pass --fashion)."]}
-            elif remaining < (2 if a.smoke else MINIMUM[name]):
-                results[name] = {"status": "skipped", "lines": [f"Skipped: the time budget is out ({remaining:.0f} s "
-                                                                f"left of {budget:.0f}; the section needs at least "
-                                                                f"{MINIMUM[name]} s)."]}
-            else:
-                todo.append(name)
-        if todo:
-            remaining = budget - (time.time() - t0)
-            limit = remaining if a.smoke else min(BUDGET[todo[0]], remaining)
-            results.update(run_sections(todo, ctx, limit, work, log))
-            if "env" in todo:
-                f = results["env"].get("figures", {})
-                name_slug = "cpu-smoke" if a.smoke else slug(f.get("gpu") or f"no-gpu-{device}")
-                fatal = results["env"].get("fatal") or None
-                if device.startswith("cuda") and not f.get("gpu"):
-                    fatal = "torch sees no CUDA GPU on this machine"
-        for name in group:
-            r = results[name]
-            print(f"[gpu_check] {name}: {r['status']} ({r.get('seconds') or 0:.1f} s)", flush=True)
-        write()
-    log.close()
+    try:
+        for group in groups:
+            todo = []
+            for name in group:
+                remaining = budget - (time.time() - t0)
+                if fatal:
+                    results[name] = {"status": "skipped", "lines": [f"Skipped: {fatal}."]}
+                elif name in NEEDS_FASHION and not ctx["fashion"]:
+                    results[name] = {"status": "skipped", "lines": ["Skipped: no Fashion-MNIST folder (carry .gpu_carry/, "
+                                                                    "made by scripts/gpu_wheels.sh, or pass --fashion)."]}
+                elif remaining < (2 if a.smoke else MINIMUM[name]):
+                    results[name] = {"status": "skipped", "lines": [f"Skipped: the time budget is out ({remaining:.0f} s "
+                                                                    f"left of {budget:.0f}; the section needs at least "
+                                                                    f"{MINIMUM[name]} s)."]}
+                else:
+                    todo.append(name)
+            if todo:
+                remaining = budget - (time.time() - t0)
+                limit = remaining if a.smoke else min(BUDGET[todo[0]], remaining)
+                results.update(run_sections(todo, ctx, limit, work, log))
+                if "env" in todo:
+                    f = results["env"].get("figures", {})
+                    name_slug = "cpu-smoke" if a.smoke else slug(f.get("gpu") or f"no-gpu-{device}")
+                    fatal = results["env"].get("fatal") or None
+                    if device.startswith("cuda") and not f.get("gpu"):
+                        fatal = "torch sees no CUDA GPU on this machine"
+            for name in group:
+                r = results[name]
+                print(f"[gpu_check] {name}: {r['status']} ({r.get('seconds') or 0:.1f} s)", flush=True)
+            write()
+    finally:
+        log.close()
+        shutil.rmtree(work, ignore_errors=True)  # the sections' run folders
     md = report(results, meta)
     print(md)
     print(f"[gpu_check] wrote accelerator-{name_slug}.md/.json in {', '.join(map(str, outs))} "
