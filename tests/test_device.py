@@ -29,6 +29,7 @@ from mmfl.errors import ConfigError
 from mmfl.report import load_metrics
 
 NO_GPU = not torch.cuda.is_available()
+DEVICE = "cpu" if NO_GPU else "cuda"  # the runs' device: a CUDA GPU where torch sees one (scripts/gpu_check.sh)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -74,7 +75,7 @@ def test_the_meta_check_stops_a_tensor_made_without_a_device():
 
 
 def _raw(data: dict, model: dict, **over) -> dict:
-    raw = {"name": "x", "rounds": 2, "seed": 0, "threads": 1, "device": "cpu", "data": data, "model": model,
+    raw = {"name": "x", "rounds": 2, "seed": 0, "threads": 1, "device": DEVICE, "data": data, "model": model,
            "train": {"optimizer": "sgd", "lr": 0.01, "local_epochs": 1, "batch_size": 64}}
     raw.update(over)
     return raw
@@ -177,13 +178,13 @@ def _tensors(tree):
 def test_no_tensor_is_made_on_torchs_default_device(case, tmp_path):
     raw = {**CASES[case], "name": case.replace("+", "_"), "output_dir": str(tmp_path)}
     exp = Experiment(resolve(raw), progress=False)  # data loading is not under the check
-    assert exp.device == torch.device("cpu")
+    assert exp.device.type == DEVICE
     with default_device_meta():
         exp.run()
     rows = load_metrics(exp.run_dir)
     assert [r["round"] for r in rows] == [1, 2]
     devices = {t.device.type for t in _tensors(exp.server.state_dict())}
-    assert devices <= {"cpu"}, devices
+    assert devices <= {"cpu", DEVICE}, devices
 
 
 # ----------------------------------------------------------------------------- resolving the setting
@@ -231,7 +232,7 @@ def test_a_cpu_checkpoint_resumes_with_device_auto_bit_for_bit(tmp_path, store):
     Experiment(resolve({**base, "name": "part", "rounds": 1}), progress=False).run()
     resumed = Experiment(resolve({**base, "name": "part", "rounds": 3, "device": "auto"}), progress=False)
     resumed.run(resume=True)
-    assert resumed.cfg.run.device == "auto" and resumed.device == torch.device("cpu")
+    assert resumed.cfg.run.device == "auto" and resumed.device.type == DEVICE  # with a GPU: a cuda checkpoint
     (want, want_rows), (got, got_rows) = _final(full), _final(resumed)
     assert [r["round"] for r in got_rows] == [1, 2, 3]
     assert got_rows == want_rows

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from data_fixtures import write_mnist_dir  # noqa: E402
 
 CPU = torch.device("cpu")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the runs' device (scripts/gpu_check.sh runs these on a GPU)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def cfg_of(tmp_path, root, name, *over):
     return load_config(None, [
         "data.name=mnist_idx", f"data.root={root}", "partition.name=dirichlet", "partition.num_clients=6",
         "partition.beta=0.5", "model.name=simple_cnn", "model.out_dim=32", "train.local_epochs=1",
-        "train.batch_size=16", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1", "rounds=2", "device=cpu",
+        "train.batch_size=16", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1", "rounds=2", f"device={DEVICE}",
         f"output_dir={tmp_path}", f"name={name}", *over])
 
 

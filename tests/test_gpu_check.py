@@ -1,0 +1,91 @@
+"""The prepared GPU check (scripts/gpu_check.sh, benchmarks/perf/gpu_check.py) in its CPU smoke
+mode, so it cannot rot between the sessions that are lent a GPU: every section runs at tiny sizes
+and reports figures; a failing section is one line in a report that is still written; a spent
+time budget skips sections with a line; nothing is written into the tree."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ORDER = ["env", "tests", "precision", "cohorts", "public", "moon", "flower"]
+
+
+def smoke(tmp_path: Path, *args: str, timeout: float = 900) -> tuple[subprocess.CompletedProcess, dict, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MMFL_GPU")}
+    env["PYTHON"] = sys.executable
+    out = tmp_path / "out"
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--smoke", "--out", str(out), *args],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    md = out / "accelerator-cpu-smoke.md"
+    assert md.exists(), p.stdout[-3000:] + p.stderr[-3000:]
+    return p, json.loads(md.with_suffix(".json").read_text())["sections"], md.read_text()
+
+
+def test_smoke_mode_runs_every_section_on_the_cpu(tmp_path):
+    before = sorted(p.name for p in (ROOT / "benchmarks" / "results").glob("accelerator-*"))
+    p, res, md = smoke(tmp_path, "--budget", "600")  # a cap for slow CI machines; ~1 min on 2 loaded cores
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    assert list(res) == ORDER
+    for name in ORDER[:-1]:
+        assert res[name]["status"] == "ok", (name, res[name]["lines"])
+    assert res["env"]["figures"]["import_failures"] == []
+    assert " passed" in res["tests"]["figures"]["summary"] and res["tests"]["figures"]["rc"] == 0
+    prec = res["precision"]["figures"]
+    assert {"fp32", "bf16"} <= set(prec) and all(prec[k]["accuracy"] is not None for k in ("fp32", "bf16"))
+    cells = res["cohorts"]["figures"]
+    assert {c.split("|")[3] for c in cells} == {"one-by-one", "stacked"} and all(
+        c["clients_per_s_wall"] > 0 for c in cells.values())
+    assert res["public"]["figures"]["wall_s"] > 0
+    moon = res["moon"]["figures"]
+    assert set(moon["methods"]) == {"fedavg", "moon"} and moon["projected_s"] > 0 and moon["runs"] == 45
+    # Flower: its setup runs; the deployment starts only with MMFL_GPU_SMOKE_FLOWER=1 (or flwr is absent)
+    assert res["flower"]["status"] == "skipped"
+    assert "Skipped in smoke mode" in res["flower"]["lines"][0] or "flwr does not import" in res["flower"]["lines"][0]
+    for title in ("## Device tests on the GPU", "## bf16 vs fp32 learning", "## CreamFL's public terms",
+                  "Projected wall time of the whole grid", "Flower's Ray simulation: **not measured**"):
+        assert title in md
+    assert sorted(p.name for p in (ROOT / "benchmarks" / "results").glob("accelerator-*")) == before  # not the tree
+
+
+def test_a_failing_section_is_one_line_and_the_report_is_still_written(tmp_path):
+    p, res, md = smoke(tmp_path, "--sections", "public", "precision", "--fashion", str(tmp_path / "nowhere"))
+    assert p.returncode == 1  # a section failed
+    assert res["public"]["status"] == "ok"
+    (line,) = res["precision"]["lines"]
+    assert res["precision"]["status"] == "failed"
+    assert line.startswith("**Failed**: DataError: ") and "Fashion-MNIST directory not found" in line
+    assert "Traceback" not in md
+    assert list(res) == ["env", "precision", "public"]  # --sections: only these (env always)
+    assert "| Device tests on the GPU | not run | — |" in md
+
+
+def test_a_spent_budget_skips_each_section_with_a_line(tmp_path):
+    p, res, md = smoke(tmp_path, "--budget", "0.5", timeout=120)
+    assert p.returncode == 0
+    assert [r["status"] for r in res.values()] == ["skipped"] * len(ORDER)
+    assert all(r["lines"][0].startswith("Skipped: the time budget is out") for r in res.values())
+    assert "| Machine and imports | skipped | — |" in md
+
+
+def test_every_config_the_check_trains_at_its_gpu_sizes_resolves(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks" / "perf"))
+    import gpu_sections
+
+    import mmfl
+
+    ctx = {"device": "cuda", "smoke": True, "work": str(tmp_path), "fashion": str(tmp_path)}
+    cfgs = gpu_sections.full_configs(ctx)
+    assert len(cfgs) == 2 + 12 + 1 + 5, sorted(cfgs)
+    for name, raw in cfgs.items():
+        conf = mmfl.configure(raw)  # resolves every setting (the data is not loaded)
+        assert conf.run.device == "cuda", name
+    slice_ = mmfl.configure(cfgs["moon-slice-moon"])
+    assert slice_.train.local_epochs == 10 and slice_.run.rounds == 2 and slice_.data.params.train_limit == 0
+    assert slice_.algorithm.name == "moon" and slice_.run.batch_clients
+    assert mmfl.configure(cfgs["cnn-fedavg-100-stacked"]).run.clients_per_round == 100
+    assert mmfl.configure(cfgs["precision-bf16"]).run.precision == "bf16"
