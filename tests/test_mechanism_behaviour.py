@@ -405,6 +405,66 @@ def test_partialfl_negatives_push_unmatched_embeddings_apart_in_training(tmp_pat
     assert on["zp_zp"] < pull["zp_zp"] - 0.08, r
 
 
+# ----------------------------------------------------------------------------- CreamFL: a public set missing modalities
+
+
+def filled_encode_present(orig):
+    """``MultimodalModel.encode_present`` whose absent rows hold, instead of zeros, a
+    representation that depends on the model and carries its gradient (the mean of the present
+    rows' outputs plus a fixed offset per row): a term that reads an absent row then both changes
+    in value and trains the model through it."""
+
+    def encode_present(self, m, inputs, then=None):
+        out = orig(self, m, inputs, then)
+        rows = self.present_rows(m, inputs)
+        if rows is None or int(rows.numel()) == 0:
+            return out
+        present = torch.zeros(out.shape[0], dtype=torch.bool, device=out.device)
+        present[rows] = True
+        idx = torch.arange(out.shape[0], dtype=out.dtype, device=out.device).unsqueeze(1)
+        offset = torch.sin(0.7 * idx + torch.arange(out.shape[1], dtype=out.dtype, device=out.device))
+        return torch.where(present.unsqueeze(1), out, out[rows].mean(0, keepdim=True) + offset)
+
+    return encode_present
+
+
+def masked_public_run(tmp_path, fill: bool) -> tuple[dict, list[dict]]:
+    """A 2-round CreamFL run on mfeat_pair whose public set (and test set) lacks the first
+    modality on ~20 % of its rows and the second on ~15 % (tests/test_missing_algos.py's
+    ``mask_rows``), and whose clients lack features on 30 % of their rows and the image on 20 %.
+    ``fill``: absent rows' representations from :func:`filled_encode_present`. Returns the
+    server's final weights and the metric rows."""
+    from test_missing_algos import CREAM, mask_rows, raw_config
+
+    from mmfl.models.multimodal import MultimodalModel as Model
+    from mmfl.report import load_metrics
+
+    raw = raw_config(tmp_path / ("filled" if fill else "zeros"), "creamfl", **copy.deepcopy(CREAM))
+    raw["algorithm"] = {"name": "creamfl", "server_batch_size": 64}
+    exp = Experiment(resolve(raw), progress=False)
+    for i, name in enumerate(("test", "public")):
+        mask_rows(getattr(exp.federation, name), seed=17 + i)
+    with pytest.MonkeyPatch.context() as mp:
+        if fill:
+            mp.setattr(Model, "encode_present", filled_encode_present(Model.encode_present))
+        exp.run()
+    return {k: v.detach().clone() for k, v in exp.server.model.state_dict().items()}, load_metrics(exp.run_dir)
+
+
+def test_creamfl_absent_public_rows_never_enter_lcr_gca_or_distillation(tmp_path):
+    """A public set missing a modality on some rows: whatever representation an absent row holds
+    (zeros, or a value that depends on the model and carries its gradient), the run trains
+    bit for bit the same. The LCR terms (eq. 1-2: anchors and candidates holding the modality),
+    GCA's candidates (eq. 4) and the distillation MSE (eq. 7) read present rows only."""
+    a, rows_a = masked_public_run(tmp_path, fill=False)
+    b, rows_b = masked_public_run(tmp_path, fill=True)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    keep = lambda rs: [{k: v for k, v in r.items() if "time" not in k and "bytes" not in k}  # noqa: E731
+                       for r in rs]
+    assert keep(rows_a) == keep(rows_b)
+
+
 if __name__ == "__main__":  # the margins on 5 seeds
     import sys
     import tempfile
