@@ -1,8 +1,10 @@
-"""Behavioural mechanism checks (issue 26, item 1): each test trains for real (a short local
-round, or a whole federated round) with the mechanism on and compares with the same run with
-its coefficient at 0 (or without it), from the same start and the same batches; it fails when
-the mechanism is removed from *training*, not only from a function tested by hand. The
-mutations each test kills are declared in tests/mutations/behaviour.toml.
+"""Behavioural mechanism checks (issue 26, item 1) of CreamFL: each test trains for real (a
+short local round, or a whole federated round) with the mechanism on and compares with the same
+run with its coefficient at 0 (or without it), from the same start and the same batches; it
+fails when the mechanism is removed from *training*, not only from a function tested by hand.
+FedCMI's and PartialFL's checks of the same kind are in tests/test_fedcmi.py and
+tests/test_partialfl.py. The mutations each test kills are declared in
+tests/mutations/behaviour.toml.
 
 Margins: every assertion's measured values at seed 0 are in a comment beside it; the margins
 were checked on 5 seeds (0-4) with ``python tests/test_mechanism_behaviour.py`` (the
@@ -20,10 +22,7 @@ from mmfl.algorithms import ALGORITHMS
 from mmfl.algorithms.base import ClientContext
 from mmfl.config import TrainConfig, resolve
 from mmfl.core.message import Message
-from mmfl.core.training import state_of
-from mmfl.data.base import ArrayDataset, DatasetMeta
 from mmfl.engine.runner import Experiment
-from mmfl.models.multimodal import MultimodalModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -163,98 +162,6 @@ def test_creamfl_gamma_zero_trains_exactly_as_no_lcr(tmp_path):
     assert torch.equal(zero["image"], off["image"])
 
 
-# ----------------------------------------------------------------------------- FedCMI: class-wise temperature (eq. 8-10)
-
-CMI_META = DatasetMeta("tiny", 3, {"a": (3,), "b": (3,)})
-
-
-def lagging_class_data(seed: int, n: int = 60) -> ArrayDataset:
-    """Three classes; modality a shows every class (the dominant one); b shows classes 0 and 1
-    but gives class 2 the pattern of class 0 or 1 at random, so the weak modality lags most on
-    class 2 (its rho_c of eq. 8 is the largest)."""
-    g = torch.Generator().manual_seed(seed)
-    y = torch.arange(n) % 3
-    a = 3.0 * F.one_hot(y, 3).float() + 0.3 * torch.randn(n, 3, generator=g)
-    shown = torch.where(y == 2, torch.randint(0, 2, (n,), generator=g), y)
-    b = 2.0 * F.one_hot(shown, 3).float() + 0.5 * torch.randn(n, 3, generator=g)
-    return ArrayDataset({"a": a, "b": b}, y)
-
-
-def cmi_model() -> MultimodalModel:
-    torch.manual_seed(0)
-    return MultimodalModel(dict(CMI_META.modalities), 3, feat_dim=8, mlp_hidden=[16], two_projector=True)
-
-
-def cmi_global(data: ArrayDataset) -> dict:
-    """The global model (without its infiltration projectors): both branches trained on the
-    per-modality cross-entropy, so b's head already lags on class 2."""
-    glob = cmi_model()
-    opt = torch.optim.SGD(glob.parameters(), lr=0.1)
-    for _ in range(100):
-        out = glob(data.features)["mod_logits"]
-        loss = F.cross_entropy(out["a"], data.labels) + F.cross_entropy(out["b"], data.labels)
-        opt.zero_grad(), loss.backward(), opt.step()
-    return {k: v for k, v in state_of(glob).items() if not k.startswith("infil.")}
-
-
-def cmi_round(data: ArrayDataset, arrays: dict, **params) -> dict:
-    """A real FedCMI client update (round 1, where class temperatures apply) of a multimodal
-    client; records, per class, the gradient L_rd gives the weak branch's logits (eq. 5/10) at
-    the first step, through a wrapper around the loss the client calls."""
-    from mmfl.algorithms import fedcmi
-
-    grads: list[tuple[torch.Tensor, torch.Tensor]] = []
-    labels_of: list[torch.Tensor] = []
-    orig_distill, orig_rd = fedcmi.FedCMIClient._distill, fedcmi.response_distillation
-
-    def distill(self, model, out, inputs, labels):
-        labels_of.append(labels)
-        return orig_distill(self, model, out, inputs, labels)
-
-    def rd(teacher, student, t_teacher, t_student):
-        y = labels_of[-1]
-        student.register_hook(lambda g: grads.append((y, g.detach().clone())))
-        return orig_rd(teacher, student, t_teacher, t_student)
-
-    pool: dict = {}
-    ctx = ClientContext(cid=0, rnd=1, seed=5, data=data, test_data=None, meta=CMI_META,
-                        train=TrainConfig(optimizer="sgd", local_epochs=2, batch_size=30, lr=0.05, momentum=0.0,
-                                          weight_decay=0.0),
-                        state={}, model_pool=lambda k: pool.setdefault(k, cmi_model()), init_model=cmi_model,
-                        modalities=("a", "b"))
-    client = fedcmi.FedCMIClient(ALGORITHMS.params("fedcmi", params), ctx)
-    torch.manual_seed(0)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fedcmi.FedCMIClient, "_distill", distill)
-        mp.setattr(fedcmi, "response_distillation", rd)
-        client.handle("train", Message(arrays=arrays))
-    y, g = grads[0]  # the first step: both runs from the same model, the same batch
-    norm = {c: float(g[y == c].norm()) for c in range(3)}
-    return {"grad": norm, "t_class": client.t_class, "weak": client.weak, "rho": client.rhos[0]}
-
-
-def cmi_reading(seed: int) -> dict:
-    data = lagging_class_data(seed)
-    arrays = cmi_global(data)
-    on = cmi_round(data, arrays, mu=0.0)
-    off = cmi_round(data, arrays, mu=0.0, class_temperature=False)
-    return {"weak": on["weak"], "t_class": on["t_class"].tolist(), "rho": on["rho"],
-            "ratio": [on["grad"][c] / off["grad"][c] for c in range(3)]}
-
-
-def test_fedcmi_class_temperatures_amplify_the_distillation_of_the_class_the_weak_modality_lags_on():
-    """Eq. 8-10 in training: in a real client update, the class on which the weak modality lags
-    most (class 2, where b cannot tell the class) gets a lower student temperature, and the
-    distillation gradient on its samples is larger than with the single temperature T; on the
-    other classes (T^c = T) the gradient is exactly the single-temperature one."""
-    r = cmi_reading(0)
-    assert r["weak"] == "b" and r["rho"] > 1  # a dominates (eq. 4): b's infiltration projector is the student
-    assert r["t_class"][0] == r["t_class"][1] == 1.0 and r["t_class"][2] < 0.8  # eq. 9 (0.56 at seed 0)
-    # seed 0: gradient ratios 1.0, 1.0, 1.83; seeds 0-4: class 2 1.48 to 2.11, classes 0-1 exactly 1
-    assert r["ratio"][0] == pytest.approx(1.0, abs=1e-5) and r["ratio"][1] == pytest.approx(1.0, abs=1e-5), r
-    assert r["ratio"][2] > 1.3, r
-
-
 # ----------------------------------------------------------------------------- CreamFL: GCA (eq. 4-6)
 
 
@@ -320,91 +227,6 @@ def test_creamfl_gca_gives_a_client_with_shuffled_public_reps_a_lower_weight_in_
         assert bad and bad[0] < min(honest) - 0.01, r
 
 
-# ----------------------------------------------------------------------------- PartialFL: negatives of eq. 1 / 4
-
-
-def pfl_exp(tmp_path, seed: int = 0) -> Experiment:
-    """mfeat_pair: the image private, the features shareable; 3 clients holding both."""
-    raw = {**copy.deepcopy(PAIR), "seed": seed, "name": "pfl", "output_dir": str(tmp_path),
-           "partition": {"name": "iid", "num_clients": 3}, "modalities": {"name": "all"},
-           "algorithm": {"name": "partialfl", "shareable": "features"}}
-    return Experiment(resolve(raw), progress=False)
-
-
-def off_diagonal_mean(sim: torch.Tensor) -> float:
-    n = sim.shape[0]
-    return float((sim.sum() - sim.diagonal().sum()) / (n * (n - 1)))
-
-
-def pfl_round(exp: Experiment, beta: float, train: TrainConfig) -> dict[str, float]:
-    """One real PartialFL client round of client 0 from the server's initial F_g and F_s (z_T
-    = F_s's embeddings of the client's shareable rows): the mean similarity of *unmatched*
-    pairs afterwards, among F_g's private embeddings z_A (eq. 1's negatives), between z_A and
-    z_T, and among the local model's z'_T (eq. 4's negatives); and of matched pairs z_A . z_T."""
-    from mmfl.algorithms.partialfl import ZPRIME, ZT, PartialFLClient, branch_embed, global_keys
-    from mmfl.core.training import load_into
-
-    server, fed = exp.server, exp.federation
-    ctx = client_ctx(exp, 0, train)
-    feats, _ = ctx.data.get()
-    arrays = {k: server.model.state_dict()[k] for k in global_keys(server.model, "image", "private",
-                                                                     fed.modalities_of(0))}
-    zt = server.server_embeddings(feats["features"])
-    arrays[ZT] = zt
-    torch.manual_seed(0)
-    reply = PartialFLClient(ALGORITHMS.params("partialfl", {"shareable": "features", "beta": beta}), ctx).handle(
-        "train", Message(arrays=arrays))
-    gmodel = load_into(exp.make_model(("image", "features")), {
-        **server.model.state_dict(), **{k: v for k, v in reply.arrays.items() if k != ZPRIME}})
-    gmodel.eval()
-    with torch.no_grad():
-        za = F.normalize(branch_embed(gmodel, "image", feats["image"]), dim=-1)
-    zp = reply.arrays[ZPRIME]
-    return {"za_za": off_diagonal_mean(za @ za.t()), "za_zt": off_diagonal_mean(za @ zt.t()),
-            "zp_zp": off_diagonal_mean(zp @ zp.t()), "matched": float((za * zt).sum(-1).mean())}
-
-
-PFL_TRAIN = TrainConfig(optimizer="adam", local_epochs=2, batch_size=64, lr=0.003, weight_decay=0.0)
-
-
-def pull_only(anchor: torch.Tensor, positive: torch.Tensor, tau: float, rows: torch.Tensor | None = None) -> torch.Tensor:
-    """Eq. 1 / 4 without the negatives: the positive's pull -a_i . p_i / tau alone (its part of
-    eq. 1's gradient), the counterfactual the negatives are measured against."""
-    if rows is not None:
-        rows = rows.to(anchor.device)
-        anchor, positive = anchor[rows], positive[rows]
-    return (-(anchor * positive).sum(-1) / tau).mean()
-
-
-def pfl_reading(exp: Experiment) -> dict[str, dict[str, float]]:
-    """Client 0's round with eq. 1 / 4 (beta = 1), without the alignment (beta = 0), and with
-    the alignment's pull alone (no negatives)."""
-    from mmfl.algorithms import partialfl
-
-    out = {"on": pfl_round(exp, 1.0, PFL_TRAIN), "off": pfl_round(exp, 0.0, PFL_TRAIN)}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(partialfl, "anchored_contrastive", pull_only)
-        out["pull"] = pfl_round(exp, 1.0, PFL_TRAIN)
-    return out
-
-
-def test_partialfl_negatives_push_unmatched_embeddings_apart_in_training(tmp_path):
-    """Eq. 1 (F_g's private embedding z_A against the server's z_T, the batch's other z_A as
-    negatives) and eq. 4 (the local model's z'_T, its own negatives) in a real client round:
-    the alignment pulls matched pairs together (z_A . z_T above the beta = 0 run), and the
-    negatives keep unmatched embeddings apart: their mean similarity ends lower than after the
-    same round with the pull alone. (The server's z_T of an untrained F_s are close to one
-    another, so the pull alone draws every z_A toward the same direction.)"""
-    r = pfl_reading(pfl_exp(tmp_path))
-    on, off, pull = r["on"], r["off"], r["pull"]
-    # seed 0: matched 0.578 vs 0.198 (beta = 0); seeds 0-4: +0.32 to +0.90
-    assert on["matched"] > off["matched"] + 0.1, r
-    # seed 0: unmatched z_A . z_A 0.624 vs 0.721 (pull alone), z'_T . z'_T 0.502 vs 0.755;
-    # seeds 0-4: 0.057 to 0.24 and 0.12 to 0.25 lower
-    assert on["za_za"] < pull["za_za"] - 0.04, r
-    assert on["zp_zp"] < pull["zp_zp"] - 0.08, r
-
-
 # ----------------------------------------------------------------------------- CreamFL: a public set missing modalities
 
 
@@ -429,7 +251,7 @@ def filled_encode_present(orig):
 
 
 def masked_public_run(tmp_path, fill: bool) -> tuple[dict, list[dict]]:
-    """A 2-round CreamFL run on mfeat_pair whose public set (and test set) lacks the first
+    """A 1-round CreamFL run on mfeat_pair whose public set (and test set) lacks the first
     modality on ~20 % of its rows and the second on ~15 % (tests/test_missing_algos.py's
     ``mask_rows``), and whose clients lack features on 30 % of their rows and the image on 20 %.
     ``fill``: absent rows' representations from :func:`filled_encode_present`. Returns the
@@ -441,6 +263,7 @@ def masked_public_run(tmp_path, fill: bool) -> tuple[dict, list[dict]]:
 
     raw = raw_config(tmp_path / ("filled" if fill else "zeros"), "creamfl", **copy.deepcopy(CREAM))
     raw["algorithm"] = {"name": "creamfl", "server_batch_size": 64}
+    raw["rounds"] = 1  # one round has every term: the clients' LCR, GCA, the distillation
     exp = Experiment(resolve(raw), progress=False)
     for i, name in enumerate(("test", "public")):
         mask_rows(getattr(exp.federation, name), seed=17 + i)
@@ -470,6 +293,9 @@ if __name__ == "__main__":  # the margins on 5 seeds
     import tempfile
 
     torch.set_num_threads(1)
+    from test_fedcmi import cmi_reading
+    from test_partialfl import pfl_exp, pfl_reading
+
     which = sys.argv[1:] or ["inter", "intra", "cmi", "gca", "pfl"]
     for seed in range(5):
         if "pfl" in which:
