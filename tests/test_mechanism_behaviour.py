@@ -16,7 +16,6 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from mmfl.algorithms import ALGORITHMS
 from mmfl.algorithms.base import ClientContext
