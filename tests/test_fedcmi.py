@@ -252,3 +252,97 @@ def test_distillation_raises_the_weak_branch_agreement_with_the_global_dominant_
     kl_full, _ = after_local_training({})  # the whole eq. 7 (proximal term, CTA) still distils
     kl_full_off, _ = after_local_training({"kappa": 0.0})
     assert kl_full < kl_full_off - 0.1  # measured: 1.05 vs 1.24
+
+
+# ----------------------------------------------------------------------------- class-wise temperature in training (issue 26)
+
+CMI_META = DatasetMeta("tiny", 3, {"a": (3,), "b": (3,)})
+
+
+def lagging_class_data(seed: int, n: int = 60) -> ArrayDataset:
+    """Three classes; modality a shows every class (the dominant one); b shows classes 0 and 1
+    but gives class 2 the pattern of class 0 or 1 at random, so the weak modality lags most on
+    class 2 (its rho_c of eq. 8 is the largest)."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % 3
+    a = 3.0 * torch.nn.functional.one_hot(y, 3).float() + 0.3 * torch.randn(n, 3, generator=g)
+    shown = torch.where(y == 2, torch.randint(0, 2, (n,), generator=g), y)
+    b = 2.0 * torch.nn.functional.one_hot(shown, 3).float() + 0.5 * torch.randn(n, 3, generator=g)
+    return ArrayDataset({"a": a, "b": b}, y)
+
+
+def cmi_model() -> MultimodalModel:
+    torch.manual_seed(0)
+    return MultimodalModel(dict(CMI_META.modalities), 3, feat_dim=8, mlp_hidden=[16], two_projector=True)
+
+
+def cmi_global(data: ArrayDataset) -> dict:
+    """The global model (without its infiltration projectors): both branches trained on the
+    per-modality cross-entropy, so b's head already lags on class 2."""
+    glob = cmi_model()
+    opt = torch.optim.SGD(glob.parameters(), lr=0.1)
+    for _ in range(100):
+        out = glob(data.features)["mod_logits"]
+        loss = torch.nn.functional.cross_entropy(out["a"], data.labels) + torch.nn.functional.cross_entropy(out["b"], data.labels)
+        opt.zero_grad(), loss.backward(), opt.step()
+    return {k: v for k, v in state_of(glob).items() if not k.startswith("infil.")}
+
+
+def cmi_round(data: ArrayDataset, arrays: dict, **params) -> dict:
+    """A real FedCMI client update (round 1, where class temperatures apply) of a multimodal
+    client; records, per class, the gradient L_rd gives the weak branch's logits (eq. 5/10) at
+    the first step, through a wrapper around the loss the client calls. (Margins on seeds 0-4:
+    ``python tests/test_mechanism_behaviour.py cmi``.)"""
+    from mmfl.algorithms import fedcmi
+
+    grads: list[tuple[torch.Tensor, torch.Tensor]] = []
+    labels_of: list[torch.Tensor] = []
+    orig_distill, orig_rd = fedcmi.FedCMIClient._distill, fedcmi.response_distillation
+
+    def distill(self, model, out, inputs, labels):
+        labels_of.append(labels)
+        return orig_distill(self, model, out, inputs, labels)
+
+    def rd(teacher, student, t_teacher, t_student):
+        y = labels_of[-1]
+        student.register_hook(lambda g: grads.append((y, g.detach().clone())))
+        return orig_rd(teacher, student, t_teacher, t_student)
+
+    pool: dict = {}
+    ctx = ClientContext(cid=0, rnd=1, seed=5, data=data, test_data=None, meta=CMI_META,
+                        train=TrainConfig(optimizer="sgd", local_epochs=2, batch_size=30, lr=0.05, momentum=0.0,
+                                          weight_decay=0.0),
+                        state={}, model_pool=lambda k: pool.setdefault(k, cmi_model()), init_model=cmi_model,
+                        modalities=("a", "b"))
+    client = fedcmi.FedCMIClient(ALGORITHMS.params("fedcmi", params), ctx)
+    torch.manual_seed(0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fedcmi.FedCMIClient, "_distill", distill)
+        mp.setattr(fedcmi, "response_distillation", rd)
+        client.handle("train", Message(arrays=arrays))
+    y, g = grads[0]  # the first step: both runs from the same model, the same batch
+    norm = {c: float(g[y == c].norm()) for c in range(3)}
+    return {"grad": norm, "t_class": client.t_class, "weak": client.weak, "rho": client.rhos[0]}
+
+
+def cmi_reading(seed: int) -> dict:
+    data = lagging_class_data(seed)
+    arrays = cmi_global(data)
+    on = cmi_round(data, arrays, mu=0.0)
+    off = cmi_round(data, arrays, mu=0.0, class_temperature=False)
+    return {"weak": on["weak"], "t_class": on["t_class"].tolist(), "rho": on["rho"],
+            "ratio": [on["grad"][c] / off["grad"][c] for c in range(3)]}
+
+
+@pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+def test_fedcmi_class_temperatures_amplify_the_distillation_of_the_class_the_weak_modality_lags_on():
+    """Eq. 8-10 in training: in a real client update, the class on which the weak modality lags
+    most (class 2, where b cannot tell the class) gets a lower student temperature, and the
+    distillation gradient on its samples is larger than with the single temperature T; on the
+    other classes (T^c = T) the gradient is exactly the single-temperature one."""
+    r = cmi_reading(0)
+    assert r["weak"] == "b" and r["rho"] > 1  # a dominates (eq. 4): b's infiltration projector is the student
+    assert r["t_class"][0] == r["t_class"][1] == 1.0 and r["t_class"][2] < 0.8  # eq. 9 (0.56 at seed 0)
+    # seed 0: gradient ratios 1.0, 1.0, 1.83; seeds 0-4: class 2 1.48 to 2.11, classes 0-1 exactly 1
+    assert r["ratio"][0] == pytest.approx(1.0, abs=1e-5) and r["ratio"][1] == pytest.approx(1.0, abs=1e-5), r
+    assert r["ratio"][2] > 1.3, r

@@ -279,7 +279,7 @@ class CreamFLServer(Server):
             return {**metrics, "clients_replied": 0}
         agg, info = self.aggregate_reps(replies, glob)
         metrics.update(info)
-        metrics.update(target_quality(glob, agg, self.pair))
+        metrics.update(target_quality(glob, agg, self.pair, {m: present_of(self.public, m) for m in self.pair}))
         if p.local_distill == "consensus":
             self.consensus = {m: agg[m].clone() for m in agg}
         metrics["distill_loss"] = self.distill(agg, rnd)

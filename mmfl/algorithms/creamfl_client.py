@@ -96,7 +96,7 @@ class CreamFLClient(TrainingClient):
                 stats["task"][0] += loss.detach().double()  # summed on the device: no sync per step
                 stats["task"][1] += 1
             self.extra_epoch(model, opt, public, gen, stats["task"], pair)
-            if glob and (p.inter or p.intra):  # LCR: one pass over the public set after every epoch (eq. 3)
+            if glob and (p.inter or p.intra) and p.gamma:  # LCR: a pass over the public set after every epoch (eq. 3)
                 self.public_pass(model, opt, public, gen, stats["lcr"],
                                  lambda z, rows: p.gamma * self.lcr(z, rows, glob, prev, pair, has))
         self.after_train(model, msg, stats)

@@ -188,23 +188,32 @@ AGGREGATION_RULES.register("fedgems_entropy", help="representations [P, d]: FedG
     per_sample_rule(fedgems_rule_weights))
 
 
-def target_quality(glob: dict[str, Tensor], agg: dict[str, Tensor], pair: tuple[str, str]) -> dict[str, float]:
+def target_quality(glob: dict[str, Tensor], agg: dict[str, Tensor], pair: tuple[str, str],
+                   present: dict[str, Tensor | None] | None = None) -> dict[str, float]:
     """How good a teacher eq. 7's targets are: the R@1 sum (i2t + t2i, row k paired with row k) on
     the public set of the server's own representations (``server_public_r1_sum``) and of the
     aggregated client representations it distills toward (``target_public_r1_sum``), and their
     mean cosine per modality (``target_cos/<m>``). A target set that retrieves worse than the
-    server's own representations can only pull the server toward worse retrieval."""
+    server's own representations can only pull the server toward worse retrieval. ``present``
+    (modality -> bool ``[P]``, None: every row): a public set missing modalities; the R@1 sums
+    are over the rows holding both, the cosines over the rows holding the modality."""
     a, b = pair
+    has = {m: (present or {}).get(m) for m in pair}
+    both = [k for k in has.values() if k is not None]
+    both = None if not both else (both[0] & both[1] if len(both) == 2 else both[0])
+    at = lambda t, rows: t if rows is None else t[rows.to(t.device)]  # noqa: E731
     out = {}
     if a in glob and b in glob and glob[a].shape[0] == glob[b].shape[0]:
-        r = evaluate_retrieval(glob[a], glob[b], torch.arange(glob[a].shape[0], device=glob[a].device), "plain")
+        ga, gb = at(glob[a], both), at(glob[b], both)
+        r = evaluate_retrieval(ga, gb, torch.arange(ga.shape[0], device=ga.device), "plain")
         out["server_public_r1_sum"] = r["i2t_r1"] + r["t2i_r1"]
         if a in agg and b in agg:
-            r = evaluate_retrieval(F.normalize(agg[a], dim=-1), F.normalize(agg[b], dim=-1),
-                                   torch.arange(agg[a].shape[0], device=agg[a].device), "plain")
+            ta, tb = at(agg[a], both), at(agg[b], both)
+            r = evaluate_retrieval(F.normalize(ta, dim=-1), F.normalize(tb, dim=-1),
+                                   torch.arange(ta.shape[0], device=ta.device), "plain")
             out["target_public_r1_sum"] = r["i2t_r1"] + r["t2i_r1"]
     for m, t in agg.items():
-        out[f"target_cos/{m}"] = float(F.cosine_similarity(t, glob[m], dim=-1).mean())
+        out[f"target_cos/{m}"] = float(F.cosine_similarity(at(t, has.get(m)), at(glob[m], has.get(m)), dim=-1).mean())
     return out
 
 

@@ -58,6 +58,8 @@ def global_local_contrastive_scores(local: Tensor, global_other: Tensor, chunk: 
             if candidates is not None:
                 logits = logits.masked_fill(~candidates.to(logits.device).unsqueeze(0), float("-inf"))
             out[c, s:e] = positive - torch.logsumexp(logits, dim=1)
+            if candidates is not None:  # a row lacking the other modality has no positive: no evidence,
+                out[c, s:e].masked_fill_(~candidates[s:e].to(out.device), 0.0)  # equal scores (eq. 5: equal weights)
             del logits
     return out
 
@@ -85,8 +87,11 @@ def gca_weights(local: Tensor, key: str, global_reps: dict[str, Tensor] | None =
                          "(CreamFL's server gives them)")
     other = pair[1] if key == pair[0] else pair[0]
     cand = (public_present or {}).get(other)
-    return global_local_contrastive_weights(  # eq. 4, then eq. 5
-        global_local_contrastive_scores(local, global_reps[other], chunk, exclude_positive, cand))
+    scores = global_local_contrastive_scores(local, global_reps[other], chunk, exclude_positive, cand)  # eq. 4
+    own = (public_present or {}).get(key)
+    if own is not None:  # a row lacking the modality itself: no representation to score, equal scores
+        scores = scores.masked_fill(~own.to(scores.device).unsqueeze(0), 0.0)
+    return global_local_contrastive_weights(scores)  # eq. 5
 
 
 AGGREGATION_RULES.register("gca", help="representations [P, d]: CreamFL's global-local contrastive aggregation, "
