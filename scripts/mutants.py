@@ -37,6 +37,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +56,9 @@ GUARD = ("import os, sys; sys.path.insert(0, os.getcwd()); import mmfl; "
          "assert here == want, f'mmfl imported from {here}, not from the copy {want}'; "
          "import pytest; sys.exit(pytest.main(sys.argv[1:]))")
 PYTEST_ARGS = ["-p", "no:cacheprovider", "-q", "-rfE", "-n", "0"]
+
+
+STOP = threading.Event()
 
 
 class ListError(Exception):
@@ -97,9 +101,15 @@ def load(list_dir: Path = LIST_DIR, root: Path = ROOT) -> list[dict]:
             src = root / e["file"]
             if not src.is_file():
                 raise ListError(f"{at}: file {e['file']} does not exist")
-            n = src.read_text().count(e["find"])
+            text = src.read_text()
+            n = text.count(e["find"])
             if n != 1:
                 raise ListError(f"{at}: 'find' occurs {n} times in {e['file']} (must be exactly once: stale entry?)")
+            if src.suffix == ".py":
+                try:
+                    compile(text.replace(e["find"], e["replace"]), e["file"], "exec")
+                except SyntaxError as err:
+                    raise ListError(f"{at}: the mutated {e['file']} does not compile ({err.msg}, line {err.lineno})") from None
             for t in e["tests"]:
                 check_node(root, t, at)
             entries.append({**e, "list": str(where)})
@@ -123,8 +133,13 @@ def check_node(root: Path, node: str, at: str) -> None:
 
 def copy_repo(dest: Path, src: Path = ROOT) -> None:
     """The repository's tracked and untracked-not-ignored files into ``dest`` (no .git, .venv, runs)."""
-    out = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=src, check=True,
-                         capture_output=True).stdout.decode()
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=src, check=True,
+                             capture_output=True).stdout.decode()
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout: everything but the usual clutter
+        shutil.copytree(src, dest, ignore=shutil.ignore_patterns(".git", ".venv", "runs", "__pycache__", "*.pyc",
+                                                                 ".pytest_cache", ".cache", "*.egg-info"))
+        return
     for rel in filter(None, out.split("\0")):
         s = src / rel
         if s.is_file() and not s.is_symlink():
@@ -142,6 +157,8 @@ def run_pytest(copy: Path, tests: list[str], stop_first: bool, timeout: float, p
     """``(exit code, output, seconds)`` of the tests in ``copy`` (exit -1: timed out)."""
     cmd = [sys.executable, "-c", GUARD, *PYTEST_ARGS, *(["-x"] if stop_first else []), *tests]
     t0 = time.perf_counter()
+    if STOP.is_set():  # interrupted: start nothing new
+        return -2, "", 0.0
     p = subprocess.Popen(cmd, cwd=copy, env=env_for(copy), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True, start_new_session=True)
     procs.add(p)
@@ -151,6 +168,10 @@ def run_pytest(copy: Path, tests: list[str], stop_first: bool, timeout: float, p
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, 9)
         out, rc = p.communicate()[0], -1
+    except BaseException:  # Ctrl-C while waiting: the tests run in their own session, end them here
+        os.killpg(p.pid, 9)
+        p.wait()
+        raise
     finally:
         procs.discard(p)
     return rc, out, time.perf_counter() - t0
@@ -180,9 +201,10 @@ def run(entries: list[dict], jobs: int, timeout: float) -> int:
             bad = failed_tests(out)
             print(out[-3000:])
             for e in entries:
-                if set(e["tests"]) & set(bad) or not bad:
+                mine = [f for f in bad if any(f == t or f.startswith(t + "[") for t in e["tests"])]
+                if mine or not bad:
                     print(f"mutants: error: {e['list']}: mutation {e['name']!r}: its tests fail unmutated "
-                          f"({', '.join(sorted(set(e['tests']) & set(bad))) or f'pytest exit {rc}'})")
+                          f"({', '.join(mine) or f'pytest exit {rc}'})")
             return 2
         print(f"baseline: passed in {sec:.0f} s", flush=True)
 
@@ -203,8 +225,11 @@ def run(entries: list[dict], jobs: int, timeout: float) -> int:
             return row
 
         print(f"{len(entries)} mutations, {jobs} at a time:", flush=True)
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
+        pool = ThreadPoolExecutor(max_workers=jobs)
+        try:
             rows = list(pool.map(one, enumerate(entries)))
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
         print(f"\n| mutation | result | s | failing test |\n|---|---|---|---|")
         for name, status, sec, test in rows:
             print(f"| {name} | {status} | {sec:.1f} | {test or '-'} |")
@@ -215,6 +240,7 @@ def run(entries: list[dict], jobs: int, timeout: float) -> int:
             print(f"mutants: not killed: {', '.join(survived)}")
         return 1 if survived else 0
     except KeyboardInterrupt:
+        STOP.set()
         for p in list(procs):
             os.killpg(p.pid, 9)
         print("mutants: interrupted (the working tree was not modified)")

@@ -45,12 +45,12 @@ name = "{name}"
 mechanism = "m"
 file = "mmfl/algorithms/fedprox.py"
 find = "{find}"
-replace = "x"
+replace = "{replace}"
 tests = ["{test}"]
 fast = true
 {extra}'''
-GOOD = dict(name="ok", find="def proximal_term(", test="tests/test_algorithms.py::test_proximal_term_is_sum_of_squared_differences",
-            extra="")
+GOOD = dict(name="ok", find="mu: float = field(default=0.01", replace="mu: float = field(default=0.02",
+            test="tests/test_algorithms.py::test_proximal_term_is_sum_of_squared_differences", extra="")
 
 
 @pytest.mark.parametrize("change, message", [
@@ -60,6 +60,7 @@ GOOD = dict(name="ok", find="def proximal_term(", test="tests/test_algorithms.py
     ({"name": "Not_Kebab"}, r"kebab-case"),
     ({"test": "tests/test_algorithms.py::test_gone"}, r"no function test_gone in tests/test_algorithms.py"),
     ({"test": "tests/test_nowhere.py::test_x"}, r"not a node id of an existing file"),
+    ({"replace": "mu: float = field(default=0.02 +"}, r"the mutated mmfl/algorithms/fedprox.py does not compile"),
 ])
 def test_a_stale_or_malformed_entry_is_one_error_line(tmp_path, change, message):
     m = runner()
