@@ -181,6 +181,8 @@ def skip_reason(c: Command, cwd: Path, run_all: bool = False) -> str | None:
             return "regenerates the docs' numbers (minutes; tests/test_docs_numbers.py checks them)"
         if a and a[0] == "scripts/check_docs.py":
             return "this checker"
+        if a and a[0] == "scripts/mutants.py" and "--list" not in a:
+            return "the mutation runner (minutes; tests/test_mutants.py runs --fast and checks the list)"
         return None
     if a[:1] == ["flower"]:
         if a[1:2] != ["simulate"]:

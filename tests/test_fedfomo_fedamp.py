@@ -116,6 +116,35 @@ def test_fedfomo_client_gives_a_worse_peer_weight_zero_and_sends_only_its_module
     assert any(k.startswith("model/") for k in ctx.state)  # it keeps its own model
 
 
+def test_fedfomo_client_trains_from_the_weighted_combination_of_the_peers_that_help():
+    # eq. 4 in the client's round: with a peer that lowers its validation loss the client starts
+    # local training from theta_i + sum_j w_j (theta_j - theta_i), so what it sends is nearer that
+    # combination than its own model; with no helping peer (all w_j = 0) it starts from its own
+    params = FedFomoParams(val_fraction=0.25)
+    own = state_of(tiny_model(("a",)))
+    _, val = split_validation(tiny_ctx(holds=("a",)).data, 0.25, 123)
+    better = tiny_model(("a",))
+    local_train(better, val, TrainConfig(optimizer="sgd", local_epochs=30, batch_size=10, lr=0.1), torch.Generator().manual_seed(0))
+    better = state_of(better)
+    worse = {k: v + 3.0 * torch.randn_like(v) if v.is_floating_point() else v for k, v in own.items()}
+
+    def reply_with(peers):
+        arrays = {f"{PEER}{j}/{k}": v for j, state in peers.items() for k, v in state.items()}
+        return FedFomoClient(params, tiny_ctx(holds=("a",))).handle("train", Message(arrays=arrays, scalars={"val_seed": 123}))
+
+    helped, alone = reply_with({4: better, 7: worse}), reply_with({7: worse})
+    w = helped.arrays[WEIGHTS]
+    assert float(w[0]) > 0 and alone.arrays[WEIGHTS].tolist() == [0.0]
+    mix = fomo_update(own, [better, worse], w.tolist())
+    keys = [k for k, v in own.items() if v.is_floating_point()]
+
+    def dist(a, b):
+        return math.sqrt(sum(float(((a[k] - b[k]) ** 2).sum()) for k in keys))
+
+    assert dist(helped.arrays, mix) < dist(helped.arrays, own)  # measured: 2.66 < 3.89
+    assert dist(alone.arrays, own) < dist(alone.arrays, mix)
+
+
 def test_fedfomo_params_validation():
     for bad in ({"num_peers": -1}, {"epsilon": 1.5}, {"epsilon_decay": -0.1}, {"val_fraction": 1.0}):
         with pytest.raises(ConfigError, match="algorithm."):

@@ -336,6 +336,29 @@ def test_mfedproto_prototype_term_pulls_representations_toward_the_global_protot
     assert after[1.0] < 0.7 * before and after[1.0] < 0.7 * after[0.0]
 
 
+def test_mfedproto_server_prototypes_are_the_count_weighted_mean_of_the_clients_in_a_real_round(tmp_path):
+    # FedProto eq. 8 in the server of a real case-D round: each class's global prototype is the
+    # clients' local prototypes weighted by their counts of that class (the clients hold the
+    # classes in different proportions, so the uniform mean over the reporting clients differs)
+    from mmfl.algorithms.prototypes import PROTO, PROTO_COUNT
+
+    exp = Experiment(resolve(mm_raw(tmp_path, "mfedproto")), progress=False)
+    seen = spy_replies(exp)
+    exp.run()
+    (_, _, replies), = seen
+    for m in ("pix", "fou"):
+        got = [(r.arrays[PROTO + m].double(), r.arrays[PROTO_COUNT + m].double()) for r in replies.values()
+               if PROTO + m in r.arrays]
+        assert len(got) >= 2
+        counts = torch.stack([n for _, n in got])  # [clients, classes]
+        held = counts.sum(0) > 0
+        hand = sum(n[:, None] * p for p, n in got) / counts.sum(0).clamp(min=1)[:, None]
+        assert torch.allclose(exp.server.protos[m].double()[held], hand[held], rtol=0, atol=1e-6), m
+        assert torch.equal(exp.server.counts[m].double(), counts.sum(0))
+        uniform = sum((n > 0).double()[:, None] * p for p, n in got) / (counts > 0).sum(0).clamp(min=1)[:, None]
+        assert float((uniform - hand)[held].abs().max()) > 1e-3, m  # the check can fail
+
+
 def test_pmr_step_moves_the_weak_modality_toward_its_class_prototype_and_leaves_the_dominant():
     from mmfl.algorithms.prototypes import pmr_terms, prototype_logits
 
