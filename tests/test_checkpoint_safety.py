@@ -178,15 +178,14 @@ def test_overwrite_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
     d.mkdir()
     (d / "thesis.tex").write_text("years of work")
     (d / "config.toml").write_text('title = "not an mmfl config"\n')
-    with pytest.raises(MMFLError, match="not an mmfl run folder"):
+    with pytest.raises(MMFLError, match="not a run folder of this mmfl"):
         run_exp(tmp_path, "mine", rounds=1, overwrite=True)
     assert sorted(p.name for p in d.iterdir()) == ["config.toml", "thesis.tex"]  # not even a lock file
     assert (d / "thesis.tex").read_text() == "years of work"
-    # an mmfl run is replaced, its lock file kept
+    # an mmfl run is replaced, its lock file kept; a file the run did not write refuses (tests/test_overwrite.py)
     d2 = run_exp(tmp_path, "run", rounds=1).run_dir
-    (d2 / "stale.txt").write_text("x")
     run_exp(tmp_path, "run", rounds=1, overwrite=True)
-    assert not (d2 / "stale.txt").exists() and (d2 / "config.toml").is_file()
+    assert (d2 / "config.toml").is_file() and (d2 / ".lock").is_file()
 
 
 # ----------------------------------------------------------------------------- file system errors

@@ -29,7 +29,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from mmfl.engine import runfolder
+from mmfl.engine import runfiles, runfolder
 from mmfl.engine.state import LazyTensors
 from mmfl.errors import MMFLError
 
@@ -87,6 +87,7 @@ def save(ckpt_root: Path, rnd: int, server: dict[str, Tensor],
     given (a disk-backed store streams its changes without holding them in memory).
     On an error (a full disk) the temporary folder is removed and the older checkpoints
     are left as they were."""
+    runfiles.note(ckpt_root, owned_dir=True)  # what --overwrite may delete (mmfl.engine.runfiles)
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"round_{rnd:05d}"
     tmp = ckpt_root / f"round_{rnd:05d}.tmp"

@@ -166,6 +166,9 @@ def _loopback(args, cfg, deploy) -> int:
                 print(dep.run_log(run_id)[-3000:], file=sys.stderr)
                 raise MMFLError(f"run {run_id} {status} (SuperLink log: {workdir / 'superlink.log'})")
     finally:
+        from mmfl.engine import runfiles
+
+        runfiles.note(cfg.run_dir / "node_state", owned_dir=True, depth=1)  # the SuperNodes' client state
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
     print((cfg.run_dir / "summary.json").read_text())
