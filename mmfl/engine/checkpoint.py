@@ -6,9 +6,14 @@ name, every file and the folder fsynced, and renamed into place only when
 complete, then ``checkpoints/LATEST`` is replaced atomically; a crash mid-write
 leaves at most a ``*.tmp`` folder that nothing reads.
 
-``meta.json`` records the sha256 of each tensor file (``"sha256"``); :func:`damage`
-checks them, so a flipped byte, a truncated or a missing file is found before
-anything is loaded. :func:`resume_point` picks the newest checkpoint that passes
+``meta.json`` records the sha256 of each tensor file (``"sha256"``) and its own digest
+(``"meta_sha256"``: the sha256 of its other fields as canonical JSON, the round included), so
+the chain ``LATEST`` -> ``meta.json`` -> every file is checked: :func:`damage` finds a flipped
+byte, a truncated or missing file, and any field of ``meta.json`` edited, added or removed
+(its round, a checksum, the digest itself) before anything is loaded. A checkpoint without
+the digest is damaged in a run folder this mmfl created (its ``.mmfl-run`` marker,
+:mod:`mmfl.engine.runfiles`); in an unmarked folder (a run of an older mmfl) it is the old
+format: it resumes, and :func:`legacy` lets the runner say so in one warning line. :func:`resume_point` picks the newest checkpoint that passes
 and names the newer ones that do not (the runner falls back to it).
 """
 
@@ -35,6 +40,22 @@ from mmfl.errors import MMFLError
 
 FILES = ("server.safetensors", "clients.safetensors")
 SUMS = "sha256"  # meta.json key: {file name: hex digest}
+META_SUM = "meta_sha256"  # meta.json key: the digest of its other fields (meta_digest)
+
+
+def meta_digest(meta: dict) -> str:
+    """sha256 of ``meta`` (without :data:`META_SUM`) as canonical JSON: sorted keys, no spaces."""
+    body = {k: v for k, v in meta.items() if k != META_SUM}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def legacy(path: Path) -> bool:
+    """Whether the checkpoint ``path`` is of the format before :data:`META_SUM` (no digest)."""
+    try:
+        meta = json.loads((Path(path) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and META_SUM not in meta
 
 
 def _fsync(path: Path) -> None:
@@ -105,7 +126,8 @@ def save(ckpt_root: Path, rnd: int, server: dict[str, Tensor],
             _check_complete(tmp / name)
             _fsync(tmp / name)
             sums[name] = sha256(tmp / name)
-        runfolder.atomic_write(tmp / "meta.json", json.dumps({**meta, SUMS: sums}))
+        full = {**meta, SUMS: sums}
+        runfolder.atomic_write(tmp / "meta.json", json.dumps({**full, META_SUM: meta_digest(full)}))
         _fsync(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -128,14 +150,25 @@ def damage(path: Path) -> str | None:
     written before checksums: its files' safetensors headers must read)."""
     try:
         meta = json.loads((path / "meta.json").read_text())
-        int(meta["round"])
+        rnd = int(meta["round"])
         sums = meta.get(SUMS)
+        digest = meta.get(META_SUM)
     except FileNotFoundError:
         return "no meta.json (incomplete)"
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         return f"meta.json is unreadable ({type(e).__name__})"
+    if digest is not None:
+        if digest != meta_digest(meta):
+            return "meta.json does not match its own digest (a field edited, added or removed)"
+    elif runfiles.is_marked(path.parent.parent):  # a run this mmfl created writes the digest
+        return f"meta.json has no {META_SUM} (its digest removed)"
+    if digest is not None and (not isinstance(sums, dict) or any(name not in sums for name in FILES)):
+        return f"meta.json lacks the sha256 of {', '.join(n for n in FILES if not isinstance(sums, dict) or n not in sums)}"
     if sums is not None and not isinstance(sums, dict):
         return "meta.json is unreadable (sha256 is not a table)"
+    m = re.fullmatch(r"round_(\d{5})", path.name)
+    if m and int(m.group(1)) != rnd:
+        return f"meta.json's round ({rnd}) is not its folder's ({path.name})"
     for name in FILES:
         p = path / name
         if not p.is_file():
@@ -189,5 +222,5 @@ def load(path: Path, lazy_clients: bool = False,
         clients = LazyTensors(cpath) if lazy_clients else load_file(cpath)
     except (OSError, ValueError, SafetensorError) as e:
         raise MMFLError(f"{path}: checkpoint is unreadable ({e})") from None
-    meta.pop(SUMS, None)
+    meta.pop(SUMS, None), meta.pop(META_SUM, None)
     return server, clients, meta
