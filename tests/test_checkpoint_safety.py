@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import patience
 import torch
 
 from mmfl.cli import main
@@ -155,7 +156,7 @@ def test_second_writer_fails_naming_the_folder_and_the_holder(tmp_path, capsys):
         assert str(d) in line and f"pid {holder.pid}" in line
     finally:
         holder.stdin.close()
-        holder.wait(timeout=30)
+        holder.wait(timeout=patience(30))
     assert (d / "metrics.jsonl").read_bytes() == before  # the second writer wrote nothing
     run_exp(tmp_path, "busy", rounds=2, resume=True)  # released by the holder's exit
     assert [r["round"] for r in rows_of(d)] == [1, 2]

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import patience  # noqa: E402
 import torch
 
 flwr = pytest.importorskip("flwr", reason='Flower not installed (pip install -e ".[flower]")')
@@ -261,7 +262,7 @@ def deployment(tmp_path_factory):
 
 
 def finished(dep, run_id: int, cfg) -> Path:
-    status = dep.wait(run_id, timeout=300, done_file=cfg.run_dir / "summary.json")
+    status = dep.wait(run_id, timeout=patience(300), done_file=cfg.run_dir / "summary.json")
     assert status == "finished:completed", dep.run_log(run_id)[-3000:] + dep.log("superlink")[-2000:]
     return cfg.run_dir
 
@@ -315,7 +316,7 @@ def test_loopback_killed_supernode_is_dropped(deployment, loopback_runs, tmp_pat
     cfg = cfg_of(tmp_path / "flower", "kill", "rounds=1", "on_missing_reply=drop", "reply_timeout=60")
     seen = len(deployment.log("supernode2"))  # its log of the earlier runs
     run_id = deployment.submit(cfg)
-    deadline = time.monotonic() + 150
+    deadline = time.monotonic() + patience(150)
     while time.monotonic() < deadline:
         new = deployment.log("supernode2")[seen:]
         hello = new.find("Sending: query.mmfl_hello")

@@ -93,13 +93,19 @@ def _check_complete(path: Path) -> None:
         raise OSError(errno.EIO, "written incompletely (disk full?)", str(path))
 
 
+def _as_oserror(e: SafetensorError, path: Path) -> OSError:
+    """An I/O error inside safetensors (a full disk: ``IoError(Os { code: 28, ... })``) as an OSError
+    like any other write's (the runner says it in one line, mmfl.engine.runfolder.fs_error)."""
+    m = re.search(r"code: (\d+)", str(e))
+    code = int(m.group(1)) if m else errno.EIO
+    return OSError(code, os.strerror(code), str(path))
+
+
 def _save_tensors(tensors: dict[str, Tensor], path: Path) -> None:
     try:
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path))  # device-independent
-    except SafetensorError as e:  # an I/O error inside safetensors: an OSError like any other write
-        m = re.search(r"code: (\d+)", str(e))
-        code = int(m.group(1)) if m else errno.EIO
-        raise OSError(code, os.strerror(code), str(path)) from None
+    except SafetensorError as e:
+        raise _as_oserror(e, path) from None
 
 
 def save(ckpt_root: Path, rnd: int, server: dict[str, Tensor],
@@ -117,8 +123,15 @@ def save(ckpt_root: Path, rnd: int, server: dict[str, Tensor],
     try:
         tmp.mkdir()
         _save_tensors(server, tmp / FILES[0])
-        if callable(clients):
-            clients(str(tmp / FILES[1]))
+        if callable(clients):  # the store writes its own file (the memory store: safetensors' save_file)
+            try:
+                clients(str(tmp / FILES[1]))
+            except SafetensorError as e:
+                raise _as_oserror(e, tmp / FILES[1]) from None
+            except OSError as e:  # name the file the error line points at
+                if e.filename is not None:
+                    raise
+                raise OSError(e.errno, e.strerror, str(tmp / FILES[1])) from None
         else:
             _save_tensors(clients, tmp / FILES[1])
         sums = {}

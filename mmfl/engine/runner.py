@@ -39,7 +39,7 @@ from mmfl.core.system import WirelessSystem
 from mmfl.core.training import train_for_run
 from mmfl.data.federation import build_federation
 from mmfl.engine import checkpoint, runfiles, runfolder
-from mmfl.engine.learning_check import LearningCheck, diverged
+from mmfl.engine.learning_check import LearningCheck, diverged, no_valid_reply
 from mmfl.engine.runfolder import with_new_defaults  # noqa: F401  (its home before)
 from mmfl.engine.dp import DPAccountant, LocalDP, check_dpsgd_models
 from mmfl.engine.progress import RunProgress
@@ -55,7 +55,8 @@ from mmfl.seeds import derive_seed
 
 
 # settings that change where or how often a run computes, not its result: a resume may change them
-RESUME_MAY_CHANGE = ("device", "gpus_per_client", "checkpoint_every", "threads")
+# (on_no_valid_reply: a run it stopped resumes with "skip")
+RESUME_MAY_CHANGE = ("device", "gpus_per_client", "checkpoint_every", "threads", "on_no_valid_reply")
 
 
 def cohort_size(cfg: ExperimentConfig, num_clients: int) -> int:
@@ -285,12 +286,19 @@ class Experiment:
                     row.update(self.server.round(rnd, cohort, self.transport))
                 except MMFLError as e:  # a centralized run that diverged: "lower train.lr"
                     raise diverged(e, self.spec.pooled) from None
+                except RuntimeError as e:  # a setting too large for float32 (torch's optimizer step)
+                    if "without overflow" not in str(e):
+                        raise
+                    raise MMFLError(f"round {rnd + 1}: a value overflows float32 in training ({e}); check "
+                                    "train.lr, train.weight_decay and the algorithm's parameters") from None
             row.update(self.transport.batch_info)  # batched clients, or why not
             if self.dp_accountant is not None:
                 row.update(self.dp_accountant.metrics(rnd))
             train_comm = self.transport.log.summary()
             dropped = list(self.transport.log.dropped)  # before the evaluation resets the log
             rejected = list(getattr(self.transport.log, "rejected", ()))
+            if dropped and getattr(self.transport.log, "accepted", None) == 0:  # replies came, none was kept
+                row["no_valid_reply"] = no_valid_reply(cfg.run.on_no_valid_reply, rnd, dropped)
             row["train_time_s"] = time.perf_counter() - t0
             if (rnd + 1) % cfg.run.eval_every == 0 or rnd + 1 == cfg.run.rounds:
                 self.transport.log.reset()
