@@ -105,3 +105,15 @@ def test_half_written_copies_and_owned_folders_count_as_the_runs(cfg, capsys):
     assert runfiles.first_unlisted(d) is None
     assert cli(argv(cfg, "r", "--overwrite"), capsys)[0] == 0
     assert not (d / "metrics.jsonl.tmp").exists() and not (d / "checkpoints" / "round_00002.tmp").exists()
+
+
+def test_flower_overwrite_refuses_a_users_folder_before_flower_starts(cfg, capsys):
+    d = cfg / "mine"
+    d.mkdir()
+    (d / "config.toml").write_text(EXPERIMENT)
+    (d / "notes.md").write_text("what I tried")
+    args = [a for a in argv(cfg, "mine", "--overwrite")[1:] if a != "--no-progress"]
+    for cmd in ("simulate", "loopback"):
+        rc, err = cli(["flower", cmd, *args], capsys)
+        assert rc == 2 and len(err.splitlines()) == 1 and "not a run folder of this mmfl" in err, err
+        assert tree(d) == ["config.toml", "notes.md"]

@@ -102,6 +102,10 @@ def _check_fresh(cfg, overwrite: bool) -> None:
     d = cfg.run_dir
     if d.exists() and any(d.iterdir()) and not overwrite:
         raise MMFLError(f"{d}: run folder exists; use --overwrite to replace it, or --set name=<new name>")
+    if overwrite and d.is_dir() and any(p.name != ".lock" for p in d.iterdir()):
+        from mmfl.engine import runfiles
+
+        runfiles.check_overwrite(d)  # here, before Flower starts: only what an mmfl run wrote
 
 
 def main(args) -> int:
