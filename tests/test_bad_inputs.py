@@ -123,3 +123,16 @@ def test_a_round_with_every_reply_dropped_is_kept_with_skip(tmp_path, capsys, cl
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert [r["no_valid_reply"] for r in rows] == [True, True]
     assert rows[0]["accuracy"] == rows[1]["accuracy"]  # the model never changed
+
+
+def test_an_overflow_in_training_is_one_line(tmp_path):
+    # past the config's bounds (a value set in code): torch's "cannot be converted ... without overflow"
+    from mmfl.config import load_config
+    from mmfl.engine.runner import Experiment
+    from mmfl.errors import MMFLError
+
+    cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", "name=o", "rounds=1", 'train.optimizer="sgd"'])
+    cfg.train.lr = 1e300
+    with pytest.raises(MMFLError, match=r"^round 1: a value overflows float32 in training .*train.lr") as e:
+        Experiment(cfg, progress=False).run()
+    assert "\n" not in str(e.value)

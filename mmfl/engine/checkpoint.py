@@ -13,8 +13,9 @@ byte, a truncated or missing file, and any field of ``meta.json`` edited, added 
 (its round, a checksum, the digest itself) before anything is loaded. A checkpoint without
 the digest is damaged in a run folder this mmfl created (its ``.mmfl-run`` marker,
 :mod:`mmfl.engine.runfiles`); in an unmarked folder (a run of an older mmfl) it is the old
-format: it resumes, and :func:`legacy` lets the runner say so in one warning line. :func:`resume_point` picks the newest checkpoint that passes
-and names the newer ones that do not (the runner falls back to it).
+format: it resumes, and :func:`legacy` lets the runner say so in one warning line.
+:func:`resume_point` picks the newest checkpoint that passes and names the newer ones that do
+not (the runner falls back to it).
 """
 
 from __future__ import annotations
@@ -176,7 +177,8 @@ def damage(path: Path) -> str | None:
     elif runfiles.is_marked(path.parent.parent):  # a run this mmfl created writes the digest
         return f"meta.json has no {META_SUM} (its digest removed)"
     if digest is not None and (not isinstance(sums, dict) or any(name not in sums for name in FILES)):
-        return f"meta.json lacks the sha256 of {', '.join(n for n in FILES if not isinstance(sums, dict) or n not in sums)}"
+        lacking = [n for n in FILES if not isinstance(sums, dict) or n not in sums]
+        return f"meta.json lacks the sha256 of {', '.join(lacking)}"
     if sums is not None and not isinstance(sums, dict):
         return "meta.json is unreadable (sha256 is not a table)"
     m = re.fullmatch(r"round_(\d{5})", path.name)

@@ -148,8 +148,8 @@ def check_overwrite(run_dir: Path) -> None:
     run_dir = Path(run_dir)
     if not is_marked(run_dir):
         raise MMFLError(f"{run_dir}: not a run folder of this mmfl (no {MARKER} marker: a folder of yours, or a "
-                        "run written by an mmfl from before the marker); --overwrite deletes only files a run recorded writing: "
-                        "move the folder away or delete it by hand, or use --set name=<new name>")
+                        "run written by an mmfl from before the marker); --overwrite deletes only files a run "
+                        "recorded writing: move the folder away or delete it by hand, or use --set name=<new name>")
     stray = first_unlisted(run_dir)
     if stray is not None:
         raise MMFLError(f"{run_dir}: {stray} was not written by this run (not in {LISTING}); --overwrite deletes "

@@ -206,7 +206,8 @@ class Experiment:
             else:
                 if checkpoint.legacy(ckpt):  # an older mmfl's run (unmarked folder): resumes, said once
                     print(f"mmfl: warning: {ckpt}: checkpoint of an older mmfl (no {checkpoint.META_SUM}): its "
-                          "meta.json cannot be verified, only the sha256 of its files (where it has them)", file=sys.stderr, flush=True)
+                          "meta.json cannot be verified, only the sha256 of its files (where it has them)",
+                          file=sys.stderr, flush=True)
                 server, clients, meta = checkpoint.load(ckpt, lazy_clients=True, verify=False)
                 start = int(meta["round"])  # rounds completed = index of the next round
                 if damaged:
