@@ -136,3 +136,13 @@ def test_an_overflow_in_training_is_one_line(tmp_path):
     with pytest.raises(MMFLError, match=r"^round 1: a value overflows float32 in training .*train.lr") as e:
         Experiment(cfg, progress=False).run()
     assert "\n" not in str(e.value)
+
+
+def test_waits_poll_for_the_event_with_a_scaled_ceiling():
+    import conftest
+
+    calls = []
+    assert conftest.wait_for(lambda: calls.append(1) or len(calls) >= 3, 10, "three polls", poll=0.001) is True
+    assert conftest.patience(300) == 300 * conftest.TIMEOUT_SCALE and conftest.TIMEOUT_SCALE >= 1
+    with pytest.raises(AssertionError, match="never: not within .* s \\(MMFL_TEST_TIMEOUT_SCALE="):
+        conftest.wait_for(lambda: False, 0.01 / conftest.TIMEOUT_SCALE, "never", poll=0.001)
