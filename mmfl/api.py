@@ -219,6 +219,9 @@ class Result:
         what ``mmfl report RUN`` and ``mmfl run --plot`` write."""
         from mmfl.report import plot_accuracy
 
+        from mmfl.engine import runfiles
+
+        runfiles.record(self.run_dir, self.plot_path.name)  # the run's (what --overwrite may delete)
         plot_accuracy({self.run_dir.name: self.rows}, self.plot_path)
         return self.plot_path
 

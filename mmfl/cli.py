@@ -267,6 +267,10 @@ def cmd_report(args) -> int:
     from mmfl.report import compare
 
     plot = args.plot or (str(Path(args.runs[0]) / "accuracy.png") if len(args.runs) == 1 else None)
+    if plot:
+        from mmfl.engine import runfiles
+
+        runfiles.note(Path(plot), depth=1)  # a plot in a run folder is the run's (what --overwrite may delete)
     print(compare(args.runs, plot_path=plot))
     if plot:
         print(f"plot: {plot}")

@@ -181,6 +181,9 @@ def run_references(cfg, progress: bool = True) -> dict:
     key, label = METRICS[fam]
     rows: list[dict] = []
     out_dir = cfg.run_dir / "reference"
+    from mmfl.engine import runfiles
+
+    runfiles.note(out_dir, owned_dir=True)  # the run's (what --overwrite may delete)
     out_dir.mkdir(parents=True, exist_ok=True)
     methods = settings.methods
     personal = fam == "personalized"

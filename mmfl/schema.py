@@ -24,6 +24,14 @@ DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"  # the run's device setting (resolv
 COMPONENTS = ("data", "partition", "modalities", "model", "algorithm")
 
 
+# upper bounds where a larger value can only be a mistake (issue 27, item 5): one line, not a
+# traceback or a run that never ends
+MAX_LR = 1e3  # train.lr, train.weight_decay
+MAX_EPOCHS = 100_000  # train.local_epochs
+MAX_ROUNDS = 10_000_000  # rounds
+MAX_THREADS = 4096  # threads
+
+
 @dataclass
 class TrainConfig:
     """Local training settings. Adam with lr 1e-3 by default: measured on seven data sets mmfl had never
@@ -46,16 +54,16 @@ class TrainConfig:
         "help": "cosine schedule: its period T in rounds (0 = the run's rounds)"})
 
     def __post_init__(self):
-        if self.local_epochs < 1:
-            raise ConfigError(f"train.local_epochs: must be >= 1, got {self.local_epochs}")
+        if not 1 <= self.local_epochs <= MAX_EPOCHS:
+            raise ConfigError(f"train.local_epochs: must be in [1, {MAX_EPOCHS}], got {self.local_epochs}")
         if self.batch_size < 1:
             raise ConfigError(f"train.batch_size: must be >= 1, got {self.batch_size}")
-        if not self.lr > 0:
-            raise ConfigError(f"train.lr: must be > 0, got {self.lr}")
+        if not 0 < self.lr <= MAX_LR:  # above: a typo (1e300 overflows float32 in the optimizer step)
+            raise ConfigError(f"train.lr: must be in (0, {MAX_LR:g}], got {self.lr}")
         if not 0 <= self.momentum < 1:
             raise ConfigError(f"train.momentum: must be in [0, 1), got {self.momentum}")
-        if self.weight_decay < 0:
-            raise ConfigError(f"train.weight_decay: must be >= 0, got {self.weight_decay}")
+        if not 0 <= self.weight_decay <= MAX_LR:
+            raise ConfigError(f"train.weight_decay: must be in [0, {MAX_LR:g}], got {self.weight_decay}")
         if self.lr_schedule not in ("constant", "cosine"):
             raise ConfigError(f"train.lr_schedule: must be 'constant' or 'cosine', got {self.lr_schedule!r}")
         if not 0 <= self.lr_min <= self.lr:
@@ -98,6 +106,11 @@ class RunConfig:
         default="drop", metadata={"help": "a client reply that does not fit what the server expects (keys, "
                                           "shapes, dtypes, num_examples; mmfl.core.replies): drop it with a "
                                           "logged reason (counted in replies_rejected), or fail the run"})
+    on_no_valid_reply: Literal["fail", "skip"] = field(
+        default="fail", metadata={"help": "a round in which replies came and every one was dropped (NaN/inf, "
+                                          "invalid, missing): fail the run with one line (exit 2; resume "
+                                          "from the last checkpoint), or skip the round keeping the model, "
+                                          "with one line (when attackers may make up a whole cohort)"})
     keep_checkpoints: int = field(default=1, metadata={
         "help": "how many round checkpoints to keep (>= 1; >= 2 lets resume skip a damaged newest one)"})
     reply_timeout: float = field(
@@ -123,16 +136,16 @@ class RunConfig:
     def __post_init__(self):
         if not self.name or "/" in self.name or self.name in (".", ".."):
             raise ConfigError(f"name: must be a plain folder name, got {self.name!r}")
-        if self.rounds < 1:
-            raise ConfigError(f"rounds: must be >= 1, got {self.rounds}")
+        if not 1 <= self.rounds <= MAX_ROUNDS:  # above: a typo (2**70 would run forever)
+            raise ConfigError(f"rounds: must be in [1, {MAX_ROUNDS}], got {self.rounds}")
         if not 0 < self.sample_fraction <= 1:
             raise ConfigError(f"sample_fraction: must be in (0, 1], got {self.sample_fraction}")
         if self.clients_per_round < 0:
             raise ConfigError(f"clients_per_round: must be >= 0, got {self.clients_per_round}")
         if self.eval_every < 1:
             raise ConfigError(f"eval_every: must be >= 1, got {self.eval_every}")
-        if self.threads < 0:
-            raise ConfigError(f"threads: must be >= 0, got {self.threads}")
+        if not 0 <= self.threads <= MAX_THREADS:
+            raise ConfigError(f"threads: must be in [0, {MAX_THREADS}], got {self.threads}")
         if not isinstance(self.device, str) or not re.fullmatch(DEVICE_PATTERN, self.device):
             raise ConfigError(f"device: must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
         if self.precision not in ("fp32", "bf16"):
@@ -148,6 +161,8 @@ class RunConfig:
             raise ConfigError(f"reply_timeout: must be > 0, got {self.reply_timeout}")
         if self.stream_aggregation not in ("auto", "on", "off"):
             raise ConfigError(f"stream_aggregation: must be 'auto', 'on' or 'off', got {self.stream_aggregation!r}")
+        if self.on_no_valid_reply not in ("fail", "skip"):
+            raise ConfigError(f"on_no_valid_reply: must be 'fail' or 'skip', got {self.on_no_valid_reply!r}")
         if self.on_bad_reply not in ("drop", "fail"):
             raise ConfigError(f"on_bad_reply: must be 'drop' or 'fail', got {self.on_bad_reply!r}")
 

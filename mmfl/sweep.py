@@ -38,7 +38,13 @@ def run_one(name: str, raw: dict, raw_dir: str, post: Callable | None = None,
             exp = Experiment(cfg, progress=False)
             exp.run(overwrite=True)
         if post is not None:
+            from mmfl.engine import runfiles
+
+            before = set(d.rglob("*"))
             post(raw, cfg, d, exp)
+            # its files are this run's (mmfl wrote them): what a later --overwrite may delete
+            runfiles.record(d, *sorted(p.relative_to(d).as_posix() for p in d.rglob("*")
+                                       if p.is_file() and p not in before))
         (d / "failed.txt").unlink(missing_ok=True)
         return name, time.perf_counter() - t0, None
     except Exception as e:  # a failed run is recorded and reported, not fatal

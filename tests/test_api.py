@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import patience  # noqa: E402
 
 import mmfl
 from mmfl.cli import demo_config_path, main
@@ -128,7 +129,7 @@ def test_list_gives_the_registered_names():
 
 def _modules_after(code: str) -> set[str]:
     out = subprocess.run([sys.executable, "-c", code + "\nimport sys; print(' '.join(sorted(sys.modules)))"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+                         cwd=ROOT, capture_output=True, text=True, timeout=patience(120))
     assert out.returncode == 0, out.stderr
     return set(out.stdout.split())
 

@@ -143,8 +143,9 @@ def test_check_reply_names_what_is_wrong(reply, reason):
 
 def test_check_reply_accepts_a_subset_of_keys_and_integral_counts():
     assert check_reply(SCHEMA, Message({"w": torch.ones(3)}, {"num_examples": 10, "examples/enc": 0}), 10) is None
-    assert check_reply(SCHEMA, Message({}, {"num_examples": 4.0}), 10) is None  # 4.0: an integer in a float
-    assert check_reply(SCHEMA, Message({}, {"num_examples": MAX_COUNT}), None) is None  # size unknown: the bound
+    w = {"w": torch.ones(3)}  # a model reply carries at least one model entry (tests/test_bad_inputs.py)
+    assert check_reply(SCHEMA, Message(w, {"num_examples": 4.0}), 10) is None  # 4.0: an integer in a float
+    assert check_reply(SCHEMA, Message(w, {"num_examples": MAX_COUNT}), None) is None  # size unknown: the bound
     free = ReplySchema(free=("proto/",), required=("proto/a",))
     assert check_reply(free, Message({"proto/a": torch.ones(7, 2)}, {"num_examples": 1}), 10) is None
     assert "'proto/a' is missing" in check_reply(free, Message({}, {"num_examples": 1}), 10)

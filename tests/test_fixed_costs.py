@@ -4,6 +4,7 @@ a tiny experiment end to end imports neither ``torch._dynamo`` (torch.optim's fi
 ``mmfl report RUN`` instead). benchmarks/perf/fixed_costs.py measures both."""
 
 import subprocess
+from conftest import patience
 import sys
 
 CODE = """
@@ -19,7 +20,7 @@ print(sorted(m for m in ("torch._dynamo", "matplotlib") if m in sys.modules))
 
 def _heavy_after_run(tmp_path, algo: str) -> str:
     out = subprocess.run([sys.executable, "-c", CODE.replace("ALGO", algo).replace("OUT", str(tmp_path))], capture_output=True,
-                         text=True, timeout=300)
+                         text=True, timeout=patience(300))
     assert out.returncode == 0, out.stderr
     return out.stdout.strip().splitlines()[-1]
 

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import patience, wait_for  # noqa: E402
 import torch
 
 flwr = pytest.importorskip("flwr", reason='Flower not installed (pip install -e ".[flower]")')
@@ -261,7 +262,7 @@ def deployment(tmp_path_factory):
 
 
 def finished(dep, run_id: int, cfg) -> Path:
-    status = dep.wait(run_id, timeout=300, done_file=cfg.run_dir / "summary.json")
+    status = dep.wait(run_id, timeout=patience(300), done_file=cfg.run_dir / "summary.json")
     assert status == "finished:completed", dep.run_log(run_id)[-3000:] + dep.log("superlink")[-2000:]
     return cfg.run_dir
 
@@ -315,13 +316,13 @@ def test_loopback_killed_supernode_is_dropped(deployment, loopback_runs, tmp_pat
     cfg = cfg_of(tmp_path / "flower", "kill", "rounds=1", "on_missing_reply=drop", "reply_timeout=60")
     seen = len(deployment.log("supernode2"))  # its log of the earlier runs
     run_id = deployment.submit(cfg)
-    deadline = time.monotonic() + 150
-    while time.monotonic() < deadline:
+
+    def answered_hello() -> bool:
         new = deployment.log("supernode2")[seen:]
         hello = new.find("Sending: query.mmfl_hello")
-        if hello >= 0 and "Sent successfully" in new[hello:]:
-            break
-        time.sleep(0.1)
+        return hello >= 0 and "Sent successfully" in new[hello:]
+
+    wait_for(answered_hello, 150, "SuperNode 2 answering the run's hello")
     time.sleep(1.0)  # the ServerApp pulls replies every 0.1 s
     deployment.kill("supernode2", signal.SIGTERM)
     (r1,) = rows(finished(deployment, run_id, cfg))

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import patience  # noqa: E402
 
 pytest.importorskip("flwr", reason='Flower not installed (pip install -e ".[flower]")')
 
@@ -53,7 +54,7 @@ class Shells:
     def run(self, block: str, timeout: float = 300, **var) -> str:
         env = {**self.env, **{k: str(v) for k, v in var.items()}}
         p = subprocess.run(["bash", "-ec", self.settings + block], cwd=self.cwd, env=env, capture_output=True,
-                           text=True, timeout=timeout)
+                           text=True, timeout=patience(timeout))
         assert p.returncode == 0, f"{tag(block)} failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
         return p.stdout
 
@@ -98,7 +99,7 @@ def wait_port(host: str, port: int, proc: subprocess.Popen, log: Path, timeout: 
 
 def flwr(args: list[str], home: Path, env: dict, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "flwr"), *args], env={**env, "FLWR_HOME": str(home)}, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=patience(timeout))
 
 
 def flwr_json(args: list[str], home: Path, env: dict) -> dict:
@@ -176,7 +177,7 @@ def test_documented_deployment_works_verbatim_and_keeps_outsiders_out(tmp_path):
                                          "--max-wait-time", "20", "--node-config", "partition-id=0 num-partitions=3"],
                                         env=env, stdout=out, stderr=subprocess.STDOUT, cwd=home, start_new_session=True)
             try:
-                rc = intruder.wait(timeout=120)
+                rc = intruder.wait(timeout=patience(120))
             finally:
                 try:
                     os.killpg(intruder.pid, signal.SIGKILL)

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import patience
 import torch
 
 pytest.importorskip("flwr", reason='Flower not installed (pip install -e ".[flower]")')
@@ -176,7 +177,7 @@ def setup_dry_run(tmp_path, gpu: bool, **env) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if not k.startswith("MMFL_")}
     full.update(PATH=f"{bin_dir}:{os.environ['PATH']}", **env)
     return subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh"), "--dry-run"], env=full,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=patience(60))
 
 
 def torch_command(out: str) -> str:

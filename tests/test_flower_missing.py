@@ -35,6 +35,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import patience  # noqa: E402
 
 pytest.importorskip("flwr", reason='Flower not installed (pip install -e ".[flower]")')
 
@@ -136,7 +137,7 @@ def loopback_runs(manifest_root, tmp_path_factory):
         cfgs = {c: config_of(c, manifest_root, tmp / "loopback") for c in LOOPBACK}
         ids = {c: dep.submit(cfg) for c, cfg in cfgs.items()}
         for c, cfg in cfgs.items():
-            status = dep.wait(ids[c], timeout=900, done_file=cfg.run_dir / "summary.json")
+            status = dep.wait(ids[c], timeout=patience(900), done_file=cfg.run_dir / "summary.json")
             assert status == "finished:completed", dep.run_log(ids[c])[-3000:] + dep.log("superlink")[-2000:]
         yield tmp, {c: cfg.run_dir for c, cfg in cfgs.items()}
     finally:

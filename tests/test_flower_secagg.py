@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import patience  # noqa: E402
 import torch
 
 import mmfl
@@ -327,7 +328,7 @@ def test_loopback_secagg_server_never_sees_an_update(tmp_path):
     try:
         dep.start()
         run_id = dep.submit(cfg)
-        status = dep.wait(run_id, timeout=300, done_file=cfg.run_dir / "summary.json")
+        status = dep.wait(run_id, timeout=patience(300), done_file=cfg.run_dir / "summary.json")
         assert status == "finished:completed", dep.run_log(run_id)[-3000:] + dep.log("superlink")[-2000:]
     finally:
         dep.stop()

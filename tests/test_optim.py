@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import patience
 import torch
 from torch import nn
 
@@ -103,6 +104,6 @@ for opt in ("sgd", "adam"):
                 torch.Generator().manual_seed(0))
 print("dynamo" if "torch._dynamo" in sys.modules else "clean")
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=patience(120))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "clean"

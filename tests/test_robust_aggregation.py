@@ -151,16 +151,30 @@ def test_robust_rules_ignore_one_huge_outlier_that_moves_weighted_mean(rule, kw)
 
 # ----------------------------------------------------------------------------- counts and holders
 
-def test_krum_and_bulyan_name_the_rule_and_counts_when_a_round_has_too_few_updates():
-    with pytest.raises(ConfigError, match=r"'krum' needs n > 2f \+ 2 \(at least 5\) updates of 'w', got 4"):
-        aggregate("krum", _scalars(0, 1, 2, 3), [1.0] * 4, f=1)
-    with pytest.raises(ConfigError, match=r"'bulyan' needs n >= 4f \+ 3 \(at least 7\) updates of 'w', got 6"):
-        aggregate("bulyan", _scalars(0, 1, 2, 3, 4, 5), [1.0] * 6, f=1)
-    # per-module holders: the shared head has 5 holders, the image encoder only 3 -> an error naming it
+def test_too_few_updates_lower_f_with_one_line_never_an_error(capsys):
+    # issue 27, item 4: validation dropping attackers' replies must not stop the run
+    ups = _scalars(0, 1, 2, 3)
+    capsys.readouterr()
+    out = aggregate("krum", ups, [1.0] * 4, f=1)  # needs 5: f lowered to 0
+    assert torch.equal(out["w"], aggregate("krum", ups, [1.0] * 4, f=0)["w"])
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["mmfl: warning: aggregation rule 'krum' (f = 1) got 4 updates of 'w', fewer than n > 2f + 2 "
+                   "needs (at least 5): f lowered to 0 for this round"]
+    six = _scalars(0, 1, 2, 3, 4, 5)
+    out = aggregate("bulyan", six, [1.0] * 6, f=1)  # needs 7: f lowered to 0
+    assert torch.equal(out["w"], aggregate("bulyan", six, [1.0] * 6, f=0)["w"])
+    assert "'bulyan' (f = 1) got 6 updates" in capsys.readouterr().err
+    out = aggregate("multi_krum", six, [1.0] * 6, f=3, m=8)  # needs 9: f = 1; m > n: n - f
+    assert torch.equal(out["w"], aggregate("multi_krum", six, [1.0] * 6, f=1, m=5)["w"])
+    # not even f = 0 fits (Krum needs 3): the previous values are kept, one line
+    prev = {"w": torch.tensor([7.0])}
+    assert aggregate("krum", _scalars(0, 1), [1.0] * 2, prev, f=1)["w"].item() == 7.0
+    assert "previous values kept (round skipped)" in capsys.readouterr().err
+    # per-module holders: the shared head has 5 holders, the image encoder only 3 -> f lowered for it alone
     ups = [{"head": torch.tensor([float(i)]), **({"img.w": torch.tensor([1.0])} if i < 3 else {})} for i in range(5)]
-    with pytest.raises(ConfigError, match=r"'img.w', got 3"):
-        aggregate("krum", ups, [1.0] * 5, f=1)
-    out = aggregate("krum", ups, [1.0] * 5, f=0)  # each holder group selected on its own
+    out = aggregate("krum", ups, [1.0] * 5, f=1)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "'img.w', fewer" in err[0]
     assert out["head"].item() in (1.0, 2.0, 3.0) and out["img.w"].item() == 1.0
 
 

@@ -21,6 +21,7 @@ from mmfl.core.batched import BatchedClient, BatchedTask
 from mmfl.core.evaluation import personalized_metrics
 from mmfl.core.patterns import PATTERN
 from mmfl.core.message import Message
+from mmfl.core.replies import ReplySchema
 from mmfl.core.state import read, write
 from mmfl.core.training import evaluate_model, load_into, local_train, state_of
 
@@ -28,6 +29,10 @@ MODEL = "model/"
 
 
 class LocalServer(Server):
+    def reply_schema(self, route, cid):
+        """A ``train`` reply carries no model entry, only ``num_examples`` and its loss."""
+        return ReplySchema() if route == "train" else None
+
     def configure_train(self, rnd, cohort):
         return {cid: Message() for cid in cohort}
 

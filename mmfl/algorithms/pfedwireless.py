@@ -47,6 +47,7 @@ See docs/algorithms/pfedwireless.md for the choices the paper leaves open.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -116,6 +117,12 @@ class PFedWirelessParams:
 
 class PFedWirelessServer(Server):
     """One personalized model per device, a coefficient matrix per group, Alg. 1's schedule."""
+
+    def reply_schema(self, route: str, cid: int):
+        """The default schema, except that a reply may carry no model entry: a device the
+        scheduler left out this round uploads none of its groups (only its counts)."""
+        schema = super().reply_schema(route, cid)
+        return None if schema is None else dataclasses.replace(schema, min_arrays=0)
 
     # each device's model, per group: xi (eq. 3), ages, pending, and the previous round's schedule
     # (the global model is never changed: not saved)

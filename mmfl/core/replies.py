@@ -47,6 +47,7 @@ class ReplySchema:
     counts: tuple[str, ...] = ("num_examples",)
     count_prefixes: tuple[str, ...] = ("examples/",)
     required: tuple[str, ...] = ()
+    min_arrays: int = 0  # of ``arrays``' keys a reply must carry (a model reply: 1, model_schema)
 
     def merge(self, extra: "ReplySchema | None") -> "ReplySchema":
         """This schema with ``extra``'s arrays, free prefixes and required keys added (its counts
@@ -54,7 +55,7 @@ class ReplySchema:
         if extra is None:
             return self
         return ReplySchema({**self.arrays, **dict(extra.arrays)}, self.free + tuple(extra.free), self.counts,
-                           self.count_prefixes, self.required + tuple(extra.required))
+                           self.count_prefixes, self.required + tuple(extra.required), self.min_arrays)
 
 
 def specs_of(tensors: Mapping[str, Tensor]) -> dict[str, Spec]:
@@ -66,12 +67,13 @@ def model_schema(server_state: Mapping[str, Tensor], client_keys=None) -> ReplyS
     """The default schema of a weight-averaging algorithm's ``train`` reply: entries of
     ``server_state`` (the global model's state dict) restricted to ``client_keys`` (the
     entries the client's own model has, e.g. only its modalities' modules; None: all),
-    shapes and dtypes equal to the server's; ``num_examples`` required."""
+    shapes and dtypes equal to the server's; ``num_examples`` required, and at least one model
+    entry (a reply without any would count its ``num_examples`` for nothing)."""
     specs = specs_of(server_state)
     if client_keys is not None:
         keys = set(client_keys)
         specs = {k: v for k, v in specs.items() if k in keys}
-    return ReplySchema(specs)
+    return ReplySchema(specs, min_arrays=1 if specs else 0)
 
 
 def _count(value, name: str, low: int, high: int) -> str | None:
@@ -115,6 +117,8 @@ def check_reply(schema: ReplySchema, reply: Message, data_size: int | None = Non
     for key in schema.required:
         if key not in reply.arrays:
             return f"array '{key}' is missing"
+    if schema.min_arrays and sum(k in schema.arrays for k in reply.arrays) < schema.min_arrays:
+        return "the reply carries no model array (none of the model's entries)"
     for name in schema.counts:
         if name not in reply.scalars:
             return f"scalar '{name}' is missing"

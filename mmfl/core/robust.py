@@ -29,6 +29,7 @@ tensors (BatchNorm's ``num_batches_tracked``) take the maximum over holders, as 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import sys
 from typing import Any
 
 import torch
@@ -108,12 +109,6 @@ class ClipParams:
 
     def min_updates(self) -> int:
         return 1
-
-
-def too_few(rule: str, need: int, n: int, what: str, condition: str) -> ConfigError:
-    """The run-time error when a round brings fewer updates than ``rule`` needs."""
-    return ConfigError(f"aggregation rule '{rule}' needs {condition} (at least {need}) updates of {what}, "
-                       f"got {n}; lower {WHERE}.f or raise clients_per_round")
 
 
 # ----------------------------------------------------------------------------- coordinate-wise statistics
@@ -223,18 +218,43 @@ def integer_max(updates: list[dict[str, Tensor]], out: dict[str, Tensor]) -> Non
             out[key] = torch.stack([t for t, _ in pairs]).max(0).values
 
 
-def select_rule(name: str, combine, updates, previous, need, condition, info=None) -> dict[str, Tensor]:
-    """Apply ``combine(x [n, D]) -> [D]`` to every holder group, checking ``n >= need(n)``."""
+def fit_f(f: int, n: int, need) -> int | None:
+    """The largest ``g <= f`` with ``n >= need(g)`` (None: not even ``g = 0`` fits)."""
+    for g in range(f, -1, -1):
+        if n >= need(g):
+            return g
+    return None
+
+
+def select_rule(name: str, combine, updates, previous, need, condition, info=None, f: int = 0) -> dict[str, Tensor]:
+    """Apply ``combine(x [n, D], info, f) -> [D]`` to every holder group. A group with fewer
+    updates than ``need(f)`` (replies dropped by validation, a module few clients hold) never
+    stops the run: ``f`` is lowered to the largest value ``n`` allows, or, when not even
+    ``f = 0`` fits, the group keeps its previous values (the round is skipped for it); either
+    with one warning line (docs/robust.md, "Too few updates")."""
     out = dict(previous) if previous is not None else {}
     for idx, keys in holder_groups(updates):
         n = len(idx)
-        if n < need(n):
+        g = fit_f(f, n, need)
+        if g != f:
             what = f"'{keys[0]}'" + (f" and {len(keys) - 1} more keys" if len(keys) > 1 else "")
-            raise too_few(name, need(n), n, what, condition)
-        vec = combine(flatten(updates, idx, keys), info)
+            if g is None and previous is not None:
+                degrade_line(name, f, n, need(0), what, condition, "the previous values kept (round skipped)")
+                continue
+            g = 0 if g is None else g
+            degrade_line(name, f, n, need(f), what, condition, f"f lowered to {g} for this round")
+            if info is not None:
+                info.setdefault(f"{name}/f", []).append(g)
+        vec = combine(flatten(updates, idx, keys), info, g)
         out.update(unflatten(vec, updates[idx[0]], keys))
     integer_max(updates, out)
     return out
+
+
+def degrade_line(name: str, f: int, n: int, need: int, what: str, condition: str, action: str) -> None:
+    """The one warning line of a rule that got fewer updates than its ``f`` needs."""
+    print(f"mmfl: warning: aggregation rule '{name}' (f = {f}) got {n} updates of {what}, fewer than "
+          f"{condition} needs (at least {need}): {action}", file=sys.stderr, flush=True)
 
 
 def multi_krum_combine(x: Tensor, f: int, m: int, info: dict | None = None) -> Tensor:
@@ -252,17 +272,21 @@ def multi_krum_combine(x: Tensor, f: int, m: int, info: dict | None = None) -> T
 def krum(updates: list[dict[str, Tensor]], weights: Any = None, previous: dict[str, Tensor] | None = None,
          f: int = 1, info: dict | None = None, **context: Any) -> dict[str, Tensor]:
     """Per holder group: the update ``argmin_i s(i)`` (:func:`krum_scores`); needs ``n > 2f + 2``."""
-    return select_rule("krum", lambda x, inf: multi_krum_combine(x, f, 1, inf), updates, previous,
-                       lambda n: 2 * f + 3, "n > 2f + 2", info)
+    return select_rule("krum", lambda x, inf, g: multi_krum_combine(x, g, 1, inf), updates, previous,
+                       lambda g: 2 * g + 3, "n > 2f + 2", info, f)
 
 
 @AGGREGATION_RULES.register("multi_krum", MultiKrumParams, help="uniform mean of the m updates with the smallest "
                                                                 "Krum scores, weights ignored (Blanchard et al. 2017)")
 def multi_krum(updates: list[dict[str, Tensor]], weights: Any = None, previous: dict[str, Tensor] | None = None,
                f: int = 1, m: int = 0, info: dict | None = None, **context: Any) -> dict[str, Tensor]:
-    """Per holder group: :func:`multi_krum_combine` with ``m`` (0: ``n - f``); needs ``n > 2f + 2``, ``n >= m``."""
-    return select_rule("multi_krum", lambda x, inf: multi_krum_combine(x, f, m or x.shape[0] - f, inf), updates,
-                       previous, lambda n: max(2 * f + 3, m), "n > 2f + 2 and n >= m", info)
+    """Per holder group: :func:`multi_krum_combine` with ``m`` (0, or more than the group's n: ``n - f``);
+    needs ``n > 2f + 2``."""
+    def combine(x: Tensor, inf: dict | None, g: int) -> Tensor:
+        n = x.shape[0]
+        return multi_krum_combine(x, g, m if 0 < m <= n else n - g, inf)  # m > n: the n - f of m = 0
+
+    return select_rule("multi_krum", combine, updates, previous, lambda g: 2 * g + 3, "n > 2f + 2", info, f)
 
 
 def bulyan_combine(x: Tensor, f: int, info: dict | None = None) -> Tensor:
@@ -289,8 +313,8 @@ def bulyan_combine(x: Tensor, f: int, info: dict | None = None) -> Tensor:
 def bulyan(updates: list[dict[str, Tensor]], weights: Any = None, previous: dict[str, Tensor] | None = None,
            f: int = 1, info: dict | None = None, **context: Any) -> dict[str, Tensor]:
     """Per holder group: :func:`bulyan_combine`; needs ``n >= 4f + 3``."""
-    return select_rule("bulyan", lambda x, inf: bulyan_combine(x, f, inf), updates, previous,
-                       lambda n: 4 * f + 3, "n >= 4f + 3", info)
+    return select_rule("bulyan", lambda x, inf, g: bulyan_combine(x, g, inf), updates, previous,
+                       lambda g: 4 * g + 3, "n >= 4f + 3", info, f)
 
 
 # ----------------------------------------------------------------------------- norm clipping

@@ -6,10 +6,16 @@ name, every file and the folder fsynced, and renamed into place only when
 complete, then ``checkpoints/LATEST`` is replaced atomically; a crash mid-write
 leaves at most a ``*.tmp`` folder that nothing reads.
 
-``meta.json`` records the sha256 of each tensor file (``"sha256"``); :func:`damage`
-checks them, so a flipped byte, a truncated or a missing file is found before
-anything is loaded. :func:`resume_point` picks the newest checkpoint that passes
-and names the newer ones that do not (the runner falls back to it).
+``meta.json`` records the sha256 of each tensor file (``"sha256"``) and its own digest
+(``"meta_sha256"``: the sha256 of its other fields as canonical JSON, the round included), so
+the chain ``LATEST`` -> ``meta.json`` -> every file is checked: :func:`damage` finds a flipped
+byte, a truncated or missing file, and any field of ``meta.json`` edited, added or removed
+(its round, a checksum, the digest itself) before anything is loaded. A checkpoint without
+the digest is damaged in a run folder this mmfl created (its ``.mmfl-run`` marker,
+:mod:`mmfl.engine.runfiles`); in an unmarked folder (a run of an older mmfl) it is the old
+format: it resumes, and :func:`legacy` lets the runner say so in one warning line.
+:func:`resume_point` picks the newest checkpoint that passes and names the newer ones that do
+not (the runner falls back to it).
 """
 
 from __future__ import annotations
@@ -29,12 +35,28 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from mmfl.engine import runfolder
+from mmfl.engine import runfiles, runfolder
 from mmfl.engine.state import LazyTensors
 from mmfl.errors import MMFLError
 
 FILES = ("server.safetensors", "clients.safetensors")
 SUMS = "sha256"  # meta.json key: {file name: hex digest}
+META_SUM = "meta_sha256"  # meta.json key: the digest of its other fields (meta_digest)
+
+
+def meta_digest(meta: dict) -> str:
+    """sha256 of ``meta`` (without :data:`META_SUM`) as canonical JSON: sorted keys, no spaces."""
+    body = {k: v for k, v in meta.items() if k != META_SUM}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def legacy(path: Path) -> bool:
+    """Whether the checkpoint ``path`` is of the format before :data:`META_SUM` (no digest)."""
+    try:
+        meta = json.loads((Path(path) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and META_SUM not in meta
 
 
 def _fsync(path: Path) -> None:
@@ -72,13 +94,19 @@ def _check_complete(path: Path) -> None:
         raise OSError(errno.EIO, "written incompletely (disk full?)", str(path))
 
 
+def _as_oserror(e: SafetensorError, path: Path) -> OSError:
+    """An I/O error inside safetensors (a full disk: ``IoError(Os { code: 28, ... })``) as an OSError
+    like any other write's (the runner says it in one line, mmfl.engine.runfolder.fs_error)."""
+    m = re.search(r"code: (\d+)", str(e))
+    code = int(m.group(1)) if m else errno.EIO
+    return OSError(code, os.strerror(code), str(path))
+
+
 def _save_tensors(tensors: dict[str, Tensor], path: Path) -> None:
     try:
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path))  # device-independent
-    except SafetensorError as e:  # an I/O error inside safetensors: an OSError like any other write
-        m = re.search(r"code: (\d+)", str(e))
-        code = int(m.group(1)) if m else errno.EIO
-        raise OSError(code, os.strerror(code), str(path)) from None
+    except SafetensorError as e:
+        raise _as_oserror(e, path) from None
 
 
 def save(ckpt_root: Path, rnd: int, server: dict[str, Tensor],
@@ -87,6 +115,7 @@ def save(ckpt_root: Path, rnd: int, server: dict[str, Tensor],
     given (a disk-backed store streams its changes without holding them in memory).
     On an error (a full disk) the temporary folder is removed and the older checkpoints
     are left as they were."""
+    runfiles.note(ckpt_root, owned_dir=True)  # what --overwrite may delete (mmfl.engine.runfiles)
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"round_{rnd:05d}"
     tmp = ckpt_root / f"round_{rnd:05d}.tmp"
@@ -95,8 +124,15 @@ def save(ckpt_root: Path, rnd: int, server: dict[str, Tensor],
     try:
         tmp.mkdir()
         _save_tensors(server, tmp / FILES[0])
-        if callable(clients):
-            clients(str(tmp / FILES[1]))
+        if callable(clients):  # the store writes its own file (the memory store: safetensors' save_file)
+            try:
+                clients(str(tmp / FILES[1]))
+            except SafetensorError as e:
+                raise _as_oserror(e, tmp / FILES[1]) from None
+            except OSError as e:  # name the file the error line points at
+                if e.filename is not None:
+                    raise
+                raise OSError(e.errno, e.strerror, str(tmp / FILES[1])) from None
         else:
             _save_tensors(clients, tmp / FILES[1])
         sums = {}
@@ -104,7 +140,8 @@ def save(ckpt_root: Path, rnd: int, server: dict[str, Tensor],
             _check_complete(tmp / name)
             _fsync(tmp / name)
             sums[name] = sha256(tmp / name)
-        runfolder.atomic_write(tmp / "meta.json", json.dumps({**meta, SUMS: sums}))
+        full = {**meta, SUMS: sums}
+        runfolder.atomic_write(tmp / "meta.json", json.dumps({**full, META_SUM: meta_digest(full)}))
         _fsync(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -127,14 +164,26 @@ def damage(path: Path) -> str | None:
     written before checksums: its files' safetensors headers must read)."""
     try:
         meta = json.loads((path / "meta.json").read_text())
-        int(meta["round"])
+        rnd = int(meta["round"])
         sums = meta.get(SUMS)
+        digest = meta.get(META_SUM)
     except FileNotFoundError:
         return "no meta.json (incomplete)"
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         return f"meta.json is unreadable ({type(e).__name__})"
+    if digest is not None:
+        if digest != meta_digest(meta):
+            return "meta.json does not match its own digest (a field edited, added or removed)"
+    elif runfiles.is_marked(path.parent.parent):  # a run this mmfl created writes the digest
+        return f"meta.json has no {META_SUM} (its digest removed)"
+    if digest is not None and (not isinstance(sums, dict) or any(name not in sums for name in FILES)):
+        lacking = [n for n in FILES if not isinstance(sums, dict) or n not in sums]
+        return f"meta.json lacks the sha256 of {', '.join(lacking)}"
     if sums is not None and not isinstance(sums, dict):
         return "meta.json is unreadable (sha256 is not a table)"
+    m = re.fullmatch(r"round_(\d{5})", path.name)
+    if m and int(m.group(1)) != rnd:
+        return f"meta.json's round ({rnd}) is not its folder's ({path.name})"
     for name in FILES:
         p = path / name
         if not p.is_file():
@@ -188,5 +237,5 @@ def load(path: Path, lazy_clients: bool = False,
         clients = LazyTensors(cpath) if lazy_clients else load_file(cpath)
     except (OSError, ValueError, SafetensorError) as e:
         raise MMFLError(f"{path}: checkpoint is unreadable ({e})") from None
-    meta.pop(SUMS, None)
+    meta.pop(SUMS, None), meta.pop(META_SUM, None)
     return server, clients, meta

@@ -99,3 +99,18 @@ def diverged(err: MMFLError, pooled: bool) -> MMFLError:
     head = msg.split(";")[0]
     return MMFLError(f"{head}: centralized training diverged; lower train.lr (on_nonfinite = \"drop\" would "
                      f"drop its only client) ({WHERE})")
+
+
+def no_valid_reply(policy: str, rnd: int, dropped: list[int]) -> bool:
+    """A round in which replies came and every one was dropped (``run.on_no_valid_reply``): one
+    line; ``"fail"``: an MMFLError (the runner stops before the round's checkpoint); ``"skip"``: a
+    warning, the round kept with the model unchanged (returns True for the metrics row)."""
+    ids = sorted(set(dropped))
+    who = f"{len(dropped)} dropped: client(s) {', '.join(map(str, ids[:10]))}" + (", ..." if len(ids) > 10 else "")
+    if policy == "fail":
+        raise MMFLError(f"round {rnd + 1}: every client reply was dropped ({who}; the lines above say why); "
+                        "nothing to learn from: stopped at the last checkpoint (fix the clients, then "
+                        "--resume; or set on_no_valid_reply = \"skip\")")
+    print(f"mmfl: warning: round {rnd + 1}: every client reply was dropped ({who}); the model is kept "
+          "(on_no_valid_reply = \"skip\")", file=sys.stderr, flush=True)
+    return True

@@ -6,8 +6,8 @@ filesystem errors as one line.
   one line naming the folder and that pid. The kernel drops the lock when the process
   exits or dies, so a crash leaves nothing to clean up (the file stays; it is never
   deleted, which would let two writers lock two different files).
-- :func:`is_run_folder`: what ``--overwrite`` may delete: a folder whose ``config.toml``
-  or ``metrics.jsonl`` or ``checkpoints/`` mmfl wrote.
+- :func:`is_run_folder`: whether a folder looks like an mmfl run (``--overwrite`` asks
+  :mod:`mmfl.engine.runfiles` instead: the marker and the list of files the run wrote).
 - :func:`fs_error`: an ``OSError`` (a full disk, a path that is a file, a read-only or
   pseudo file system) as one :class:`~mmfl.errors.MMFLError` line.
 """
@@ -27,6 +27,7 @@ from pathlib import Path
 
 import tomli_w
 
+from mmfl.engine import runfiles
 from mmfl.errors import MMFLError
 from mmfl.schema import COMPONENTS, ExperimentConfig
 
@@ -125,7 +126,9 @@ def fs_error(e: OSError, run_dir: Path) -> MMFLError:
 
 def atomic_write(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file, fsync'ed and renamed into place: a crash
-    leaves the old file or the new one, never half of one."""
+    leaves the old file or the new one, never half of one. Inside a run folder the path is
+    recorded first (:func:`mmfl.engine.runfiles.note`: what ``--overwrite`` may delete)."""
+    runfiles.note(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "w") as f:

@@ -11,7 +11,9 @@ Run folder ``<output_dir>/<name>/``:
   :mod:`mmfl.engine.checkpoint`);
 - ``labels.json``: class label -> id, when the data set maps its labels (a manifest);
 - ``summary.json`` when the run finishes (``mmfl report RUN`` draws ``accuracy.png``);
-- ``.lock``: held by the process writing the folder (see :mod:`mmfl.engine.runfolder`).
+- ``.lock``: held by the process writing the folder (see :mod:`mmfl.engine.runfolder`);
+- ``.mmfl-run``, ``.mmfl-files``: the marker of a folder mmfl created and the list of what the
+  run wrote, all ``--overwrite`` deletes (:mod:`mmfl.engine.runfiles`).
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ from mmfl.core.replies import check_reply
 from mmfl.core.system import WirelessSystem
 from mmfl.core.training import train_for_run
 from mmfl.data.federation import build_federation
-from mmfl.engine import checkpoint, runfolder
-from mmfl.engine.learning_check import LearningCheck, diverged
+from mmfl.engine import checkpoint, runfiles, runfolder
+from mmfl.engine.learning_check import LearningCheck, diverged, no_valid_reply
 from mmfl.engine.runfolder import with_new_defaults  # noqa: F401  (its home before)
 from mmfl.engine.dp import DPAccountant, LocalDP, check_dpsgd_models
 from mmfl.engine.progress import RunProgress
@@ -53,7 +55,8 @@ from mmfl.seeds import derive_seed
 
 
 # settings that change where or how often a run computes, not its result: a resume may change them
-RESUME_MAY_CHANGE = ("device", "gpus_per_client", "checkpoint_every", "threads")
+# (on_no_valid_reply: a run it stopped resumes with "skip")
+RESUME_MAY_CHANGE = ("device", "gpus_per_client", "checkpoint_every", "threads", "on_no_valid_reply")
 
 
 def cohort_size(cfg: ExperimentConfig, num_clients: int) -> int:
@@ -177,10 +180,7 @@ class Experiment:
             if not overwrite:
                 raise MMFLError(f"{d}: run folder exists; use --resume to continue it, "
                                 "--overwrite to replace it, or --set name=<new name>")
-            if not runfolder.is_run_folder(d):
-                raise MMFLError(f"{d}: not an mmfl run folder (no config.toml, metrics.jsonl or checkpoints "
-                                "written by mmfl); --overwrite deletes only runs: move its files or use "
-                                "--set name=<new name>")
+            runfiles.check_overwrite(d)  # only what the run recorded writing (mmfl.engine.runfiles)
 
     def _prepare_dir(self, resume: bool, overwrite: bool) -> int:
         """Create or reopen the run folder (its lock held); return the first round to run."""
@@ -204,6 +204,10 @@ class Experiment:
             if ckpt is None:
                 start = 0
             else:
+                if checkpoint.legacy(ckpt):  # an older mmfl's run (unmarked folder): resumes, said once
+                    print(f"mmfl: warning: {ckpt}: checkpoint of an older mmfl (no {checkpoint.META_SUM}): its "
+                          "meta.json cannot be verified, only the sha256 of its files (where it has them)",
+                          file=sys.stderr, flush=True)
                 server, clients, meta = checkpoint.load(ckpt, lazy_clients=True, verify=False)
                 start = int(meta["round"])  # rounds completed = index of the next round
                 if damaged:
@@ -214,7 +218,10 @@ class Experiment:
             runfolder.atomic_write(d / "config.toml", self.cfg.to_toml())
             return start
         if runfolder.contents(d):
-            runfolder.clear(d)  # an mmfl run (_check_dir), --overwrite
+            runfiles.clear(d)  # what the run wrote (_check_dir: nothing else is there), --overwrite
+        runfiles.start(d)  # the marker: a folder mmfl created, its run id, the list of what it writes
+        if isinstance(self.store, DiskClientStateStore):
+            runfiles.record(d, "client_state/")
         runfolder.atomic_write(d / "config.toml", self.cfg.to_toml())
         return 0
 
@@ -252,7 +259,13 @@ class Experiment:
         label_map = (self.federation.meta.info or {}).get("label_map")
         if label_map:  # the ids a manifest gave its labels (mmfl.data.manifest)
             runfolder.atomic_write(self.run_dir / "labels.json", json.dumps(label_map, indent=2))
+        runfiles.record(self.run_dir, "metrics.jsonl")
         if cfg.tracking is not None:
+            if not cfg.tracking.dir:  # the trackers write inside the run folder (mmfl.engine.tracking)
+                runfiles.record(self.run_dir, "tracking.json", *({"tensorboard": "tb/", "mlflow": "mlruns/"}
+                                                                  .get(b, b + "/") for b in cfg.tracking.backends))
+            else:
+                runfiles.record(self.run_dir, "tracking.json")
             self.tracking = Tracking(cfg, self.run_dir, start, load_metrics(self.run_dir) if start else [])
         rounds = range(start, cfg.run.rounds)
         bar = _progress(rounds, cfg, self.progress)
@@ -274,12 +287,19 @@ class Experiment:
                     row.update(self.server.round(rnd, cohort, self.transport))
                 except MMFLError as e:  # a centralized run that diverged: "lower train.lr"
                     raise diverged(e, self.spec.pooled) from None
+                except RuntimeError as e:  # a setting too large for float32 (torch's optimizer step)
+                    if "without overflow" not in str(e):
+                        raise
+                    raise MMFLError(f"round {rnd + 1}: a value overflows float32 in training ({e}); check "
+                                    "train.lr, train.weight_decay and the algorithm's parameters") from None
             row.update(self.transport.batch_info)  # batched clients, or why not
             if self.dp_accountant is not None:
                 row.update(self.dp_accountant.metrics(rnd))
             train_comm = self.transport.log.summary()
             dropped = list(self.transport.log.dropped)  # before the evaluation resets the log
             rejected = list(getattr(self.transport.log, "rejected", ()))
+            if dropped and getattr(self.transport.log, "accepted", None) == 0:  # replies came, none was kept
+                row["no_valid_reply"] = no_valid_reply(cfg.run.on_no_valid_reply, rnd, dropped)
             row["train_time_s"] = time.perf_counter() - t0
             if (rnd + 1) % cfg.run.eval_every == 0 or rnd + 1 == cfg.run.rounds:
                 self.transport.log.reset()

@@ -54,6 +54,7 @@ class CommLog:
         self.by_route: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         self.dropped: list[int] = []
         self.rejected: list[dict] = []  # replies that failed the check: client, route, reason
+        self.accepted = 0  # replies admitted (a round with replies and none admitted stops: the runner)
 
     def record(self, route: str, cid: int, down: int, up: int):
         self.down[cid] += down
@@ -80,10 +81,15 @@ class CommLog:
             if on_nonfinite == "fail":
                 raise MMFLError(f"client {cid} sent a non-finite value in '{bad}' (round {rnd + 1}, route {route}); "
                                 "set on_nonfinite = \"drop\" to skip such clients")
+            log.warning("round %d: dropped client %d's reply on route %s: array or scalar '%s' holds NaN/inf",
+                        rnd + 1, cid, route, bad)
             self.dropped.append(cid)
             return False
         why = self.check(route, cid, reply) if self.check is not None else None
-        return why is None or self._reject(route, cid, why, rnd)
+        if why is None:
+            self.accepted += 1
+            return True
+        return self._reject(route, cid, why, rnd)
 
     def _reject(self, route: str, cid: int, why: str, rnd: int) -> bool:
         if self.on_bad_reply == "fail":

@@ -102,6 +102,10 @@ def _check_fresh(cfg, overwrite: bool) -> None:
     d = cfg.run_dir
     if d.exists() and any(d.iterdir()) and not overwrite:
         raise MMFLError(f"{d}: run folder exists; use --overwrite to replace it, or --set name=<new name>")
+    if overwrite and d.is_dir() and any(p.name != ".lock" for p in d.iterdir()):
+        from mmfl.engine import runfiles
+
+        runfiles.check_overwrite(d)  # here, before Flower starts: only what an mmfl run wrote
 
 
 def main(args) -> int:
@@ -166,6 +170,9 @@ def _loopback(args, cfg, deploy) -> int:
                 print(dep.run_log(run_id)[-3000:], file=sys.stderr)
                 raise MMFLError(f"run {run_id} {status} (SuperLink log: {workdir / 'superlink.log'})")
     finally:
+        from mmfl.engine import runfiles
+
+        runfiles.note(cfg.run_dir / "node_state", owned_dir=True, depth=1)  # the SuperNodes' client state
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
     print((cfg.run_dir / "summary.json").read_text())

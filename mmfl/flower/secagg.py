@@ -346,6 +346,8 @@ class SecureAggregation:
                     if t.on_nonfinite == "fail":
                         raise MMFLError(f"client {cid} sent a non-finite value (round {t.rnd + 1}, route {ROUTE}); "
                                         "set on_nonfinite = \"drop\" to skip such clients")
+                    log.warning("round %d: dropped client %d's reply on route %s: it holds NaN/inf (left out "
+                                "of the secure sum by its SuperNode)", t.rnd + 1, cid, ROUTE)
                     t.log.record(ROUTE, cid, messages[cid].nbytes(), m.nbytes())
                     t.log.dropped.append(cid)
                     continue

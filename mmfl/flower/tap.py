@@ -48,6 +48,10 @@ class RecordingGrid:
 
     def _keep(self, messages):
         messages = list(messages)
+        if messages:  # a tap folder inside a run folder is the run's (what --overwrite may delete)
+            from mmfl.engine import runfiles
+
+            runfiles.note(self._folder, owned_dir=True)
         for m in messages:
             path = self._folder / f"{next(self._count):06d}-{os.getpid()}.pkl"
             path.write_bytes(pickle.dumps(dump(m)))

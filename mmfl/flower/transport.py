@@ -46,6 +46,7 @@ from flwr.common.constant import ErrorCode
 from mmfl.algorithms.multimodal import present_counts
 from mmfl.core.device import CPU, fp32_messages, to_device
 from mmfl.core.message import Message
+from mmfl.engine import runfiles
 from mmfl.engine.simulation import CommLog
 from mmfl.errors import MMFLError
 from mmfl.flower.records import decode, encode
@@ -202,6 +203,7 @@ class FlowerTransport:
                     log.warning("resume: no %s in the run folder; clients start from empty state", self.state_file.name)
         else:
             self._expect = set()
+        runfiles.note(self.state_file)  # what --overwrite may delete (mmfl.engine.runfiles)
         tmp = self.state_file.with_name(self.state_file.name + ".tmp")
         tmp.write_text(json.dumps({"state_id": self.state_id,
                                    "stateful": {str(c): r for c, r in sorted(self.stateful.items())}}))
