@@ -37,9 +37,12 @@ def _flat(x: torch.Tensor) -> np.ndarray:
 
 
 def update_attacks(view: ServerView, invert: int = 2, steps: int = 300) -> dict | None:
+    """The updates of the last replayed round (round 1 of MOON equals FedAvg's: its previous
+    model is the global one, so its contrastive term is constant)."""
     fed, c = view.federation, view.federation.meta.num_classes
     hits, rhos, inv = [], [], []
-    for e in view.train_replies(0):
+    last = max((e.round for e in view.exchanges if e.route == "train"), default=0)
+    for e in view.train_replies(last):
         sent = {k: v for k, v in e.sent.arrays.items()}
         reply = {k: v for k, v in e.reply.arrays.items()}
         db = bias_update(sent, reply, c)
@@ -158,7 +161,7 @@ def audit(run_dir: str | Path, rounds: int = 1, invert: int = 2, steps: int = 30
     view = replay(cfg, rounds)
     return {"run": str(run_dir), "algorithm": cfg.algorithm.name,
             "dp": None if cfg.dp is None else cfg.dp.mode,
-            "replayed_rounds": rounds,
+            "replayed_rounds": rounds, "attacked_round": rounds,
             "labels_from_updates": update_attacks(view, invert, steps),
             "shared_rows": shared_row_attacks(view),
             "cut_activations": activation_attacks(view),
@@ -168,7 +171,8 @@ def audit(run_dir: str | Path, rounds: int = 1, invert: int = 2, steps: int = 30
 def lines(result: dict) -> list[str]:
     """The audit as a few readable lines."""
     out = [f"audit of {result['run']} ({result['algorithm']}, dp {result['dp'] or 'off'}; "
-           f"the server's view of {result['replayed_rounds']} round(s), replayed)"]
+           f"the server's view of {result['replayed_rounds']} round(s) replayed; updates of round "
+           f"{result['attacked_round']})"]
     u = result["labels_from_updates"]
     if u:
         out.append(f"  labels from updates: majority class of {100 * u['majority_class_hit_rate']:.0f}% of "
