@@ -15,6 +15,7 @@
                                    (--tables-only, --workers N, --seeds ...; docs/benchmarks.md)
     mmfl sweep GRID.toml           a grid of methods x settings x seeds (parallel, resumable) and
                                    its mean ± std table and plot (--workers N, --dry-run; docs/sweep.md)
+    mmfl audit RUN                 attack what the server received in a run (labels, inversion, membership)
     mmfl convert A.ts [B.ts] OUT   UEA/UCR .ts time series -> a manifest, cut into modalities
                                    (channels, time windows, derived channels; docs/data.md)
 
@@ -124,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     from mmfl.convert import add_convert_parser  # imports no numpy: cheap
 
     add_convert_parser(sub)
+    from mmfl.audit.audit import add_audit_parser
+
+    add_audit_parser(sub)
     from mmfl.bench.runner import add_bench_parser  # imports no torch: cheap
 
     add_bench_parser(sub)
@@ -307,11 +311,17 @@ def cmd_sweep(args) -> int:
     return sweep_main(args)
 
 
+def cmd_audit(args) -> int:
+    from mmfl.audit.audit import cmd_audit as audit_main
+
+    return audit_main(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"run": cmd_run, "demo": cmd_demo, "list": cmd_list, "partition": cmd_partition,
                "report": cmd_report, "flower": cmd_flower, "vqa": cmd_vqa,
-               "bench": cmd_bench, "sweep": cmd_sweep, "convert": cmd_convert}[args.command]
+               "bench": cmd_bench, "sweep": cmd_sweep, "convert": cmd_convert, "audit": cmd_audit}[args.command]
     return one_line(handler, args)
 
 

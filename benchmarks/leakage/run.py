@@ -1,0 +1,127 @@
+"""What an honest-but-curious server learns (issue 27 item 6): each algorithm's run, with and
+without DP, then ``mmfl audit`` on it; writes benchmarks/results/leakage.md.
+
+    .venv/bin/python benchmarks/leakage/run.py [--out DIR] [--seed S] [--workers 2]
+
+DP: ``dp.mode = "local"`` (each reply clipped to norm 1 and noised, z = 1) where the algorithm
+takes it, else DP-SGD (``dp.mode = "sample"``, z = 1, clip 1), else "refused" with mmfl's line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CELLS = [  # name, config, overrides
+    ("FedAvg", "mmfl/configs/demo.toml", ["rounds=5"]),
+    ("MOON", "mmfl/configs/demo.toml", ["rounds=5", "algorithm.name=moon"]),
+    ("FedCMI", "mmfl/configs/fedcmi.toml", ["rounds=3"]),
+    ("CreamFL", "mmfl/configs/creamfl_mfeat.toml", ["rounds=3"]),
+    ("PartialFL", "mmfl/configs/partialfl_digits.toml", ["rounds=5"]),
+    ("split learning", "mmfl/configs/partialfl_digits.toml",
+     ["rounds=2", 'algorithm={name="split_learning"}', 'privacy.labels="shareable"']),
+    ("split learning (U-shaped)", "mmfl/configs/partialfl_digits.toml",
+     ["rounds=2", 'algorithm={name="split_learning_u"}']),
+]
+DP = {"local": ['dp.mode="local"', "dp.clip_norm=1.0", "dp.noise_multiplier=1.0"],
+      "sample": ['dp.mode="sample"', "dp.clip_norm=1.0", "dp.noise_multiplier=1.0"]}
+MMFL = [sys.executable, "-m", "mmfl.cli"]
+
+
+def sets(over: list[str]) -> list[str]:
+    return [a for o in over for a in ("--set", o)]
+
+
+def cell(out: Path, seed: int, name: str, config: str, over: list[str], dp: bool) -> dict:
+    slug = name.lower().replace(" ", "_").replace("(", "").replace(")", "").replace("-", "_") + ("_dp" if dp else "")
+    base = [*over, f"seed={seed}", "threads=1", f"output_dir={str(out)!r}", f"name={slug!r}"]
+    tried = []
+    for mode in (["local", "sample"] if dp else [None]):
+        cmd = [*MMFL, "run", config, *sets(base + (DP[mode] if mode else [])), "--no-progress", "--overwrite"]
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if r.returncode == 0:
+            break
+        tried.append(f"{mode}: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
+    else:
+        return {"name": name, "dp": "refused", "why": "; ".join(tried)}
+    js = out / f"{slug}.audit.json"
+    a = subprocess.run([*MMFL, "audit", str(out / slug), "--rounds", "2", "--json", str(js)], cwd=ROOT, capture_output=True, text=True)
+    if a.returncode != 0:
+        return {"name": name, "dp": mode or "off", "why": "audit failed: " + a.stderr.strip()[-300:]}
+    summary = json.loads((out / slug / "summary.json").read_text())
+    return {"name": name, "dp": mode or "off", "audit": json.loads(js.read_text()),
+            "accuracy": summary.get("final_accuracy", summary.get("final", {}).get("accuracy"))}
+
+
+def fmt(v, pct=False):
+    if v is None:
+        return "—"
+    return f"{100 * v:.1f}" if pct else f"{v:.3f}"
+
+
+def table(rows: list[dict], seed: int, cmd: str) -> str:
+    head = ("| algorithm | DP | model accuracy % | labels from updates: majority hit % (chance) | Spearman | "
+            "inversion cosine (random) | shared/cut rows: label probe % (majority) | reconstruction cosine "
+            "(auxiliary mean) | membership AUC | advantage |\n|" + "---|" * 10)
+    lines = [head]
+    for r in rows:
+        if "audit" not in r:
+            lines.append(f"| {r['name']} | {r['dp']} | — | {r.get('why', '')} | | | | | | |")
+            continue
+        a = r["audit"]
+        u, m = a["labels_from_updates"] or {}, a["membership"] or {}
+        s = a["shared_rows"] or a["cut_activations"] or {}
+        lines.append(
+            f"| {r['name']} | {r['dp']} | {fmt(r['accuracy'], True)} | "
+            + (f"{fmt(u.get('majority_class_hit_rate'), True)} ({fmt(u.get('chance'), True)})" if u else "—")
+            + f" | {fmt(u.get('spearman_mean'))} | "
+            + (f"{fmt(u.get('inversion_cosine'))} ({fmt(u.get('inversion_chance'))})" if "inversion_cosine" in u
+               else "—")
+            + " | " + (f"{fmt(s.get('label_accuracy'), True)} ({fmt(s.get('label_chance'), True)})" if s else "—")
+            + " | " + (f"{fmt(s.get('reconstruction_cosine'))} ({fmt(s.get('reconstruction_chance'))})"
+                       if "reconstruction_cosine" in s else "—")
+            + f" | {fmt(m.get('auc'))} | {fmt(m.get('advantage'))} |")
+    return (f"# What the server learns: `mmfl audit` per algorithm, with and without DP\n\n"
+            f"Command: `{cmd}` (seed {seed}; one run per cell: these are measurements of one run each, "
+            f"not orderings).\n\n"
+            "Attacks (docs/security.md, 'What the server learns'): the server's view of rounds 1-2 replayed "
+            "bit for bit (`mmfl audit RUN --rounds 2`), the updates of round 2 attacked; labels from the classifier's bias update (iDLG / LLG-style; hit = the client's "
+            "majority class predicted, over the clients of round 2); gradient inversion of 2 clients' "
+            "updates (Geiping et al. 2020, cosine of the reconstruction to the nearest true row, a random "
+            "input's in brackets); shared rows (PartialFL's x/<m>) and cut activations (split learning, with "
+            "the client-side weights the server sent): a logistic-regression label probe and a ridge "
+            "reconstruction of the private modality (PartialFL) or of the raw input (split), fit on the run's "
+            "test split as the server's auxiliary data; membership: loss threshold (Yeom et al. 2018) on the "
+            "final model, 0.5 = nothing. DP: local (each reply clipped to norm 1, noise z = 1) where the "
+            "algorithm takes it, else DP-SGD (z = 1, clip 1).\n\n" + "\n".join(lines) + "\n")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=str(ROOT / "runs" / "leakage"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--only", nargs="*")
+    a = p.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [(n, c, o, dp) for n, c, o in CELLS for dp in (False, True) if not a.only or n in a.only]
+    with ThreadPoolExecutor(a.workers) as ex:
+        rows = list(ex.map(lambda j: cell(out, a.seed, *j), jobs))
+    for r in rows:
+        print(r["name"], r["dp"], "ok" if "audit" in r else r.get("why"), flush=True)
+    (out / "rows.json").write_text(json.dumps(rows, indent=1))
+    cmd = "python benchmarks/leakage/run.py" + (f" --seed {a.seed}" if a.seed else "")
+    if not a.only:
+        (ROOT / "benchmarks" / "results" / "leakage.md").write_text(table(rows, a.seed, cmd))
+    print(table(rows, a.seed, cmd))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""``mmfl audit RUN``: what an honest-but-curious server learns from a finished run.
+
+The server's view of the run's first rounds is replayed bit for bit (:mod:`mmfl.audit.replay`),
+and the attacks of :mod:`mmfl.audit.attacks` run on it, each where it applies:
+
+- **labels from updates** (every reply holding the model's classifier, ``model/*``: FedAvg,
+  MOON, FedProx, FedCMI, ...): the predicted majority class per client (hit rate, chance
+  ``1/C``) and the Spearman correlation of the bias update with the client's class counts;
+- **gradient inversion** of the first ``invert`` clients' updates: cosine of the
+  reconstruction to the nearest true row, next to a random input's (chance);
+- **shared rows** (PartialFL's ``x/<m>``) and **cut activations** (split learning's
+  ``act/<m>``, with the client-side weights the server itself sent in ``sl_begin``): label
+  probe and reconstruction of the private modality (PartialFL) or of the modality's raw
+  input (split), fit on the run's **test split as the server's auxiliary data**;
+- **membership** of training rows in the final model (loss threshold).
+
+CreamFL-style public-set representations are not attacked here (the public set carries no
+labels to fit a distribution probe on; docs/security.md says so).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mmfl.audit.attacks import (bias_update, invert_update, label_inference, membership_auc, nearest_cosine,
+                                per_sample_loss, probe_rows)
+from mmfl.audit.replay import ServerView, replay
+from mmfl.errors import MMFLError
+
+
+def _flat(x: torch.Tensor) -> np.ndarray:
+    return x.reshape(len(x), -1).double().numpy()
+
+
+def update_attacks(view: ServerView, invert: int = 2, steps: int = 300) -> dict | None:
+    """The updates of the last replayed round (round 1 of MOON equals FedAvg's: its previous
+    model is the global one, so its contrastive term is constant)."""
+    fed, c = view.federation, view.federation.meta.num_classes
+    hits, rhos, inv = [], [], []
+    last = max((e.round for e in view.exchanges if e.route == "train"), default=0)
+    for e in view.train_replies(last):
+        sent = {k: v for k, v in e.sent.arrays.items()}
+        reply = {k: v for k, v in e.reply.arrays.items()}
+        db = bias_update(sent, reply, c)
+        if db is None:
+            continue
+        y = fed.clients[e.client].label_array()
+        li = label_inference(db, np.bincount(y, minlength=c))
+        hits.append(li["hit"])
+        rhos.append(li["spearman"])
+        if len(inv) < invert:
+            x, _ = fed.clients[e.client].get()
+            like = {m: t[:1].float() for m, t in x.items()}
+            model = view.make_model(fed.modalities_of(e.client), fed.group_of(e.client), fed.meta_of(e.client))
+            rec = invert_update(model, sent, reply, like, li["predicted"], steps=steps)
+            g = torch.Generator().manual_seed(1)
+            for m, r in rec.items():
+                rand = torch.randn(r.shape, generator=g)
+                inv.append((nearest_cosine(r, x[m].float()), nearest_cosine(rand, x[m].float())))
+    if not hits:
+        return None
+    out = {"clients": len(hits), "majority_class_hit_rate": float(np.mean(hits)), "chance": 1.0 / c,
+           "spearman_mean": float(np.nanmean(rhos))}
+    if inv:
+        out["inversion_cosine"] = float(np.mean([a for a, _ in inv]))
+        out["inversion_chance"] = float(np.mean([b for _, b in inv]))
+    return out
+
+
+def shared_row_attacks(view: ServerView) -> dict | None:
+    """PartialFL: ``x/<m>`` (the client's shareable rows, in its row order)."""
+    fed = view.federation
+    test_x, test_y = fed.test.get()
+    res = []
+    for e in view.exchanges:
+        for key, got in e.reply.arrays.items():
+            if not key.startswith("x/") or got.dim() < 2:
+                continue
+            m = key[2:]
+            x, y = fed.clients[e.client].get()
+            if len(got) != len(y) or m not in test_x:
+                continue
+            private = [p for p in x if p != m and p in test_x and not p.startswith(("present/", "length/"))]
+            p = private[0] if private else None
+            res.append(probe_rows(_flat(test_x[m]), _flat(test_x[p]) if p else None, test_y.numpy(), _flat(got),
+                                  _flat(x[p]) if p else None, y.numpy()))
+    return _mean(res) if res else None
+
+
+def activation_attacks(view: ServerView) -> dict | None:
+    """Split learning: the first ``act/<m>`` batch of each client, with the client-side weights the
+    server sent it in ``sl_begin`` (exactly the weights of that batch)."""
+    from mmfl.algorithms.split_cut import client_forward
+
+    fed = view.federation
+    test_x, test_y = fed.test.get()
+    res, seen = [], set()
+    begins = {(e.round, e.client): e.sent for e in view.exchanges if e.route == "sl_begin"}
+    for e in view.exchanges:
+        if e.route != "sl_forward" or (e.round, e.client) in seen or (e.round, e.client) not in begins:
+            continue
+        seen.add((e.round, e.client))
+        model = view.make_model(fed.modalities_of(e.client), fed.group_of(e.client), fed.meta_of(e.client))
+        state = model.state_dict()
+        for k, v in begins[(e.round, e.client)].arrays.items():
+            if k in state:
+                state[k] = v
+        model.load_state_dict(state)
+        model.eval()
+        x, y = fed.clients[e.client].get()
+        with torch.no_grad():
+            aux = client_forward(model, {k: v for k, v in test_x.items()})
+            mine = client_forward(model, x)
+        for key, got in e.reply.arrays.items():
+            if not key.startswith("act/"):
+                continue
+            m = key[4:]
+            # the auditor's ground truth: which of the client's rows each activation is
+            d = torch.cdist(got.double().reshape(len(got), -1), mine[m].double().reshape(len(mine[m]), -1))
+            rows = d.argmin(1)
+            res.append(probe_rows(_flat(aux[m]), _flat(test_x[m]), test_y.numpy(), _flat(got),
+                                  _flat(x[m][rows]), y[rows].numpy()))
+    return _mean(res) if res else None
+
+
+def membership(run_dir: Path, view: ServerView, max_rows: int = 2000) -> dict | None:
+    from mmfl.api import load_run
+
+    try:
+        model = load_run(run_dir).model()
+    except MMFLError:
+        return None
+    fed = view.federation
+    per = max(1, max_rows // max(1, fed.num_clients))
+    try:
+        member = np.concatenate([per_sample_loss(model, fed.clients[c], per, seed=c) for c in range(fed.num_clients)
+                                 if len(fed.clients[c].label_array())])
+        non = per_sample_loss(model, fed.test, max_rows)
+    except (KeyError, TypeError):  # a model without class logits (retrieval)
+        return None
+    return membership_auc(member, non)
+
+
+def _mean(rows: list[dict]) -> dict:
+    keys = rows[0].keys()
+    return {"samples": len(rows), **{k: float(np.mean([r[k] for r in rows if k in r])) for k in keys}}
+
+
+def audit(run_dir: str | Path, rounds: int = 1, invert: int = 2, steps: int = 300) -> dict:
+    """The audit of a finished run folder (see the module's docstring)."""
+    from mmfl.config import load_config
+
+    run_dir = Path(run_dir).expanduser()
+    if not (run_dir / "config.toml").is_file():
+        raise MMFLError(f"{run_dir}: not an mmfl run folder (no config.toml)")
+    cfg = load_config(run_dir / "config.toml")
+    view = replay(cfg, rounds)
+    return {"run": str(run_dir), "algorithm": cfg.algorithm.name,
+            "dp": None if cfg.dp is None else cfg.dp.mode,
+            "replayed_rounds": rounds, "attacked_round": rounds,
+            "labels_from_updates": update_attacks(view, invert, steps),
+            "shared_rows": shared_row_attacks(view),
+            "cut_activations": activation_attacks(view),
+            "membership": membership(run_dir, view)}
+
+
+def lines(result: dict) -> list[str]:
+    """The audit as a few readable lines."""
+    out = [f"audit of {result['run']} ({result['algorithm']}, dp {result['dp'] or 'off'}; "
+           f"the server's view of {result['replayed_rounds']} round(s) replayed; updates of round "
+           f"{result['attacked_round']})"]
+    u = result["labels_from_updates"]
+    if u:
+        out.append(f"  labels from updates: majority class of {100 * u['majority_class_hit_rate']:.0f}% of "
+                   f"{u['clients']} clients (chance {100 * u['chance']:.0f}%), Spearman {u['spearman_mean']:.2f}")
+        if "inversion_cosine" in u:
+            out.append(f"  gradient inversion: cosine to the nearest true row {u['inversion_cosine']:.3f} "
+                       f"(random input {u['inversion_chance']:.3f})")
+    for name, title in (("shared_rows", "shared rows"), ("cut_activations", "cut activations")):
+        s = result[name]
+        if s:
+            t = f"  {title}: label probe {100 * s['label_accuracy']:.1f}% (majority {100 * s['label_chance']:.1f}%)"
+            if "reconstruction_cosine" in s:
+                t += (f", reconstruction cosine {s['reconstruction_cosine']:.3f} "
+                      f"(auxiliary mean {s['reconstruction_chance']:.3f})")
+            out.append(t)
+    m = result["membership"]
+    if m:
+        out.append(f"  membership (loss threshold): AUC {m['auc']:.3f}, advantage {m['advantage']:.3f}")
+    return out
+
+
+def cmd_audit(args) -> int:
+    result = audit(args.run, rounds=args.rounds, invert=args.invert, steps=args.steps)
+    print("\n".join(lines(result)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+def add_audit_parser(sub) -> None:
+    p = sub.add_parser("audit", help="attack what the server received in a finished run (labels, inversion, "
+                                     "shared rows, activations, membership)",
+                       description="Replay the server's view of a run's first rounds and run standard attacks "
+                                   "on it. The auxiliary data of the probes is the run's test split. "
+                                   "docs/security.md, 'What the server learns'.")
+    p.add_argument("run", help="a finished run folder")
+    p.add_argument("--rounds", type=int, default=1, help="rounds of the server's view to replay (default 1)")
+    p.add_argument("--invert", type=int, default=2, help="clients whose update is inverted (default 2; 0: none)")
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps of each inversion (default 300)")
+    p.add_argument("--json", help="also write the numbers to this JSON file")
