@@ -116,6 +116,7 @@ class PFedWirelessParams:
 
 class PFedWirelessServer(Server):
     """One personalized model per device, a coefficient matrix per group, Alg. 1's schedule."""
+    runs_on = "multimodal"
 
     # each device's model, per group: xi (eq. 3), ages, pending, and the previous round's schedule
     # (the global model is never changed: not saved)
