@@ -30,7 +30,10 @@ for name in names:
     elif name in cream: path, over = C/"creamfl_mfeat.toml", CREAM
     elif name in pfl: path, over = C/"partialfl_digits.toml", PFL + (['privacy.labels="shareable"'] if name=="split_learning" else [])
     elif name == "fedcmi": path, over = None, MM + ["model.two_projector=true"]
-    else: path, over = None, MM
+    else:  # any other (a new algorithm): the federation its server declares (Server.runs_on)
+        runs_on = ALGORITHMS.get(name).factory.server.runs_on
+        path, over = {"single": (None, DIG), "public": (C/"creamfl_mfeat.toml", CREAM), "pair": (C/"creamfl_mfeat.toml", CREAM),
+                      "shareable": (C/"partialfl_digits.toml", PFL)}.get(runs_on, (None, MM))
     t = time.time()
     try:
         cfg = load_config(path, [*over, f"algorithm.name={name}" if name not in ("split_learning","split_learning_u") else f'algorithm={{name="{name}"}}',

@@ -127,6 +127,8 @@ def _plain(rows):
                                    ['attack.kind="inflate_examples"', "attack.fraction=0.25"],
                                    ['attack.kind="sign_flip"', "attack.fraction=0.25"],
                                    ["batch_clients=true"], ["algorithm.name=moon"],
+                                   ["algorithm.name=fedavgm"],  # a server_step after the fold
+                                   ["algorithm.name=fedavgm", 'dp.mode="central"', "dp.noise_multiplier=0.5"],
                                    ["MULTIMODAL", "algorithm.name=fediot"]])
 def test_streamed_run_equals_list_run_with_dp_and_attacks(tmp_path, extra):
     """Same bytes, dropped/rejected rows, losses and accuracy; the model within float rounding."""

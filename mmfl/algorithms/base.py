@@ -159,6 +159,14 @@ class Server(Stateful):
     # local update as SGD steps of size lr. {}: the run's defaults (Adam, lr 1e-3).
     train_defaults: dict = {}
 
+    # the smallest federation this algorithm runs in, read by what runs every registered algorithm
+    # (the suite's per-algorithm runs, scripts/check_reply_schemas.py), so a new algorithm needs no
+    # list edited there: "single" (one modality, any model), "multimodal" (a multimodal model, clients
+    # holding different modalities), "public" (+ a public paired set and CreamFL's server model,
+    # algorithm.server_batch_size), "pair" (a public paired set, no server model), "shareable"
+    # (PartialFL's [privacy] table with a shareable modality)
+    runs_on: str = "single"
+
     @classmethod
     def trains_heads(cls, params) -> bool:
         """Whether a run with ``params`` trains ``heads[m]`` (:attr:`trains_modality_heads`, and

@@ -200,6 +200,7 @@ class CreamFLServer(Server):
     # the public epoch's and the distillation's persistent Adam (saved once when shared), FedMD's consensus
     state_fields = {"opt": optimizer(), "opt_kd": optimizer(), "consensus": tensors()}
     """Server of the representation-exchange family (CreamFL, reamFL, FedMD, FedET, FedGEMS)."""
+    runs_on = "public"
 
     def __init__(self, params: CreamFLParams, ctx):
         super().__init__(params, ctx)

@@ -126,8 +126,18 @@ class FedAvgServer(Server):
         """Reply scalars averaged (by data size) into the round's metrics besides ``train_loss``."""
         return ()
 
+    def server_step(self, rnd: int, previous: dict[str, Tensor], averaged: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The new global state from the state the round started from (``previous``) and the
+        clients' aggregate (``averaged``: :meth:`aggregate`'s result on the list path, the rule's
+        fold on the streamed one). FedAvg: the aggregate (MOON Alg. 1, line 7). A server with its
+        own optimizer on the round's update ``averaged - previous`` (FedAvgM's momentum, FedAdam's
+        moments; FedOpt, Reddi et al. 2021, Alg. 1) overrides this, not ``aggregate``: it keeps
+        streaming aggregation, DP and the named rule. Its state lives in ``state_fields``."""
+        return averaged
+
     def aggregate_train(self, rnd: int, replies: dict[int, Message]) -> dict[str, float]:
-        self.model.load_state_dict(self.aggregate(rnd, replies))
+        previous = dict(self.model.state_dict())
+        self.model.load_state_dict(self.server_step(rnd, previous, self.aggregate(rnd, replies)))
         out = {}
         for key in ("train_loss", *self.reported_scalars()):
             v = weighted_mean_scalar(replies, key)
@@ -164,7 +174,8 @@ class FedAvgServer(Server):
         """:meth:`aggregate_train` one reply at a time when the rule folds
         (:mod:`mmfl.core.streaming`: weighted_mean, mean, iot, norm_clip; central DP's clipped
         sum) and this class aggregates as FedAvgServer does (a subclass overriding
-        ``aggregate`` or ``aggregate_train`` needs the whole list, unless it gives its own)."""
+        ``aggregate`` or ``aggregate_train`` needs the whole list, unless it gives its own; one
+        overriding only :meth:`server_step` streams: the step follows the fold)."""
         cls = type(self)
         if cls.aggregate is not FedAvgServer.aggregate or cls.aggregate_train is not FedAvgServer.aggregate_train:
             return None
@@ -177,7 +188,7 @@ class FedAvgServer(Server):
             rule = self.aggregation_rule()
             const = self.aggregation_context(rnd, {})  # the per-update entries are lists, empty here
             fold = make_fold(rule, previous, **const, **rule_kwargs(rule, getattr(self.params, "aggregation_params", None)))
-        return None if fold is None else FedAvgAccumulator(self, rnd, fold)
+        return None if fold is None else FedAvgAccumulator(self, rnd, fold, previous)
 
 
 class FedAvgAccumulator:
@@ -185,11 +196,13 @@ class FedAvgAccumulator:
     :class:`~mmfl.algorithms.base.ReplyAccumulator`): each reply's model entries go into the
     rule's fold with the reply's weight (and its per-update context, e.g. ``iot``'s
     ``multimodal``), its reported scalars into running data-weighted sums; nothing of the
-    reply is kept. ``finish`` loads the new model and returns the round's metrics, equal to
+    reply is kept. ``finish`` loads the new model (:meth:`FedAvgServer.server_step` of the
+    fold's result) and returns the round's metrics, equal to
     the list path's (:mod:`mmfl.core.streaming` on numerics)."""
 
-    def __init__(self, server: FedAvgServer, rnd: int, fold):
+    def __init__(self, server: FedAvgServer, rnd: int, fold, previous: dict[str, Tensor] | None = None):
         self.server, self.rnd, self.fold = server, rnd, fold
+        self.previous = dict(server.model.state_dict()) if previous is None else previous
         self.own = set(model_tensors(server.model))
         self.item_keys = tuple(getattr(fold, "item_keys", ()))
         self.keys = ("train_loss", *server.reported_scalars())
@@ -217,7 +230,7 @@ class FedAvgAccumulator:
             server.note_dpsgd_epsilon(cid, reply)
 
     def finish(self) -> dict[str, float]:
-        self.server.model.load_state_dict(self.fold.finish())
+        self.server.model.load_state_dict(self.server.server_step(self.rnd, self.previous, self.fold.finish()))
         out = {key: float(s / n) for key, (s, n) in self.sums.items() if self.seen[key]}
         if self.dpsgd:
             out.update(self.server.dpsgd_metrics())

@@ -21,7 +21,6 @@ from torch import Tensor
 
 from mmfl.algorithms.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from mmfl.algorithms.registry import register
-from mmfl.core.message import Message
 from mmfl.core.state import tensors
 from mmfl.errors import ConfigError
 
@@ -63,9 +62,9 @@ class FedAvgMServer(FedAvgServer):
         super().__init__(params, ctx)
         self.velocity: dict[str, Tensor] = {}
 
-    def aggregate(self, rnd: int, replies: dict[int, Message]) -> dict[str, Tensor]:
-        avg = super().aggregate(rnd, replies)
-        w, self.velocity = momentum_step(dict(self.model.state_dict()), avg, self.velocity,
+    def server_step(self, rnd: int, previous: dict[str, Tensor], averaged: dict[str, Tensor]) -> dict[str, Tensor]:
+        # the hook after the (listed or streamed) aggregate: FedAvgM keeps streaming aggregation
+        w, self.velocity = momentum_step(previous, averaged, self.velocity,
                                          self.params.server_momentum, self.params.server_lr)
         return w
 

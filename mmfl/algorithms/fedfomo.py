@@ -95,6 +95,7 @@ class PersonalizedServer(Server):
     """A server holding one model per client (the latest each uploaded) and evaluating them
     with the personalized evaluation. ``self.model`` stays the run's initial model; a client
     that never uploaded is represented by the initial weights of its modules."""
+    runs_on = "multimodal"
 
     state_fields = {"client_models": per_client()}  # each client's latest model
     trains_modality_heads = True  # personal_loss's probes (algorithm.probe)

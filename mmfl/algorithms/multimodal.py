@@ -81,6 +81,7 @@ class MultimodalServer(FedAvgServer):
     (and ``round_scalars``); aggregation is module-wise (the engine's rule)."""
 
     trains_modality_heads = True  # the probes (MultimodalClient.probe_loss; FedCMI: its TP too)
+    runs_on = "multimodal"
     dp_capable = False  # modules held by some clients only: [dp]'s per-client sensitivity is not defined here
 
     private: tuple[str, ...] = ()  # key prefixes the clients keep to themselves: never sent either way

@@ -154,6 +154,7 @@ def require_model(model: nn.Module, variant: str) -> None:
 
 class PartialFLServer(Server):
     trains_modality_heads = True  # F_g's probes (PartialFLClient.train)
+    runs_on = "shareable"
     # F_s and its Adam state (align only; None otherwise), the uploaded shareable data
     state_fields = {"fs": module(), "fs_opt": optimizer(), "xs": per_client(tensor()), "uploaded": scalar()}
 

@@ -117,6 +117,7 @@ class PFedWirelessParams:
 
 class PFedWirelessServer(Server):
     """One personalized model per device, a coefficient matrix per group, Alg. 1's schedule."""
+    runs_on = "multimodal"
 
     def reply_schema(self, route: str, cid: int):
         """The default schema, except that a reply may carry no model entry: a device the

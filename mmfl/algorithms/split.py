@@ -127,6 +127,7 @@ class RoundMeter:
 
 class SplitServer(Server):
     trains_modality_heads = True  # server_loss's probes (algorithm.probe)
+    runs_on = "pair"
     state_fields = {"opt": optimizer()}  # the persistent server optimizer (None: a fresh one per session)
     def __init__(self, params: SplitParams, ctx):
         super().__init__(params, ctx)

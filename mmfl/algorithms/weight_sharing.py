@@ -61,6 +61,7 @@ class WeightSharingServer(CreamFLServer):
     architecture; the held encoders and projectors are averaged module-wise (by sample
     count; FedIoT: image-text clients x ``iot_weight``); the server's model *is* the
     average (it does not train). Heads stay on the clients (their classes differ)."""
+    runs_on = "pair"
 
     representation_replies = False
     reply_schema = Server.reply_schema  # model weights: the default schema (mmfl.core.replies)
