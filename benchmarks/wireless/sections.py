@@ -6,13 +6,66 @@ from __future__ import annotations
 
 import numpy as np
 
-from mmfl.bench import claim_table, load_sibling, verdict_count
-from mmfl.sweep import verdict
+from mmfl.bench import load_sibling
+from mmfl.bench.render import MIN_SEEDS_FOR_CLAIM
+from mmfl.sweep import paired_verdict
 
 _r = load_sibling(__file__, "readings")
 PARTS, PART_LABEL, KHATS, PAPER_ETA = _r.PARTS, _r.PART_LABEL, _r.KHATS, _r.PAPER_ETA
 names_of, make_run, num_devices, _final, _vals, _ms = _r.names_of, _r.make_run, _r.num_devices, _r._final, _r._vals, _r._ms
 SETTING_TITLE, PAPER_DATA = _r.SETTING_TITLE, _r.PAPER_DATA
+
+PAIRED_RULE = ("Every claim 'a > b' is a paired test over the seeds both cells have (same seed: same partition, "
+               "modality assignment, initialisation, cohorts and test subsets): Δ = the mean per-seed difference "
+               "a − b, its 95% percentile-bootstrap CI (10,000 resamples of the seeds) and the two-sided paired "
+               "t-test p (`scipy.stats.ttest_rel`, via `mmfl.sweep.paired_verdict`). It *holds* when the CI lies above "
+               "0 and p < 0.05, is **reversed** when the CI lies below 0 and p < 0.05, and is *unresolved* "
+               f"otherwise; with fewer than {MIN_SEEDS_FOR_CLAIM} paired seeds nothing is claimed.")
+
+
+def paired_claim(a, b, scale: float) -> dict:
+    """:func:`mmfl.sweep.paired_verdict` of a − b matched by seed (``a.seeds``; values without
+    seeds are matched by position) with ``word``: holds / **reversed** / unresolved / not claimed."""
+    sa = dict(zip(getattr(a, "seeds", range(len(a))), a))
+    sb = dict(zip(getattr(b, "seeds", range(len(b))), b))
+    common = [k for k in sa if k in sb]
+    v = paired_verdict([sa[k] for k in common], [sb[k] for k in common], scale)
+    if v["n"] < MIN_SEEDS_FOR_CLAIM:
+        v["word"] = f"not claimed ({v['n']} seeds)"
+    else:
+        v["word"] = ("holds" if v["text"].startswith("holds") else "**reversed**" if "reversed" in v["text"]
+                     else "unresolved")
+    return v
+
+
+def claim_table(claims, unit: str = "points") -> tuple[list[str], list[str]]:
+    """Claims ``(text, a, b, scale, digits)`` meaning a > b, each a paired test over seeds
+    (:func:`paired_claim`), as a markdown table ending with an empty line, and their words."""
+    lines = [f"| claim | Δ ({unit}, paired) | 95% bootstrap CI | paired t p | seeds | here |",
+             "|---|---|---|---|---|---|"]
+    words = []
+    for text, a, b, scale, digits in claims:
+        if not (a and b):
+            continue
+        v = paired_claim(a, b, scale)
+        if v["n"] < 2:
+            continue
+        p = "–" if v["p"] != v["p"] else f"{v['p']:.3f}"
+        lines.append(f"| {text} | {v['delta']:+.{digits}f} | [{v['lo']:+.{digits}f}, {v['hi']:+.{digits}f}] | {p} "
+                     f"| {v['n']} | {v['word']} |")
+        words.append(v["word"])
+    return (lines + [""] if words else []), words
+
+
+def verdict_count(words: list[str], what: str) -> str:
+    """How many of the ``what`` claims the paired tests support, reverse, leave open."""
+    held = sum(w == "holds" for w in words)
+    rev = sum(w == "**reversed**" for w in words)
+    open_ = sum(w == "unresolved" for w in words)
+    few = len(words) - held - rev - open_
+    return (f"{held} of {len(words)} {what} claims hold by the paired test, {rev} are reversed by it, {open_} "
+            f"unresolved" + (f", {few} not claimed (fewer than {MIN_SEEDS_FOR_CLAIM} seeds)" if few else "") + ".")
+
 
 # The paper's numbers (%, and seconds in Tables III and V); columns non-IID-1, 2, 3
 PAPER_T12 = {
@@ -290,8 +343,12 @@ def eta_section(s, raw) -> tuple[list[str], list[str]]:
         got = {e: v for e, v in acc.items() if v}
         if len(got) > 1:
             best = max(got, key=lambda e: np.mean(got[e]))
-            d, sp, v = verdict(got[best], got[PAPER_ETA], 100.0) if best != PAPER_ETA else (0.0, float("nan"), "—")
+            if best != PAPER_ETA:
+                v = paired_claim(got[best], got[PAPER_ETA], 100.0)
+                tail = (f"; the best mean, eta^ = {best:g}, is {v['delta']:+.1f} points above the paper's 0.01 "
+                        f"(paired: 95% CI [{v['lo']:+.1f}, {v['hi']:+.1f}], p {v['p']:.3f}, {v['n']} seeds: {v['word']})")
+            else:
+                tail = "; the paper's 0.01 has the best mean"
             summary.append(f"- **{setting}, eta^**: " + ", ".join(f"{e:g}: {100 * np.mean(got[e]):.1f}" for e in got)
-                           + (f"; the best, eta^ = {best:g}, is {d:+.1f} points above the paper's 0.01 ({v})"
-                              if best != PAPER_ETA else "; the paper's 0.01 is the best") + ".")
+                           + tail + ".")
     return out + [""], summary

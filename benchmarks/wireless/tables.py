@@ -15,7 +15,7 @@ import json
 import shutil
 from pathlib import Path
 
-from mmfl.bench import SPREAD_RULE, load_sibling, problem_lines, reading_lines, regenerate_line, run_status, runs_line
+from mmfl.bench import load_sibling, problem_lines, reading_lines, regenerate_line, run_status, runs_line
 from mmfl.sweep import machine
 
 HERE = Path(__file__).resolve().parent
@@ -106,7 +106,7 @@ def report(b) -> list[str]:
     if "t12" in s["groups"]:
         out += ["## Diagnostics of the personalized methods", "", *S.diag_section(s, raw)]
     out += ["## Does the paper's ordering hold?", "",
-            SPREAD_RULE, "", *summary, ""]
+            S.PAIRED_RULE, "", *summary, ""]
     out += ["## Findings (generated from the numbers above)", "", *H.findings(s, raw), ""]
     out += [] if quick else reading_lines(HERE / "analysis.md")
     return out + [""]
