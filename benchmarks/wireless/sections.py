@@ -352,3 +352,49 @@ def eta_section(s, raw) -> tuple[list[str], list[str]]:
             summary.append(f"- **{setting}, eta^**: " + ", ".join(f"{e:g}: {100 * np.mean(got[e]):.1f}" for e in got)
                            + tail + ".")
     return out + [""], summary
+
+
+def _at_round(b, name: str, rnd: int) -> float | None:
+    """The personalized accuracy of run ``name`` at round ``rnd`` (``personal/accuracy`` for the
+    methods the engine scores, the run's own ``accuracy`` for the others); None if not evaluated."""
+    for r in b.results.rows(name) or []:
+        if r.get("round") == rnd:
+            v = r.get("personal/accuracy", r.get("accuracy"))
+            return float(v) if v is not None and np.isfinite(v) else None
+    return None
+
+
+def late_section(s, raw) -> list[str]:
+    """Headline robustness: the final round's reading carries the luck of the last round's
+    schedule (docs/algorithms/pfedwireless.md, "A final-round collapse, traced"), so the
+    non-IID-1 claims of Tables I-II again on round 15 and on the mean of rounds 15 and 20
+    (the evaluated rounds: eval_every = 5; local training is scored once, at the end)."""
+    LABEL = s["label"]
+    out = []
+    for setting in s["settings"]:
+        names = {m: names_of(setting, m, "niid1", s) for m in s["methods"]}
+        rounds = s["rounds"][setting]
+        early = rounds - 5
+        if not names.get("pfedwireless"):
+            continue
+
+        def cell(m, how):
+            v = _r.SeedVals()
+            v.seeds = []
+            for n in names[m]:
+                a, z = _at_round(raw, n, early), _at_round(raw, n, rounds)
+                x = a if how == "early" else (None if a is None or z is None else (a + z) / 2)
+                if x is not None:
+                    v.append(x)
+                    v.seeds.append(_r._seed_of(n))
+            return v
+
+        claims = []
+        for how, what in (("early", f"round {early}"), ("mean", f"mean of rounds {early} and {rounds}")):
+            pw = cell("pfedwireless", how)
+            for m in s["methods"]:
+                if m != "pfedwireless":
+                    claims.append((f"{setting}, {what}: Proposed > {LABEL[m]}", pw, cell(m, how), 100.0, 1))
+        lines, _ = claim_table(claims, "points")
+        out += lines
+    return out
