@@ -389,6 +389,19 @@ def late_section(s, raw) -> list[str]:
                     v.seeds.append(_r._seed_of(n))
             return v
 
+        evals = sorted({r["round"] for n in names["pfedwireless"] for r in (raw.results.rows(n) or [])
+                        if "accuracy" in r})
+        out += [f"{setting}, non-IID-1: accuracy (%) at every evaluated round, mean over seeds; the last row: the "
+                "proposed method's uploads forced by A^th in that round (Alg. 1 line 8; A_k starts at 0 for every "
+                "device, so the devices not picked in the first rounds reach A^th together).", "",
+                "| method | " + " | ".join(f"round {x}" for x in evals) + " |", "|---|" + "---|" * len(evals)]
+        for m in s["methods"]:
+            cells = [[v for n in names[m] if (v := _at_round(raw, n, x)) is not None] for x in evals]
+            out.append(f"| {LABEL[m]} | " + " | ".join(f"{100 * np.mean(c):.1f}" if c else "—" for c in cells) + " |")
+        forced = [[float(r.get("uploads_forced", 0)) for n in names["pfedwireless"] for r in (raw.results.rows(n) or [])
+                   if r.get("round") == x] for x in evals]
+        out += ["| Proposed: forced uploads in the round | " + " | ".join(f"{np.mean(c):.1f}" if c else "—" for c in forced)
+                + " |", ""]
         claims = []
         for how, what in (("early", f"round {early}"), ("mean", f"mean of rounds {early} and {rounds}")):
             pw = cell("pfedwireless", how)
