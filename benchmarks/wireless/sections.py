@@ -93,7 +93,8 @@ def t12_section(s, raw) -> tuple[list[str], list[str]]:
             got = {m: vals[(m, p)] for m in s["methods"] if vals.get((m, p))}
             if got:
                 rank = sorted(got, key=lambda m: -np.mean(got[m]))
-                summary.append(f"- **{setting}, {PART_LABEL[p]}**: " + " > ".join(
+                summary.append(f"- **{setting}, {PART_LABEL[p]}**, means from highest (the claim table above "
+                               "says which gaps the paired tests support): " + ", ".join(
                     f"{LABEL[m]} ({100 * np.mean(got[m]):.1f})" for m in rank)
                     + "; paper: " + " > ".join(
                     f"{LABEL[m]} ({PAPER_T12[setting][m][PARTS.index(p)]:.1f})" for m in sorted(
