@@ -57,7 +57,7 @@ def post(raw: dict, cfg, d: Path, exp=None) -> None:
 def report(b) -> list[str]:
     s, raw = context(b), b
     quick = b.params.get("quick", False)
-    png = (b.raw if quick else b.grid.report.parent) / "wireless_fig3.png"
+    png = (b.raw if quick else b.grid.report.parent) / f"{b.grid.report.stem}_fig3.png"  # wireless_fig3.png
     st = run_status(b, lambda n: _final(raw, n), done)
     last = b.last_invocation()
     cmd = b.params["command"]
