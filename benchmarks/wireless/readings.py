@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -67,15 +68,21 @@ def names_of(setting, method, part, s, khat="K/3", schedule="ratio", alpha=None,
     b = s["b"]
     if eta is not None:
         m = next(k for k, e in b.methods("eta").items() if e.info["eta"] == eta)
+        if f"{setting}-{part}" not in b.grid.settings("eta"):  # a grid restricted to some settings (paired.py)
+            return []
         return list(b.names("eta", m, f"{setting}-{part}").values())
     if schedule == "linear":
         m = next(k for k, e in b.methods("t3").items() if e.info["alpha"] == alpha)
         return list(b.names("t3", m, f"{setting}-{part}").values())
     if khat != "K/3":
         group = "t4" if method in b.methods("t4") else "t5"
-        st = next(k for k, e in b.grid.settings(group).items() if e.info == {"setting": setting, "part": part,
-                                                                              "khat": khat})
+        st = next((k for k, e in b.grid.settings(group).items() if e.info == {"setting": setting, "part": part,
+                                                                               "khat": khat}), None)
+        if st is None:  # a grid restricted to some settings (paired.py)
+            return []
         return list(b.names(group, method, st).values())
+    if f"{setting}-{part}" not in b.grid.settings("t12"):  # a grid restricted to some settings (paired.py)
+        return []
     return list(b.names("t12", method, f"{setting}-{part}").values())
 
 
@@ -118,8 +125,26 @@ def _final(b, name: str) -> dict | None:
     return out
 
 
-def _vals(b, names: list[str], key: str = "accuracy") -> list[float]:
-    return [float(r[key]) for n in names if (r := _final(b, n)) is not None and finite(r.get(key))]
+class SeedVals(list):
+    """A table cell's values in seed order, with ``.seeds``: the seed of each value (the paired
+    tests of ``sections.claim_table`` match two cells on them)."""
+
+    seeds: list
+
+
+def _seed_of(name: str) -> int | None:
+    m = re.search(r"-s(\d+)$", name)  # every run template of grid.toml ends in -s{seed}
+    return int(m.group(1)) if m else None
+
+
+def _vals(b, names: list[str], key: str = "accuracy") -> SeedVals:
+    out = SeedVals()
+    out.seeds = []
+    for n in names:
+        if (r := _final(b, n)) is not None and finite(r.get(key)):
+            out.append(float(r[key]))
+            out.seeds.append(_seed_of(n))
+    return out
 
 
 def _ms(vals: list[float], n_expected: int, scale: float = 100.0, digits: int = 1) -> str:
