@@ -35,7 +35,7 @@ def test_moon_paper_profile_is_the_papers_grid_10_clients_10_epochs_100_rounds()
     assert {r.raw["partition"]["beta"] for r in runs} == {0.1, 0.5, 5.0}
 
 
-@pytest.mark.parametrize("bench,count,rounds,epochs", [("fedcmi", 288, 100, 5), ("creamfl", 138, 30, 5)])
+@pytest.mark.parametrize("bench,count,rounds,epochs", [("fedcmi", 288, 100, 5), ("creamfl", 141, 30, 5)])
 def test_paper_profile_grid_expands_to_its_cell_count(bench, count, rounds, epochs):
     runs = load_grid(BENCH / bench / "grid-paper.toml").runs()
     assert len(runs) == count
