@@ -15,7 +15,7 @@ RKEYS = ["fold_i2t_r1", "fold_t2i_r1", "i2t_r1", "t2i_r1", KEY, TWO]
 
 def _verdict(v: dict | None) -> str:
     if v is None or v["n"] < 2:
-        return "—"
+        return "— | — | — | — | not testable (fewer than 2 paired seeds)"
     return (f"{v['delta']:+.1f} | [{v['lo']:+.1f}, {v['hi']:+.1f}] | {v['p']:.3f} | {v['n']} | "
             f"{v['text'].split(' (')[0]}")
 

@@ -65,8 +65,8 @@ def _terms(v) -> str:
 
 
 def _pv(a: dict, b: dict) -> dict | None:
-    """The paired verdict of a vs b over their common seeds (None without any)."""
-    return paired(a, b) if any(k in b for k in a) else None
+    """The paired verdict of a vs b over their common seeds (None with fewer than two)."""
+    return paired(a, b) if sum(k in b for k in a) >= 2 else None
 
 
 def _m(vals: list[float]) -> tuple[float, float, int] | None:
