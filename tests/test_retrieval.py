@@ -108,6 +108,53 @@ def test_one_k_protocol_is_the_mean_of_five_folds_and_rsum_authors():
     assert out["rsum_authors"] == pytest.approx(out["i2t_r1"] + out["t2i_r1"] + full["i2t_r1"] + full["t2i_r1"])
 
 
+def test_fifths_protocol_is_strided_folds_plus_the_whole_set():
+    """The small-set analogue of 1K + 5K (CreamFL's Table 1 "R@1_sum"): fold f = images i % 5 == f
+    with their captions, fold means under fold_*, the whole set under the plain keys, and
+    rsum_authors the four-term sum; rows sorted by class still give every fold every class."""
+    g = torch.Generator().manual_seed(4)
+    n, d = 403, 8  # not a multiple of 5; two captions for some images
+    img = torch.randn(n, d, generator=g)
+    t2i = torch.cat([torch.arange(n), torch.randint(0, n, (57,), generator=g)])
+    txt = img[t2i] + 1.2 * torch.randn(t2i.numel(), d, generator=g)
+    out = evaluate_retrieval(img, txt, t2i, protocol="fifths")
+    assert out["protocol"] == "fifths"
+    full = recall_at_k(img, txt, t2i)
+    for k in [*KEYS, "r1_sum", "rsum"]:
+        assert out[k] == pytest.approx(full[k])
+    folds = []
+    for f in range(5):
+        keep = torch.arange(f, n, 5)
+        sel = (t2i % 5) == f
+        i_match = t2i[sel][None, :] == keep[:, None]  # caption j of the fold is a hit for image keep[i]
+        folds.append(reference(img[keep], txt[sel], i_match))
+    for k in KEYS:
+        assert out[f"fold_{k}"] == pytest.approx(sum(r[k] for r in folds) / 5)
+    assert out["fold_i2t_r1"] > out["i2t_r1"]  # a fifth of the gallery is easier than all of it
+    assert out["rsum_authors"] == pytest.approx(out["fold_i2t_r1"] + out["fold_t2i_r1"] + out["i2t_r1"]
+                                                + out["t2i_r1"])
+    with pytest.raises(ValueError, match="fifths"):
+        evaluate_retrieval(torch.eye(3), torch.eye(3), torch.arange(3), protocol="fifths")
+
+
+def test_retrieval_scores_of_one_pair_per_row_report_the_papers_four_term_r1_sum():
+    from types import SimpleNamespace
+
+    from mmfl.core.evaluation import retrieval_scores
+    from mmfl.data.base import ArrayDataset
+
+    labels = torch.arange(40) // 4  # sorted by class, like mfeat's and emoji's test rows
+    test = ArrayDataset({"image": torch.zeros(40, 1)}, labels)
+    g = torch.Generator().manual_seed(5)
+    img = torch.randn(40, 6, generator=g)
+    txt = img + 0.8 * torch.randn(40, 6, generator=g)
+    out = retrieval_scores(img, txt, test, SimpleNamespace(info={"pairing": "instance"}, num_classes=10))
+    want = evaluate_retrieval(img, txt, torch.arange(40), protocol="fifths")
+    assert out["rsum_authors"] == pytest.approx(want["rsum_authors"])
+    assert out["r1_sum"] == pytest.approx(want["i2t_r1"] + want["t2i_r1"])  # the two-term, one-gallery figure
+    assert "class_i2t_r1" in out
+
+
 def test_auto_is_plain_off_5000_and_1k_needs_5000():
     out = evaluate_retrieval(torch.eye(10), torch.eye(10), torch.arange(10))
     assert out["protocol"] == "plain" and out["r1_sum"] == 200.0

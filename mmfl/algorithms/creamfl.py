@@ -146,6 +146,11 @@ class CreamFLParams:
     server_public_epochs: int = field(default=1, metadata={
         "help": "server epochs on the public pairs per round, before the clients (Alg. 1 l. 18; 0 = off)"})
     distill_epochs: int = field(default=1, metadata={"help": "server distillation epochs per round (eq. 7)"})
+    distill_norm: Literal["eval", "train"] = field(default="eval", metadata={
+        "help": "normalisation layers (BatchNorm) during the distillation (eq. 7): eval = running statistics, "
+                "frozen (the targets' own mode, so distilling toward the server's own representations leaves "
+                "it unchanged); train = batch statistics, running ones updated (the authors' code); "
+                "see docs/algorithms/creamfl.md"})
     public_size: int = field(default=0, metadata={
         "help": "use this many public pairs (a seeded subset; 0 = all): the Fig. 4 trade-off"})
     chunk: int = field(default=DEFAULT_CHUNK, metadata={"help": "rows per chunk of the |P| x |P| GCA scores"})
@@ -184,6 +189,8 @@ class CreamFLParams:
         for key in ("inter", "intra", "exclude_positive"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"algorithm.{key}: expected true or false, got {getattr(self, key)!r}")
+        if self.distill_norm not in ("eval", "train"):
+            raise ConfigError(f"algorithm.distill_norm: must be 'eval' or 'train', got {self.distill_norm!r}")
         if self.multimodal_loss not in ("infonce", "pcme"):
             raise ConfigError(f"algorithm.multimodal_loss: must be 'infonce' or 'pcme', got {self.multimodal_loss!r}")
         if isinstance(self.pcme_samples, bool) or not isinstance(self.pcme_samples, int) or self.pcme_samples < 0:
@@ -360,6 +367,10 @@ class CreamFLServer(Server):
         total, steps = 0.0, 0
         self.begin_phase(self.opt_kd)
         self.model.train()
+        if self.params.distill_norm == "eval":  # BatchNorm as in the targets (public_reps: eval mode)
+            for mod in self.model.modules():
+                if isinstance(mod, torch.nn.modules.batchnorm._NormBase):
+                    mod.eval()
         for rows in shuffled_batches(n, self.params.server_batch_size, gen, self.params.distill_epochs):
             inputs, _ = self.public.get(rows)
             z = reps_of(self.model, inputs, list(agg))  # eq. 7 over the public rows holding m

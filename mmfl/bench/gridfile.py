@@ -172,6 +172,8 @@ def grid_from_table(t: dict, path: Path) -> Grid:
     if not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"{path}: workers: must be an integer >= 1, got {workers!r}")
     groups_t = t.get("groups")
+    if isinstance(groups_t, dict):  # a group set to false (by an extending file) is left out
+        groups_t = {k: v for k, v in groups_t.items() if v is not False}
     if not isinstance(groups_t, dict) or not groups_t:
         raise ConfigError(f"{path}: groups: at least one [groups.<name>] table with methods is required")
     top = t.get("settings", {})

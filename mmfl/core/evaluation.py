@@ -163,7 +163,10 @@ def retrieval_scores(img: Tensor, txt: Tensor, test: ArrayDataset, meta) -> dict
     """``retrieval``: image-to-text and text-to-image Recall@1/5/10 of the representations
     ``img``/``txt`` ``[len(test), d]`` of the test rows (:func:`mmfl.core.retrieval.evaluate_retrieval`):
     the 1K protocol for 5,000 test images, else plain; rows paired by instance (or several
-    captions per image via ``meta.info["image_index"]``), or by class for class-paired sets."""
+    captions per image via ``meta.info["image_index"]``), or by class for class-paired sets.
+    One row per pair (emoji, mfeat): 1K + 5K for 5,000 rows, else ``"fifths"`` (the plain keys
+    over all rows, ``fold_*`` over 5 strided fifths, ``rsum_authors`` the four-term R@1 sum of
+    the CreamFL paper's Table 1)."""
     pairing = (meta.info or {}).get("pairing", "instance")
     index = ((meta.info or {}).get("image_index") or {}).get("test")
     if pairing == "class":
@@ -172,8 +175,10 @@ def retrieval_scores(img: Tensor, txt: Tensor, test: ArrayDataset, meta) -> dict
     elif index is not None and int(index.numel()) == len(test):
         img, txt, t2i = pairs_to_retrieval(img, txt, index)
         out = evaluate_retrieval(img, txt, t2i)
-    else:
-        out = evaluate_retrieval(img, txt, torch.arange(len(test), device=img.device))
+    else:  # instance pairs: 1K + 5K for 5,000 pairs, else their small-set analogue (5 strided fifths + all)
+        n = len(test)
+        protocol = "1k" if n == 5000 else "fifths" if n >= 5 else "plain"
+        out = evaluate_retrieval(img, txt, torch.arange(n, device=img.device), protocol)
         if meta.num_classes > 1:  # also by class: a hit is an item of the query's class
             labels = test.get()[1]
             by_class = evaluate_retrieval(img, txt, None, "plain", class_level=True, img_labels=labels,
