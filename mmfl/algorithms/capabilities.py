@@ -81,17 +81,14 @@ def _infer(server: type, client: type, pooled: bool) -> Capabilities:
     if not secagg:
         why["secagg"] = "it needs more from its clients than the weighted sum of their models"
     dp_modes: tuple[str, ...] = ()
+    blocker = getattr(client, "dpsgd_blocker", lambda: f"{client.__name__} is not a FedAvg-family client")()
+    server_why = "its server uses more of the replies than averaged models"
     if averages:
-        dp_modes = ("central", "local")
-        blocker = getattr(client, "dpsgd_blocker", lambda: f"{client.__name__} is not a FedAvg-family client")()
-        if blocker is None:
-            dp_modes += ("sample",)
-        else:
-            why["dp:sample"] = blocker
+        dp_modes = ("central", "local") + (("sample",) if blocker is None else ())
     else:
-        why["dp"] = "it trains on the pooled data" if pooled else \
-            "its server uses more of the replies than averaged models"
-        why["dp:sample"] = why["dp"]
+        why["dp"] = "it trains on the pooled data" if pooled else server_why
+    if "sample" not in dp_modes:  # the client's training first, as the refusal line has said
+        why["dp:sample"] = "it trains on the pooled data" if pooled else blocker or server_why
     evaluations = getattr(server, "evaluations", {}) or {}
     return Capabilities(batched=batch_why is None, streaming=streaming, secagg=secagg,
                         flower=bool(getattr(server, "flower", True)), dp_modes=dp_modes,
