@@ -124,3 +124,15 @@ def test_mmfl_list_shows_the_capabilities(capsys):
     assert cli_main(["list", "dataset", "--capabilities"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "only algorithms declare capabilities" in err
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if ALGORITHMS.get(n).factory.server.runs_on == "single"
+                                  and not ALGORITHMS.get(n).factory.pooled])
+def test_declared_stateful_clients_are_the_ones_leaving_state_in_the_store(tmp_path, name):
+    """One round of 4 clients (tiny MLP on digits): the engine's client store holds state exactly
+    when the algorithm declares stateful clients."""
+    cfg = load_config(None, [*BASE, f"algorithm.name={name}", f"output_dir={tmp_path}", "rounds=1",
+                             "eval_every=5"])
+    exp = Experiment(cfg, progress=False)
+    exp.run()
+    assert (exp.transport.store.nbytes() > 0) == caps(name).stateful_clients, name
