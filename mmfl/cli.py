@@ -37,7 +37,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from mmfl.errors import one_line
+from mmfl.errors import ConfigError, one_line
 
 KINDS = ("algorithm", "dataset", "partition", "modality", "model", "aggregation")
 # kind -> (heading, config table)
@@ -105,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="list algorithms, datasets, partitioners, modality assigners and models "
                                     "with their parameters")
     p.add_argument("kind", nargs="?", choices=KINDS, help="only this kind")
+    p.add_argument("--capabilities", action="store_true",
+                   help="what each algorithm supports (batched, streaming, secagg, flower, dp modes, ...), one line each")
 
     p = sub.add_parser("partition", help="print (and plot) the per-client class counts of a partition, the "
                                          "modalities each client holds and what the simulation removed")
@@ -205,9 +207,23 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def capability_lines() -> list[str]:
+    """``mmfl list algorithm --capabilities``: each algorithm's declared capabilities, one line."""
+    from mmfl.algorithms import ALGORITHMS
+    from mmfl.algorithms.capabilities import capabilities
+
+    return ["algorithm capabilities (docs/architecture.md, \"Capabilities\"):",
+            *(f"  {n:<16} {capabilities(ALGORITHMS.get(n).factory).flags()}" for n in ALGORITHMS.names())]
+
+
 def cmd_list(args) -> int:
     from mmfl.registry import param_doc
 
+    if getattr(args, "capabilities", False):
+        if args.kind not in (None, "algorithm"):
+            raise ConfigError(f"--capabilities: only algorithms declare capabilities, not {args.kind!r}")
+        print("\n".join(capability_lines()))
+        return 0
     for kind, reg in _registries().items():
         if args.kind and kind != args.kind:
             continue

@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from mmfl.algorithms import ALGORITHMS
+from mmfl.algorithms.capabilities import algorithms_with, capabilities
 from mmfl.core.aggregation import AGGREGATION_RULES, check_cohort
 from mmfl.data import DATASETS, PARTITIONERS
 from mmfl.data.modality import CASES, MODALITY_ASSIGNERS
@@ -197,9 +198,8 @@ def resolve_reference(table) -> ReferenceConfig | None:
 
 def secagg_capable(spec) -> bool:
     """Whether an algorithm's server needs only the data-weighted sum of its clients' train replies
-    (``secagg_capable`` on the server class; default: ``dp_capable``, the FedAvg family)."""
-    server = spec.server
-    return not spec.pooled and bool(getattr(server, "secagg_capable", getattr(server, "dp_capable", False)))
+    (its declared :attr:`~mmfl.algorithms.capabilities.Capabilities.secagg`)."""
+    return capabilities(spec).secagg
 
 
 def resolve_secure_aggregation(table, algo: Component, dp, run, partition, sources) -> SecureAggregationConfig | None:
@@ -214,7 +214,7 @@ def resolve_secure_aggregation(table, algo: Component, dp, run, partition, sourc
     sa = build_params("secure_aggregation", "settings", SecureAggregationConfig, table)
     spec = ALGORITHMS.get(algo.name).factory
     if not secagg_capable(spec):
-        ok = [n for n in ALGORITHMS.names() if secagg_capable(ALGORITHMS.get(n).factory)]
+        ok = algorithms_with("secagg")
         raise ConfigError(f"secure_aggregation: algorithm '{algo.name}' needs more from its clients than the "
                           f"weighted sum of their models (individual replies, control variates, "
                           f"representations or personal models); supported: {', '.join(ok)}")
@@ -263,20 +263,14 @@ def resolve_dp(table, algo: Component) -> DPConfig | None:
         raise ConfigError("dp: must be a table, e.g. [dp] with mode = \"central\", noise_multiplier = 1.0")
     dp = build_params("dp", "settings", DPConfig, table)
     spec = ALGORITHMS.get(algo.name).factory
-    capable = lambda s: not s.pooled and getattr(s.server, "dp_capable", False)  # noqa: E731
-    dpsgd_blocker = lambda s: getattr(s.client, "dpsgd_blocker",  # noqa: E731
-                                      lambda: f"{s.client.__name__} is not a FedAvg-family client")()
-    if dp.mode == "sample" and not (capable(spec) and dpsgd_blocker(spec) is None):
-        ok = [n for n in ALGORITHMS.names() if capable(ALGORITHMS.get(n).factory)
-              and dpsgd_blocker(ALGORITHMS.get(n).factory) is None]
-        why = "it trains on the pooled data" if spec.pooled else dpsgd_blocker(spec) or \
-            "its server uses more of the replies than averaged models"
+    caps = capabilities(spec)  # declared once (mmfl.algorithms.capabilities)
+    if dp.mode == "sample" and "sample" not in caps.dp_modes:
         raise ConfigError(f"dp: algorithm '{algo.name}' does not support sample-level DP-SGD (mode = \"sample\", "
-                          f"per-sample gradients of the FedAvg family's local loss; {why}); supported: {', '.join(ok)}")
-    if not capable(spec):
-        ok = [n for n in ALGORITHMS.names() if capable(ALGORITHMS.get(n).factory)]
+                          f"per-sample gradients of the FedAvg family's local loss; {caps.reason('dp:sample')}); "
+                          f"supported: {', '.join(algorithms_with('dp:sample'))}")
+    if dp.mode not in caps.dp_modes:
         raise ConfigError(f"dp: algorithm '{algo.name}' does not support client-level DP (its server uses more "
-                          f"of the replies than averaged models); supported: {', '.join(ok)}")
+                          f"of the replies than averaged models); supported: {', '.join(algorithms_with('dp:' + dp.mode))}")
     rule = getattr(algo.params, "aggregation", None)
     if dp.mode == "central" and rule not in (None, "weighted_mean", "mean"):
         raise ConfigError(f"dp.mode: central DP aggregates by DP-FedAvg's clipped uniform mean, so "

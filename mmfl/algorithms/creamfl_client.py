@@ -33,6 +33,7 @@ class CreamFLClient(TrainingClient):
     ``after_train`` (keeps its model in ``ctx.state``) and ``finish`` (the reply). ``train`` is
     its own loop: one optimizer over the private task and the public-set passes (the local
     distillation before it; ``extra_epoch`` and the LCR pass after every epoch)."""
+    stateful = True  # keeps ctx.state between rounds (Capabilities.stateful_clients)
 
     def pair(self) -> list[str]:
         if self.ctx.public is None:

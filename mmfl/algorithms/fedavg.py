@@ -25,6 +25,7 @@ from torch import Tensor
 
 from mmfl.algorithms.registry import register
 from mmfl.algorithms.base import Server, TrainingClient
+from mmfl.algorithms.capabilities import server_streams
 from mmfl.core.aggregation import aggregate, check_rule, rule_kwargs, rule_params, weighted_mean
 from mmfl.core.batched import BatchedClient, BatchedTask
 from mmfl.core.dp import central_dp_mean
@@ -176,8 +177,7 @@ class FedAvgServer(Server):
         sum) and this class aggregates as FedAvgServer does (a subclass overriding
         ``aggregate`` or ``aggregate_train`` needs the whole list, unless it gives its own; one
         overriding only :meth:`server_step` streams: the step follows the fold)."""
-        cls = type(self)
-        if cls.aggregate is not FedAvgServer.aggregate or cls.aggregate_train is not FedAvgServer.aggregate_train:
+        if not server_streams(type(self)):  # declared / inferred once (mmfl.algorithms.capabilities)
             return None
         previous = dict(self.model.state_dict())
         dp = self.ctx.dp

@@ -135,6 +135,8 @@ class FedCMIServer(MultimodalServer):
 
 
 class FedCMIClient(MultimodalClient):
+    stateful = True  # keeps ctx.state between rounds (Capabilities.stateful_clients)
+
     def __init__(self, params: FedCMIParams, ctx):
         super().__init__(params, ctx)
         self.private = (INFIL,) if params.projector == "two" else ()

@@ -81,6 +81,8 @@ class FedDynServer(FedAvgServer):
 
 
 class FedDynClient(FedAvgClient):
+    stateful = True  # keeps ctx.state between rounds (Capabilities.stateful_clients)
+
     def penalty(self, params, anchor):
         return dyn_penalty(params, anchor, read(self.ctx.state, GRAD), self.params.alpha)
 

@@ -344,6 +344,8 @@ class FedFomoServer(PersonalizedServer):
 
 
 class FedFomoClient(Client):
+    stateful = True  # keeps ctx.state between rounds (Capabilities.stateful_clients)
+
     def train(self, msg: Message) -> Message:
         ctx = self.ctx
         model = own_model(ctx)

@@ -64,6 +64,7 @@ class LocalServer(Server):
 class LocalClient(Client, BatchedClient):
     """Trains its own model (``ctx.state``) on its own data; batched (``batch_clients``): each
     client's own model is one row of the stack."""
+    stateful = True  # keeps ctx.state between rounds (Capabilities.stateful_clients)
 
     def _model(self):
         model = self.ctx.model("local")

@@ -110,6 +110,7 @@ class MoonClient(FedAvgClient):
     """MOON's objective, once for the sequential and the batched path: the frozen global model
     and the client's previous model are :meth:`references` (clients with and without a previous
     model train in separate batched groups; the latter have no l_con)."""
+    stateful = True  # keeps ctx.state between rounds (Capabilities.stateful_clients)
 
     def references(self, msg: Message) -> dict[str, dict[str, Tensor]]:
         refs = {"global": msg.arrays}

@@ -252,6 +252,8 @@ class PartialFLServer(Server):
 
 
 class PartialFLClient(Client):
+    stateful = True  # keeps ctx.state between rounds (Capabilities.stateful_clients)
+
     def _modalities(self) -> tuple[str, str]:
         return shareable_of(self.ctx.meta, self.params.shareable)
 

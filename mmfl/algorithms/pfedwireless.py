@@ -322,6 +322,7 @@ class PFedWirelessServer(Server):
 class PFedWirelessClient(MultimodalClient):
     """Local training of the device's own model (kept in ``ctx.state``); uploads only the
     scheduled groups."""
+    stateful = True  # keeps ctx.state between rounds (Capabilities.stateful_clients)
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)

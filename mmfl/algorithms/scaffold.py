@@ -154,6 +154,8 @@ class ScaffoldServer(FedAvgServer):
 
 
 class ScaffoldClient(FedAvgClient):
+    stateful = True  # keeps ctx.state between rounds (Capabilities.stateful_clients)
+
     def _variates(self, msg: Message, names: list[str]):
         c = {k: msg.arrays[C + k] for k in names}
         own = read(self.ctx.state, C)

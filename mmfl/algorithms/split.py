@@ -248,6 +248,7 @@ class SplitServer(Server):
 
 class SplitClient(Client):
     """The client side of the cut; between messages it keeps its session in ``ctx.state["sl/*"]``."""
+    stateful = True  # keeps ctx.state between rounds (Capabilities.stateful_clients)
 
     @property
     def u(self) -> bool:

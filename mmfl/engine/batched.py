@@ -9,7 +9,8 @@ import logging
 from typing import Any
 
 from mmfl.algorithms.base import ClientContext
-from mmfl.core.batched import (MAX_GROUP, capability_blocker, client_bytes, is_out_of_memory, model_blocker,
+from mmfl.algorithms.capabilities import capabilities
+from mmfl.core.batched import (MAX_GROUP, client_bytes, is_out_of_memory, model_blocker,
                                probe_activation_bytes, stack_size, train_stacked)
 from mmfl.core.device import CPU, describe, free_memory
 from mmfl.core.message import Message
@@ -155,7 +156,8 @@ def _blocker(transport, route: str, messages) -> str | None:
         return "clients hold different modalities (different model structures)"
     if any(k.startswith("present/") for c in transport.federation.clients for k in c.features):
         return "samples miss modalities (present/<m> masks)"
-    return capability_blocker(transport.spec.client) or model_blocker(transport._model("batched"), transport.train)
+    caps = capabilities(transport.spec)
+    return (None if caps.batched else caps.reason("batched")) or model_blocker(transport._model("batched"), transport.train)
 
 
 def _fallback(transport, reason: str) -> None:
