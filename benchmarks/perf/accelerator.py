@@ -233,11 +233,12 @@ def report(res: dict, a, cmd: str) -> list[str]:
     fmt = lambda v, suf="": "—" if v is None else f"{v:.1f}{suf}"  # noqa: E731
     for w, alg, k in keys:
         get = lambda m: cells.get(f"{w}|{alg}|{k}|{m}")  # noqa: E731
-        col = lambda c: "—" if c is None else f"{c['clients_per_s']:.1f} ({fmt_spread(c['cpu'])})"  # noqa: E731
+        col = lambda c: "—" if c is None else f"{c['clients_per_s']:.1f} ({fmt_spread(c['cpu'], 3)})"  # noqa: E731
         cps = lambda m, key="clients_per_s": (get(m) or {}).get(key)  # noqa: E731
         o, s, f = get("one-by-one"), get("stacked"), get("flower")
+        r2 = lambda v: "—" if v is None else f"{v:.2f}×"  # noqa: E731
         lines.append(f"| {w} | {alg} | {k} | {col(o)} | {col(s)} | {col(f)} "
-                     f"| {fmt(ratio(cps('stacked'), cps('one-by-one')), '×')} | {fmt(ratio(cps('stacked'), cps('flower')), '×')} "
+                     f"| {r2(ratio(cps('stacked'), cps('one-by-one')))} | {r2(ratio(cps('stacked'), cps('flower')))} "
                      f"| {fmt(cps('one-by-one', 'wall_clients_per_s'))} / {fmt(cps('stacked', 'wall_clients_per_s'))} |")
     fb = sorted({c["batched_fallback"] for c in cells.values() if c.get("batched_fallback")})
     if fb:
