@@ -210,7 +210,9 @@ def report(res: dict, a, cmd: str) -> list[str]:
     lines = ["# Throughput and utilization on one device (issue 17, item 5)", "",
              f"Command: `{cmd}` — every figure below measured in that one invocation.", "",
              f"Device: {res['device']}; machine: {res['machine']}; torch {torch.__version__}, "
-             f"{res['threads']} torch thread(s); load average at start {res['load_start']}, at end {res['load_end']}.", ""]
+             f"{res['threads']} torch thread(s); load average at start {res['load_start']}, at end {res['load_end']}"
+             + (f" (over the timed comparisons {res['load_range'][0]:.1f}–{res['load_range'][1]:.1f})"
+                if res.get("load_range") else "") + ".", ""]
     if a.dev.type == "cpu":
         lines += ["**GPU figures: still to be measured** (no GPU in this task). On the CPU the issue's targets "
                   "(≥ 10× one-by-one for stacked cohorts of ≥ 50 small clients, ≥ 20× Flower simulation) are "
