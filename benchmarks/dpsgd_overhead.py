@@ -1,16 +1,17 @@
 """DP-SGD's cost on the demo (docs/dp.md, "Measured: DP-SGD on the demo"): seconds of one round of local
 training of all 10 demo clients (2 epochs, B = 32, the initial model) with plain SGD (local_train) and
-with DP-SGD (dpsgd_train, C = 1, z = 1), interleaved, min and median over repeats (the minimum is the
-least disturbed by other processes on a shared machine); and the per-sample gradient norms at the
+with DP-SGD (dpsgd_train, C = 1, z = 1), interleaved after one warm-up: CPU-time median and quartiles
+over the repeats, the ratio of medians, wall time beside it and the load average (benchmarks/perf/timing.py:
+CPU time holds on a shared machine, wall time does not); and the per-sample gradient norms at the
 initial model, which set how much C = 1 clips. Run: .venv/bin/python benchmarks/dpsgd_overhead.py [repeats]"""
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's mmfl, not the installed one
+sys.path.insert(0, str(Path(__file__).resolve().parent / "perf"))
+from timing import fmt_spread, interleave  # noqa: E402
 torch.set_num_threads(1)
 from mmfl.config import load_config  # noqa: E402
 from mmfl.core.dpsgd import dpsgd_train, per_sample_gradients  # noqa: E402
@@ -42,15 +43,12 @@ def dpsgd():
                     torch.Generator().manual_seed(100 + c), ce)
 
 
-times = {"sgd": [], "dpsgd": []}
-for _ in range(repeats):
-    for name, fn in (("sgd", plain), ("dpsgd", dpsgd)):
-        t = time.perf_counter()
-        fn()
-        times[name].append(time.perf_counter() - t)
-for name, ts in times.items():
-    print(f"{name}: min {min(ts):.2f} s, median {statistics.median(ts):.2f} s per round of 10 clients ({repeats} repeats)")
-print(f"ratio of minima: {min(times['dpsgd']) / min(times['sgd']):.1f}x")
+res = interleave({"sgd": plain, "dpsgd": dpsgd}, repeats=repeats, warmup=1, log=None)
+for name in ("sgd", "dpsgd"):
+    print(f"{name}: CPU {fmt_spread(res.cpu(name), 3)} s (median, q1-q3), wall median {res.wall(name)['median']:.3f} s "
+          f"per round of 10 clients ({repeats} interleaved repeats)")
+print(f"ratio of CPU medians: {res.ratio('dpsgd', 'sgd'):.1f}x (wall: {res.ratio('dpsgd', 'sgd', 'wall'):.1f}x); "
+      f"load average {res.load_start:.1f} at start, {res.load_end:.1f} at end")
 
 load_into(model, init).train()
 norms = []

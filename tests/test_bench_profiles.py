@@ -72,10 +72,11 @@ def test_accelerator_plan_checks_every_cell_config_on_cpu(tmp_path):
 def test_accelerator_one_cell_measures_throughput_and_kernel_share_on_cpu(tmp_path):
     acc = _module(BENCH / "perf" / "accelerator.py", "bench_accelerator")
     res = acc.main(["--device", "cpu", "--workloads", "cnn", "--algorithms", "fedavg", "--cohorts", "3",
-                    "--rounds", "2", "--modes", "one-by-one", "stacked", "--no-write", "--out-dir", str(tmp_path)])
+                    "--rounds", "2", "--repeats", "2", "--modes", "one-by-one", "stacked", "--no-write", "--out-dir", str(tmp_path)])
     cells = res["cells"]
     assert set(cells) == {"cnn|fedavg|3|one-by-one", "cnn|fedavg|3|stacked"}
     assert cells["cnn|fedavg|3|stacked"]["batched_clients"] == 3  # really stacked
     assert all(c["clients_per_s"] > 0 for c in cells.values())
+    assert all(c["cpu"]["n"] == 2 and c["cpu"]["q1"] <= c["cpu"]["median"] <= c["cpu"]["q3"] for c in cells.values())
     for u in res["utilization"].values():
         assert 0 < u["kernel_s"] and 0 < u["fraction"] < 1.5

@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -45,7 +44,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's mmfl
-from common import RESULTS  # noqa: E402
+from common import RESULTS, memo_federation  # noqa: E402
+from timing import Sample, fmt_spread, interleave, measure  # noqa: E402
 
 import mmfl  # noqa: E402
 from mmfl.core.device import describe, resolve_device  # noqa: E402
@@ -80,28 +80,35 @@ def config(workload: str, algorithm: str, cohort: int, mode: str, a) -> dict:
     return cfg
 
 
-def round_times(metrics: Path) -> list[float]:
-    return [json.loads(x)["train_time_s"] for x in metrics.read_text().splitlines() if x.strip()]
-
-
-def run_cell(cfg: dict, mode: str, a) -> dict:
-    t0 = time.perf_counter()
+def run_cell(cfg: dict, mode: str, a, rows_out: dict | None = None) -> list[Sample]:
+    """Train one cell; one :class:`Sample` (CPU and wall seconds) per timed round (round 1 left
+    out: it pays one-off costs). Simulation cells wrap the server's round; a Flower cell
+    times the whole simulation (Ray's start-up included) and divides it by the rounds."""
     if mode == "flower":
         from mmfl.flower.simulation import simulate
 
         conf = mmfl.configure(cfg)
-        simulate(conf, overwrite=True, ray_cpus=a.ray_cpus)
-        metrics = conf.run_dir / "metrics.jsonl"
-        rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+        s, _ = measure(lambda: simulate(conf, overwrite=True, ray_cpus=a.ray_cpus))
+        rows = [json.loads(x) for x in (conf.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        samples = [Sample(s.cpu / len(rows), s.wall / len(rows))]
     else:
-        res = mmfl.run(cfg, overwrite=True, progress=False)
-        metrics = res.metrics_path
-        rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
-    times = [r["train_time_s"] for r in rows]
-    steady = statistics.median(times[1:] if len(times) > 1 else times)
-    return {"clients_per_s": cfg["clients_per_round"] / steady, "round_s": steady, "rounds_s": times,
-            "total_s": time.perf_counter() - t0, "batched_clients": rows[-1].get("batched_clients"),
-            "batched_fallback": rows[-1].get("batched_fallback"), "accuracy": rows[-1].get("accuracy")}
+        from mmfl.engine.runner import Experiment
+
+        exp = Experiment(mmfl.configure(cfg), progress=False)
+        inner, samples = exp.server.round, []
+
+        def timed(rnd, cohort, transport):
+            s, row = measure(lambda: inner(rnd, cohort, transport))
+            if rnd > 0:
+                samples.append(s)
+            return row
+
+        exp.server.round = timed
+        exp.run(overwrite=True)
+        rows = [json.loads(x) for x in (exp.cfg.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    if rows_out is not None:
+        rows_out.update({k: rows[-1].get(k) for k in ("batched_clients", "batched_fallback", "accuracy")})
+    return samples
 
 
 def utilization(cfg: dict, dev: torch.device) -> dict:
@@ -118,18 +125,19 @@ def utilization(cfg: dict, dev: torch.device) -> dict:
             return inner(rnd, cohort, transport)
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
         with profile(activities=acts) as prof:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             row = inner(rnd, cohort, transport)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
-            out["wall_s"] = time.perf_counter() - t
+            out["wall_s"], out["cpu_s"] = time.perf_counter() - t, time.process_time() - c
         events = prof.events()
         if dev.type == "cuda":  # kernels are events on the CUDA device (reviewed by reading: no GPU in CI)
             us = sum(e.time_range.elapsed_us() for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
             out["what"] = "CUDA kernel time / round wall"
         else:
             us = sum(e.self_cpu_time_total for e in events if e.name.startswith("aten::"))
-            out["what"] = "aten ops' self CPU time / round wall (CPU analogue)"
+            out["what"] = ("aten ops' self CPU time / round wall (CPU analogue; the profiler's op times are "
+                           "elapsed times, so both sides stretch alike under load)")
         out["kernel_s"] = us / 1e6
         out["fraction"] = out["kernel_s"] / out["wall_s"]
         return row
@@ -167,6 +175,8 @@ def parse(argv=None):
     ap.add_argument("--ray-cpus", type=int, default=os.cpu_count() or 1, help="Ray CPUs of the Flower simulation")
     ap.add_argument("--gpus-per-client", type=float, help="Flower on CUDA: GPU share per Ray actor (default 0.1)")
     ap.add_argument("--threads", type=int, help="torch threads (default 1 on the CPU, torch's default on a GPU)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="interleaved repeats of each cell (default 3); each gives rounds-1 timed rounds")
     ap.add_argument("--no-profile", action="store_true", help="skip the utilization profile")
     ap.add_argument("--plan", action="store_true", help="build and check every cell's config, run nothing")
     ap.add_argument("--out-dir", type=Path, default=Path("/tmp/mmfl-accelerator"), help="run folders")
@@ -186,6 +196,8 @@ def parse(argv=None):
         a.gpus_per_client = 0.1 if a.dev.type == "cuda" else 0.0
     if a.rounds < 2:
         ap.error("--rounds: at least 2 (round 1 is not timed)")
+    if a.repeats < 1:
+        ap.error("--repeats: at least 1")
     return a
 
 
@@ -198,7 +210,9 @@ def report(res: dict, a, cmd: str) -> list[str]:
     lines = ["# Throughput and utilization on one device (issue 17, item 5)", "",
              f"Command: `{cmd}` — every figure below measured in that one invocation.", "",
              f"Device: {res['device']}; machine: {res['machine']}; torch {torch.__version__}, "
-             f"{res['threads']} torch thread(s); load average at start {res['load_start']}, at end {res['load_end']}.", ""]
+             f"{res['threads']} torch thread(s); load average at start {res['load_start']}, at end {res['load_end']}"
+             + (f" (over the timed comparisons {res['load_range'][0]:.1f}–{res['load_range'][1]:.1f})"
+                if res.get("load_range") else "") + ".", ""]
     if a.dev.type == "cpu":
         lines += ["**GPU figures: still to be measured** (no GPU in this task). On the CPU the issue's targets "
                   "(≥ 10× one-by-one for stacked cohorts of ≥ 50 small clients, ≥ 20× Flower simulation) are "
@@ -206,29 +220,41 @@ def report(res: dict, a, cmd: str) -> list[str]:
                   "CPU's one thread runs it serially either way.", ""]
     lines += [f"Workloads: cnn = MOON's simple CNN on Fashion-MNIST, {a.per_client} images per client; multimodal = "
               "the multimodal model (MLP encoder per view) on mfeat's six views, 1,600 training digits over the "
-              f"cohort; batch 32, 1 local epoch, {a.optimizer}, {a.rounds} rounds (round 1 not timed). "
-              "Clients/s = cohort / median round training time. One measurement per cell, not repeated, on a machine shared with other "
-              "work (load averages above).", "",
-              "| workload | algorithm | cohort | one-by-one clients/s | stacked clients/s | flower clients/s "
-              "| stacked / one-by-one | stacked / flower |", "|---|---|---|---|---|---|---|---|"]
+              f"cohort; batch 32, 1 local epoch, {a.optimizer}, {a.rounds} rounds (round 1 not timed).", "",
+              "How measured (benchmarks/perf/timing.py): each round's **CPU time** (this process's threads plus "
+              f"reaped child processes), the modes of a cell run interleaved {a.repeats} times, so each figure is "
+              f"the median over {a.repeats} × {a.rounds - 1} rounds, with the quartiles (q1–q3) of the round CPU "
+              "seconds. Clients/s = cohort / median round CPU time; ratios are ratios of medians. Wall-time "
+              "clients/s (secondary: it measures the machine's load too) in the last column. Flower: CPU time of "
+              "the whole simulation (Ray's start-up included) per round, counting only the Ray processes the "
+              "run waited for, so it is a rough figure.", "",
+              "| workload | algorithm | cohort | one-by-one clients/s (round CPU s) | stacked clients/s (round CPU s) "
+              "| flower clients/s (round CPU s) | stacked / one-by-one | stacked / flower | wall clients/s "
+              "one-by-one / stacked |", "|---|---|---|---|---|---|---|---|---|"]
     keys = sorted({(w, alg, k) for w, alg, k, _ in (c.split("|") for c in cells)}, key=lambda t: (t[0], t[1], int(t[2])))
+    fmt = lambda v, suf="": "—" if v is None else f"{v:.1f}{suf}"  # noqa: E731
     for w, alg, k in keys:
-        get = lambda m: cells.get(f"{w}|{alg}|{k}|{m}", {}).get("clients_per_s")  # noqa: E731
+        get = lambda m: cells.get(f"{w}|{alg}|{k}|{m}")  # noqa: E731
+        col = lambda c: "—" if c is None else f"{c['clients_per_s']:.1f} ({fmt_spread(c['cpu'], 3)})"  # noqa: E731
+        cps = lambda m, key="clients_per_s": (get(m) or {}).get(key)  # noqa: E731
         o, s, f = get("one-by-one"), get("stacked"), get("flower")
-        fmt = lambda v, suf="": "—" if v is None else f"{v:.1f}{suf}"  # noqa: E731
-        lines.append(f"| {w} | {alg} | {k} | {fmt(o)} | {fmt(s)} | {fmt(f)} | {fmt(ratio(s, o), '×')} "
-                     f"| {fmt(ratio(s, f), '×')} |")
+        r2 = lambda v: "—" if v is None else f"{v:.2f}×"  # noqa: E731
+        lines.append(f"| {w} | {alg} | {k} | {col(o)} | {col(s)} | {col(f)} "
+                     f"| {r2(ratio(cps('stacked'), cps('one-by-one')))} | {r2(ratio(cps('stacked'), cps('flower')))} "
+                     f"| {fmt(cps('one-by-one', 'wall_clients_per_s'))} / {fmt(cps('stacked', 'wall_clients_per_s'))} |")
     fb = sorted({c["batched_fallback"] for c in cells.values() if c.get("batched_fallback")})
     if fb:
         lines += ["", "Stacking fell back to one-by-one: " + "; ".join(fb)]
     if res["utilization"]:
         what = next(iter(res["utilization"].values()))["what"]
-        lines += ["", f"Utilization: {what}, round 2 of the largest cohort under torch.profiler.", "",
-                  "| workload | algorithm | cohort | mode | round wall (s) | kernel time (s) | fraction |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["", f"Utilization: {what}, round 2 of the largest cohort under torch.profiler (one round, "
+                  "not repeated).", "",
+                  "| workload | algorithm | cohort | mode | round CPU (s) | round wall (s) | kernel time (s) | fraction |",
+                  "|---|---|---|---|---|---|---|---|"]
         for key, u in res["utilization"].items():
             w, alg, k, m = key.split("|")
-            lines.append(f"| {w} | {alg} | {k} | {m} | {u['wall_s']:.2f} | {u['kernel_s']:.2f} | {u['fraction']:.2f} |")
+            lines.append(f"| {w} | {alg} | {k} | {m} | {u.get('cpu_s', 0):.2f} | {u['wall_s']:.2f} "
+                         f"| {u['kernel_s']:.2f} | {u['fraction']:.2f} |")
     return lines + [""]
 
 
@@ -252,12 +278,27 @@ def main(argv=None) -> dict:
             cells = [c for c in cells if c[3] != "flower"]
     res = {"device": describe(a.dev), "machine": f"{os.cpu_count()} CPUs, {platform.machine()}, Python "
            f"{platform.python_version()}", "threads": torch.get_num_threads(), "command": cmd,
+           "repeats": a.repeats, "measured": "CPU time per round (self + reaped children), interleaved repeats",
            "load_start": f"{os.getloadavg()[0]:.1f}", "cells": {}, "utilization": {}}
+    memo_federation()  # each repeat reuses the decoded data set (setup is not timed, only slow)
+    groups: dict[tuple, list[str]] = {}
     for w, alg, k, m in cells:
-        r = run_cell(config(w, alg, k, m, a), m, a)
-        res["cells"][f"{w}|{alg}|{k}|{m}"] = r
-        print(f"{w:>10s} {alg:>6s} cohort {k:>4d} {m:>10s}: {r['clients_per_s']:8.1f} clients/s "
-              f"(round {r['round_s']:.3f} s; run {r['total_s']:.1f} s)", flush=True)
+        groups.setdefault((w, alg, k), []).append(m)
+    loads = []
+    for (w, alg, k), modes in groups.items():
+        rows = {m: {} for m in modes}
+        print(f"{w} {alg} cohort {k}: {' / '.join(modes)} interleaved x{a.repeats}", flush=True)
+        cmp = interleave({m: (lambda m=m: run_cell(config(w, alg, k, m, a), m, a, rows[m])) for m in modes},
+                         repeats=a.repeats, warmup=0)
+        loads += [cmp.load_start, cmp.load_end]
+        for m in modes:
+            cpu, wall = cmp.cpu(m), cmp.wall(m)
+            r = {"clients_per_s": k / cpu["median"], "wall_clients_per_s": k / wall["median"], "cpu": cpu,
+                 "wall": wall, "samples": [[x.cpu, x.wall] for x in cmp.samples[m]], **rows[m]}
+            res["cells"][f"{w}|{alg}|{k}|{m}"] = r
+            print(f"{w:>10s} {alg:>6s} cohort {k:>4d} {m:>10s}: {r['clients_per_s']:8.1f} clients/s CPU "
+                  f"(round CPU {fmt_spread(cpu, 3)} s; wall {r['wall_clients_per_s']:.1f} clients/s)", flush=True)
+    res["load_range"] = [min(loads), max(loads)] if loads else None
     if not a.no_profile:
         k = max(a.cohorts)
         for w in a.workloads:

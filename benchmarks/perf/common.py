@@ -18,6 +18,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from timing import cpu_clock, spread
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE.parent / "results"
 
@@ -91,15 +93,15 @@ def plain_inputs(exp) -> dict:
 
 
 class Timer:
-    """Wall and CPU seconds of a block (CPU time is robust to other processes on a shared machine
-    when running one thread)."""
+    """Wall and CPU seconds of a block (CPU time: every thread of this process plus waited-for
+    children, timing.cpu_clock; robust to other processes on a shared machine)."""
 
     def __enter__(self):
-        self.w, self.c = time.perf_counter(), time.process_time()
+        self.w, self.c = time.perf_counter(), cpu_clock()
         return self
 
     def __exit__(self, *exc):
-        self.wall, self.cpu = time.perf_counter() - self.w, time.process_time() - self.c
+        self.wall, self.cpu = time.perf_counter() - self.w, cpu_clock() - self.c
 
 
 def interleaved(variants: dict[str, Callable[[], None]], repeats: int) -> dict[str, list[tuple[float, float]]]:
@@ -119,8 +121,10 @@ def interleaved(variants: dict[str, Callable[[], None]], repeats: int) -> dict[s
 
 def summary(times: list[tuple[float, float]]) -> dict:
     walls, cpus = [w for w, _ in times], [c for _, c in times]
+    sc, sw = spread(cpus), spread(walls)
     return {"wall_min": min(walls), "wall_median": statistics.median(walls),
-            "cpu_min": min(cpus), "cpu_median": statistics.median(cpus)}
+            "cpu_min": min(cpus), "cpu_median": statistics.median(cpus), "cpu_q1": sc["q1"], "cpu_q3": sc["q3"],
+            "cpu_max": sc["max"], "wall_q1": sw["q1"], "wall_q3": sw["q3"], "load_average": load_average()}
 
 
 def paired_ratios(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> dict:

@@ -61,6 +61,7 @@ def main(argv=None) -> dict:
         glob, acc = plain_fedavg(**inputs)
         last["plain"] = (glob, acc)
 
+    load_start = load_average()
     print("warm-up (imports, allocator, first optimizer) ...", flush=True)
     mmfl_run(), plain_run()
     times = interleaved({"mmfl": mmfl_run, "plain": plain_run}, a.repeats)
@@ -70,14 +71,15 @@ def main(argv=None) -> dict:
     ratios = paired_ratios(times["mmfl"], times["plain"])
     res = {"mmfl": summary(times["mmfl"]), "plain": summary(times["plain"]), "ratio": ratios,
            "final_model_max_abs_diff": diff, "threads": torch.get_num_threads(), "repeats": a.repeats,
-           "load_average": load_average(), "command": "python benchmarks/perf/overhead.py " + " ".join(argv or sys.argv[1:])}
-    print(f"\nmmfl  : wall min {res['mmfl']['wall_min']:.2f} s, median {res['mmfl']['wall_median']:.2f} s; "
-          f"cpu min {res['mmfl']['cpu_min']:.2f} s")
-    print(f"plain : wall min {res['plain']['wall_min']:.2f} s, median {res['plain']['wall_median']:.2f} s; "
-          f"cpu min {res['plain']['cpu_min']:.2f} s")
-    print(f"ratio mmfl/plain: wall {ratios['wall_median_of_pairs']:.3f} (median of pairs), "
-          f"{ratios['wall_min_over_min']:.3f} (min/min); cpu {ratios['cpu_median_of_pairs']:.3f} (median of pairs), "
-          f"{ratios['cpu_min_over_min']:.3f} (min/min)")
+           "load_start": load_start, "load_average": load_average(), "command": "python benchmarks/perf/overhead.py " + " ".join(argv or sys.argv[1:])}
+    for side in ("mmfl", "plain"):
+        r = res[side]
+        print(f"{side:<6s}: CPU median {r['cpu_median']:.2f} s (q1-q3 {r['cpu_q1']:.2f}-{r['cpu_q3']:.2f}); "
+              f"wall median {r['wall_median']:.2f} s (min {r['wall_min']:.2f})")
+    print(f"ratio mmfl/plain: CPU {ratios['cpu_median_of_pairs']:.3f} (median of pairs), "
+          f"{res['mmfl']['cpu_median'] / res['plain']['cpu_median']:.3f} (ratio of medians); wall "
+          f"{ratios['wall_median_of_pairs']:.3f} (median of pairs); load average {res['load_start']:.1f} -> "
+          f"{res['load_average']:.1f}")
     print(f"same final model: max |diff| = {diff:.2e}")
     if a.profile:
         pr = cProfile.Profile()

@@ -2,8 +2,10 @@
 
     .venv/bin/python benchmarks/perf/scaling.py            # prints both curves, writes scaling.png
 
-Per-round time = the round (local training + aggregation, ``train_time_s``) plus its
-checkpoint, median over rounds 2.. (round 1 pays one-off costs). MOON (it keeps a
+Per-round time = the CPU time of the round (local training + aggregation) plus its
+checkpoint, median over rounds 2.. (round 1 pays one-off costs) and over ``--repeats``
+interleaved repeats of every cell, with the quartiles and the load average
+(benchmarks/perf/timing.py; wall time beside it). MOON (it keeps a
 previous model per client, so the client-state store and checkpoints are exercised).
 
 - Cohort curve: the issue's workload (100 clients of 600 Fashion-MNIST images each),
@@ -22,34 +24,44 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, update_results, workload  # noqa: E402
+from timing import Sample, fmt_spread, interleave, measure  # noqa: E402
 
 from mmfl.config import load_config  # noqa: E402
 from mmfl.engine.runner import Experiment  # noqa: E402
 
 
-def per_round(over: list[str]) -> dict:
+def per_round(over: list[str], info: dict | None = None) -> list[Sample]:
+    """One run; a Sample (CPU, wall) per round from round 2 on: the round plus its checkpoint."""
     exp = Experiment(load_config(None, over), progress=False)
-    ckpt_times = []
-    orig = exp._checkpoint
+    rounds, ckpts = [], []
+    inner, orig = exp.server.round, exp._checkpoint
 
-    def timed(rnd):
-        t = time.perf_counter()
-        orig(rnd)
-        ckpt_times.append(time.perf_counter() - t)
+    def timed_round(rnd, cohort, transport):
+        s, row = measure(lambda: inner(rnd, cohort, transport))
+        rounds.append(s)
+        return row
 
-    exp._checkpoint = timed
+    def timed_ckpt(rnd):
+        ckpts.append(measure(lambda: orig(rnd))[0])
+
+    exp.server.round, exp._checkpoint = timed_round, timed_ckpt
     exp.run(overwrite=True)
-    rows = [json.loads(x) for x in (exp.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    totals = [r["train_time_s"] + c for r, c in zip(rows, ckpt_times)][1:]
-    return {"per_round_s": statistics.median(totals), "rounds_s": totals,
-            "checkpoint_s": statistics.median(ckpt_times[1:]), "store": type(exp.store).__name__}
+    if info is not None:
+        info.update(store=type(exp.store).__name__, checkpoint_cpu_s=[c.cpu for c in ckpts[1:]])
+    return [Sample(r.cpu + c.cpu, r.wall + c.wall) for r, c in zip(rounds, ckpts)][1:]
+
+
+def summarize(cmp, name: str, info: dict) -> dict:
+    cpu, wall = cmp.cpu(name), cmp.wall(name)
+    return {"per_round_s": cpu["median"], "cpu": cpu, "wall": wall, "wall_per_round_s": wall["median"],
+            "checkpoint_s": statistics.median(info["checkpoint_cpu_s"]) if info.get("checkpoint_cpu_s") else 0.0,
+            "store": info.get("store"), "samples": [[x.cpu, x.wall] for x in cmp.samples[name]]}
 
 
 def main(argv=None) -> dict:
@@ -61,6 +73,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--algorithm", default="moon")
     ap.add_argument("--batch-clients", action="store_true")
     ap.add_argument("--state-store", default="auto", choices=["auto", "memory", "disk"])
+    ap.add_argument("--repeats", type=int, default=1, help="interleaved repeats of every cell (default 1)")
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args(argv)
     if a.threads:
@@ -69,17 +82,25 @@ def main(argv=None) -> dict:
               f"state_store={a.state_store}"]
     res = {"cohort": {}, "total": {}}
     print(f"{a.algorithm}, {a.rounds} rounds, {torch.get_num_threads()} thread(s), load {os.getloadavg()[0]:.1f}")
+    infos = {f"cohort {k}": {} for k in a.cohorts} | {f"total {n}": {} for n in a.totals}
+    cells = {f"cohort {k}": (lambda k=k: per_round(workload(f"scaling-cohort{k}", *common, rounds=a.rounds,
+                                                              per_round=k, algorithm=a.algorithm), infos[f"cohort {k}"]))
+             for k in a.cohorts}
+    cells |= {f"total {n}": (lambda n=n: per_round(workload(f"scaling-total{n}", *common, f"data.train_limit={6 * n}",
+                                                            rounds=a.rounds, clients=n, per_round=10,
+                                                            algorithm=a.algorithm), infos[f"total {n}"]))
+              for n in a.totals}
+    cmp = interleave(cells, repeats=a.repeats, warmup=0)
     for k in a.cohorts:
-        r = per_round(workload(f"scaling-cohort{k}", *common, rounds=a.rounds, per_round=k, algorithm=a.algorithm))
-        res["cohort"][k] = r
-        print(f"cohort {k:>5d} of 100 clients (600 images each): {r['per_round_s']:.2f} s/round "
-              f"({r['per_round_s'] / k * 1e3:.0f} ms per client; checkpoint {r['checkpoint_s']:.3f} s)", flush=True)
+        r = res["cohort"][k] = summarize(cmp, f"cohort {k}", infos[f"cohort {k}"])
+        print(f"cohort {k:>5d} of 100 clients (600 images each): CPU {fmt_spread(r['cpu'])} s/round "
+              f"({r['per_round_s'] / k * 1e3:.0f} ms per client; checkpoint {r['checkpoint_s']:.3f} s; "
+              f"wall {r['wall_per_round_s']:.2f} s)", flush=True)
     for n in a.totals:
-        r = per_round(workload(f"scaling-total{n}", *common, f"data.train_limit={6 * n}", rounds=a.rounds,
-                               clients=n, per_round=10, algorithm=a.algorithm))
-        res["total"][n] = r
-        print(f"total {n:>6d} clients (6 images each), 10 per round: {r['per_round_s']:.3f} s/round "
-              f"(checkpoint {r['checkpoint_s']:.3f} s, {r['store']})", flush=True)
+        r = res["total"][n] = summarize(cmp, f"total {n}", infos[f"total {n}"])
+        print(f"total {n:>6d} clients (6 images each), 10 per round: CPU {fmt_spread(r['cpu'], 3)} s/round "
+              f"(checkpoint {r['checkpoint_s']:.3f} s, {r['store']}; wall {r['wall_per_round_s']:.3f} s)", flush=True)
+    res["load_start"], res["load_end"] = cmp.load_start, cmp.load_end
     c = sorted(res["cohort"])
     if len(c) > 1:
         slope = [res["cohort"][k]["per_round_s"] / k for k in c]
