@@ -12,8 +12,9 @@ with ``threads = 1``:
   (SGD, lr 0.01, momentum 0.9, weight decay 1e-5), raw inputs (``normalize = false``, the loader's
   default before issue 25);
 - after: ``fedavg``, ``centralized``: an untouched ``[train]`` (this checkout's defaults: Adam,
-  lr 1e-3) and an untouched ``[data]`` (the loader's default ``normalize = "auto"`` z-scores every
-  column but token ids);
+  lr 1e-3, and, since ``[train]`` names neither optimizer nor lr, ``lr_schedule = "cosine"`` over
+  the run's rounds: mmfl.config.with_recipe_schedule) and an untouched ``[data]`` (the loader's
+  default ``normalize = "auto"`` z-scores every column but token ids);
 - ``fedavg-r30``, ``centralized-r30``: the same as after with ``rounds = 30`` (FedAvg on clients of
   15-90 rows with Dirichlet(0.5) label skew is still climbing after 10 rounds);
 - ``fedavg-raw``: an untouched ``[train]`` on raw inputs (``normalize = false``: Adam alone);
@@ -43,6 +44,7 @@ from prepare import OUT, SETS  # noqa: E402
 
 OLD_TRAIN = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-5}  # the defaults before issue 25
 NEW_TRAIN = {"optimizer": "adam", "lr": 1e-3, "momentum": 0.9, "weight_decay": 1e-5}  # the defaults after it
+RECIPE_SCHEDULE = {"lr_schedule": "cosine", "lr_min": 0.0, "lr_rounds": 0}  # what an untouched [train] adds
 RAW = {"normalize": False}  # the manifest loader's default before issue 25: raw inputs
 # "after": an untouched [train] and an untouched [data] (name + root: the loader's default normalize = "auto"
 # z-scores every column but token ids with train statistics, frozen text features included; docs/recipe.md)
@@ -78,6 +80,25 @@ CANDIDATES = {  # the other settings measured before choosing (docs/recipe.md); 
     "fedavg-r30-conv": {"rounds": 30, **CONV},
     "fedavg-r100": {"rounds": 100},
     "fedprox-r30": {"rounds": 30, "algorithm": {"name": "fedprox"}},
+    # osu_leaf's gap: general [train] settings measured one at a time (docs/recipe.md, "osu_leaf");
+    # fedavg-r30-cos is the default chosen (an untouched [train] now resolves to it), -const the one before
+    "fedavg-r30-cos": {"rounds": 30, "train": {"lr_schedule": "cosine"}},
+    "centralized-r30-cos": {"rounds": 30, **CENTRAL, "train": {"lr_schedule": "cosine"}},
+    "fedavg-cos": {"train": {"lr_schedule": "cosine"}},
+    "centralized-cos": {**CENTRAL, "train": {"lr_schedule": "cosine"}},
+    "fedavg-r30-cos-lr3e-3": {"rounds": 30, "train": {"lr_schedule": "cosine", "lr": 3e-3}},
+    "centralized-r30-cos-lr3e-3": {"rounds": 30, **CENTRAL, "train": {"lr_schedule": "cosine", "lr": 3e-3}},
+    "fedavg-r30-cos-e5": {"rounds": 30, "train": {"lr_schedule": "cosine", "local_epochs": 5}},
+    "centralized-r30-cos-e5": {"rounds": 30, **CENTRAL, "train": {"lr_schedule": "cosine", "local_epochs": 5}},
+    "fedavg-r30-cos-wd1e-3": {"rounds": 30, "train": {"lr_schedule": "cosine", "weight_decay": 1e-3}},
+    "centralized-r30-cos-wd1e-3": {"rounds": 30, **CENTRAL, "train": {"lr_schedule": "cosine", "weight_decay": 1e-3}},
+    "fedavg-r30-const": {"rounds": 30, "train": {"lr_schedule": "constant"}},  # = fedavg-r30 before the cosine
+    "centralized-r30-const": {"rounds": 30, **CENTRAL, "train": {"lr_schedule": "constant"}},
+    "fedavg-r30-cos-min1e-4": {"rounds": 30, "train": {"lr_schedule": "cosine", "lr_min": 1e-4}},
+    "centralized-r30-cos-min1e-4": {"rounds": 30, **CENTRAL, "train": {"lr_schedule": "cosine", "lr_min": 1e-4}},
+    "fedavg-r30-cos-drop": {"rounds": 30, "train": {"lr_schedule": "cosine"}, "model": {"name": "mlp", "dropout": 0.3}},
+    "centralized-r30-cos-drop": {"rounds": 30, **CENTRAL, "train": {"lr_schedule": "cosine"},
+                                 "model": {"name": "mlp", "dropout": 0.3}},
 }
 
 
