@@ -39,9 +39,10 @@ def test_lr_too_small_prints_one_note_naming_the_knobs(tmp_path, capsys):
 
 
 def test_a_run_that_learns_prints_no_note(tmp_path, capsys):
-    res = mmfl.run(tiny(tmp_path, "default"), progress=False)  # the default [train]: adam, lr 1e-3
+    res = mmfl.run(tiny(tmp_path, "default"), progress=False)  # the default [train]: adam, lr 1e-3, cosine
     assert notes(capsys.readouterr().err) == []
-    assert res.metrics["train_loss"].iloc[-1] < 0.8 * math.log(10)  # it learns (1.55 after 4 rounds)
+    # it learns: 1.86 after 4 rounds (the cosine's round-4 lr is 1.5e-4; 1.55 with a constant lr), 78 % accuracy
+    assert res.metrics["train_loss"].iloc[-1] < 0.85 * math.log(10) and res.metrics["accuracy"].iloc[-1] > 0.5
 
 
 def test_diverged_centralized_run_says_lower_the_learning_rate(tmp_path, capsys):
