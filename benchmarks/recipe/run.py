@@ -213,12 +213,14 @@ def table(results: dict) -> str:
 def notes(runs: Path) -> None:
     """Replay mmfl.engine.learning_check over every finished run's metrics: which runs get the note."""
     import io
+    import tomllib
 
     from mmfl.engine.learning_check import LearningCheck
 
     for d in sorted(p for p in runs.iterdir() if (p / "summary.json").is_file()):
         labels = json.loads((d / "labels.json").read_text())
-        check = LearningCheck(len(labels), "-", 0.0, stream=io.StringIO())
+        schedule = tomllib.loads((d / "config.toml").read_text()).get("train", {}).get("lr_schedule", "constant")
+        check = LearningCheck(len(labels), "-", 0.0, stream=io.StringIO(), decaying=schedule != "constant")
         for line in (d / "metrics.jsonl").read_text().splitlines():
             said = check.update(json.loads(line))
             if said:
