@@ -141,8 +141,8 @@ def resolve(raw: dict) -> ExperimentConfig:
             raise ConfigError(f"{kind}.name: expected a string, got {name!r}")
         params = registries[kind].params(name, table)
         comps[kind] = Component(name, table, params)
-    train = build_params("train", "settings", TrainConfig,
-                         with_algorithm_defaults(tables["train"], ALGORITHMS.get(comps["algorithm"].name).factory))
+    train = build_params("train", "settings", TrainConfig, with_recipe_schedule(
+        with_algorithm_defaults(tables["train"], ALGORITHMS.get(comps["algorithm"].name).factory)))
     groups = resolve_client_models(groups_raw, tables["model"], MODELS)
     sources = resolve_client_data(sources_raw, {"data": DATASETS, "partition": PARTITIONERS})
     privacy = resolve_privacy(privacy_raw)
@@ -165,6 +165,19 @@ def with_algorithm_defaults(table: dict, spec) -> dict:
     for the keys the user left out; a key the user set is kept as written."""
     declared = getattr(spec.server, "train_defaults", None) or {}
     return {**declared, **table}
+
+
+def with_recipe_schedule(table: dict) -> dict:
+    """``[train]`` with the default recipe's learning-rate schedule: a table that names neither
+    ``optimizer`` nor ``lr`` (the algorithm's declared ``train_defaults`` count as named) and no
+    ``lr_schedule`` gets ``lr_schedule = "cosine"``: Adam's lr 1e-3 decays to ``lr_min`` (0) over
+    the run's rounds. A decaying lr is what lets FedAvg on non-IID clients converge rather than
+    circle a neighbourhood of size O(lr) (Li et al. 2020, "On the Convergence of FedAvg on
+    Non-IID Data", Thm. 1 and Sec. 3.3); measured in docs/recipe.md. A table that chose its
+    optimizer or lr keeps a constant lr unless it sets ``lr_schedule``, as before."""
+    if "lr_schedule" in table or "optimizer" in table or "lr" in table:
+        return table
+    return {**table, "lr_schedule": "cosine"}
 
 
 def resolve_corruption(table) -> CorruptionConfig | None:

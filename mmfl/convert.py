@@ -17,13 +17,16 @@ Without ``--modality`` all channels form one modality ``series``. ``--derive dif
 modality ``m``, ``m_diff``: the first difference along time (``[C, T-1]``); ``--derive fft`` adds
 ``m_fft``: the magnitude of the real FFT along time (``[C, T//2 + 1]``); ``--derive diff:acc`` only
 for ``acc``. ``--crop MIN`` first cuts each recording to a seeded random window of MIN..T steps,
-shared by its modalities.
+shared by its modalities (drawn from ``derive_seed(seed, "convert-crop", split, i)``: a recording's
+window depends on the seed and its place only).
 
-mmfl trains classifiers: a file with regression targets (``@targetLabel true``), without class
-labels (``@classLabel false``), with non-integer numeric labels, or with more distinct numeric
-labels than a class label set has (over half the rows, and over 10) is refused with one line;
-``--label-type class`` keeps numeric labels as classes (a header's ``@targetLabel true`` still
-refuses).
+mmfl trains classifiers: a file with regression targets (``@targetLabel true``) or without class
+labels (``@classLabel false``) is refused with one line, and so are labels that the manifest loader
+would refuse in the manifest they become (:func:`mmfl.data.labels.check_label_column`, over the
+series of both files: numbers mixed with names, numbers with a fractional part, or more distinct
+numbers than half the rows, at least 10 of them); ``--label-type class`` keeps numeric labels as
+classes (a header's ``@targetLabel true`` still refuses; the manifest then loads with
+``data.label_type = "class"``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mmfl.errors import ConfigError, DataError
+from mmfl.seeds import derive_seed
 
 DERIVED = ("diff", "fft")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -114,8 +118,9 @@ def _is_float(v: str) -> bool:
     return True
 
 
-def check_class_labels(ts: TsFile, label_type: str = "auto") -> None:
-    """DataError unless ``ts``'s labels are classes (module doc)."""
+def check_class_labels(ts: TsFile) -> None:
+    """DataError unless ``ts``'s header and labels declare classes (module doc); the numeric rule
+    is :func:`check_labels`'."""
     p = ts.path
     if _flag(ts.header, "targetlabel"):
         raise DataError(f"{p} has regression targets (@targetLabel true); mmfl trains classifiers")
@@ -129,17 +134,30 @@ def check_class_labels(ts: TsFile, label_type: str = "auto") -> None:
         stray = sorted({lab for lab in ts.labels if lab not in declared})
         if stray:
             raise DataError(f"{p}: label {stray[0]!r} is not among @classLabel's classes ({' '.join(declared[:10])})")
-    if label_type == "class" or not all(_is_float(lab) for lab in ts.labels):
-        return
-    values = [float(lab) for lab in ts.labels]
-    frac = next((lab for lab, v in zip(ts.labels, values) if v != int(v)), None)
-    if frac is not None:
-        raise DataError(f"{p} has regression targets (non-integer labels such as {frac}); mmfl trains "
-                        "classifiers")
-    k, n = len(set(values)), len(values)
-    if k > 10 and k > n / 2 and not declared:
-        raise DataError(f"{p} has regression targets ({k} distinct numeric labels for {n} series); mmfl trains "
-                        "classifiers (--label-type class keeps them as classes)")
+
+
+LABEL_HINT = ("or pass --label-type class to take each distinct value as a class (and load the manifest with "
+              "data.label_type = \"class\")")
+
+
+def check_labels(files: list[TsFile], label_type: str = "auto") -> None:
+    """DataError unless the labels of ``files`` are classes by the rule the manifest loader applies
+    to the manifest they become (:func:`mmfl.data.labels.check_label_column`, over every series of
+    every file): the same numbers that loader refuses are refused here, before anything is written."""
+    from mmfl.data.labels import check_label_column
+
+    for ts in files:
+        check_class_labels(ts)
+    labels = [lab for ts in files for lab in ts.labels]
+    origin = [(ts.path, i) for ts in files for i in range(len(ts.labels))]
+
+    def where(n: int | None, column: str) -> str:
+        if n is None:
+            return " and ".join(str(ts.path) for ts in files)
+        path, i = origin[n - 1]
+        return f"{path} series {i}"
+
+    check_label_column(labels, range(len(labels)), label_type, "label", where, hint=LABEL_HINT)
 
 
 @dataclass
@@ -256,15 +274,14 @@ def convert(inputs: list[Path], out: Path, modalities: list[str] = (), derives: 
         if f"{m}_{kind}" in names:
             raise ConfigError(f"--derive {kind}: {m}_{kind} is already a modality")
     files = [read_ts(p) for p in inputs]
-    for ts in files:
-        check_class_labels(ts, label_type)
+    check_labels(files, label_type)
     splits = ["train", "test"] if len(files) == 2 else ["data"]
-    rng = np.random.default_rng(seed)
     rows, shapes = [], {}
     for split, ts in zip(splits, files):
         (out / split).mkdir(parents=True, exist_ok=True)
         for i, (x, label) in enumerate(zip(ts.series, ts.labels)):
             if crop and x.shape[1] > crop:  # one window per recording, shared by its modalities
+                rng = np.random.default_rng(derive_seed(seed, "convert-crop", split, i))
                 t = int(rng.integers(crop, x.shape[1] + 1))
                 start = int(rng.integers(0, x.shape[1] - t + 1))
                 x = x[:, start:start + t]

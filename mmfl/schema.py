@@ -36,7 +36,8 @@ MAX_THREADS = 4096  # threads
 class TrainConfig:
     """Local training settings. Adam with lr 1e-3 by default: measured on seven data sets mmfl had never
     seen, it learns where MOON's code defaults (SGD, lr 0.01, momentum 0.9, which every packaged config
-    pins) sat at chance (docs/recipe.md)."""
+    pins) sat at chance (docs/recipe.md). Config resolution adds ``lr_schedule = "cosine"`` to a
+    ``[train]`` that names neither optimizer nor lr (mmfl.config.with_recipe_schedule)."""
 
     local_epochs: int = field(default=10, metadata={"help": "epochs of local training per round"})
     batch_size: int = field(default=64, metadata={"help": "mini-batch size"})
@@ -48,7 +49,8 @@ class TrainConfig:
         "help": "adam or sgd (the default before issue 25 was sgd, lr 0.01, momentum 0.9)"})
     lr_schedule: Literal["constant", "cosine"] = field(default="constant", metadata={
         "help": "learning rate over rounds: constant, or cosine (lr_min + (lr - lr_min) (1 + cos(pi r / T)) / 2 "
-                "in round r, as torch's CosineAnnealingLR stepped once per round)"})
+                "in round r, as torch's CosineAnnealingLR stepped once per round); cosine where [train] names "
+                "neither optimizer nor lr (mmfl.config.with_recipe_schedule, docs/recipe.md)"})
     lr_min: float = field(default=0.0, metadata={"help": "cosine schedule: the learning rate it decays to"})
     lr_rounds: int = field(default=0, metadata={
         "help": "cosine schedule: its period T in rounds (0 = the run's rounds)"})

@@ -128,15 +128,19 @@ def test_channel_groups_and_crop_are_the_scripts_and_one_file_has_no_split(tmp_p
 
 
 HEADER = "@problemName toy\n@timeStamps false\n@univariate true\n"
+HINT = ("or pass --label-type class to take each distinct value as a class (and load the manifest with "
+        "data.label_type = \"class\")")
 BAD = {
     "targetlabel": (HEADER + "@targetLabel true\n", [0.5, 1.25], "has regression targets (@targetLabel true); "
                     "mmfl trains classifiers"),
-    "float labels": (HEADER, [0.5, 1.25], "has regression targets (non-integer labels such as 0.5); "
-                     "mmfl trains classifiers"),
+    "float labels": (HEADER, [0.5, 1.25], "series 0: label '0.5' is not a whole number: 2 of 2 labels have a "
+                     "fractional part, so the column holds continuous values (a regression target?); mmfl trains "
+                     f"classifiers: bin the values into classes, {HINT}"),
     "no labels": (HEADER + "@classLabel false\n", [None, None], "has no class labels (@classLabel false); "
                   "mmfl trains classifiers"),
-    "many integers": (HEADER, list(range(12)), "has regression targets (12 distinct numeric labels for 12 series); "
-                      "mmfl trains classifiers (--label-type class keeps them as classes)"),
+    "many integers": (HEADER, list(range(12)), ": 12 distinct numeric labels for 12 labelled rows (more than half "
+                      "the rows: fewer than 2 rows per class): a regression target or an id, not classes? bin the "
+                      f"values into classes, {HINT}"),
 }
 
 
@@ -146,10 +150,73 @@ def test_regression_targets_are_refused_with_one_line(tmp_path, capsys, case):
     xs = [np.arange(6.0)[None] + i for i in range(len(labels))]
     f = write_ts(tmp_path / "R.ts", xs, labels, header=header)
     rc, _, err = convert(capsys, f, tmp_path / "out")
-    assert rc == 2 and err.splitlines() == [f"mmfl: error: {f} {said}"]
+    assert rc == 2 and err.splitlines() == [f"mmfl: error: {f}{'' if said[0] == ':' else ' '}{said}"]
     assert not (tmp_path / "out" / "manifest.csv").exists()
     if case == "many integers":  # integer labels that are classes after all
         assert convert(capsys, f, tmp_path / "out", "--label-type", "class")[0] == 0
+
+
+LABEL_SETS = {  # label columns around the loader's bars (mmfl.data.labels: MANY_DISTINCT, MIN_DISTINCT)
+    "9 distinct of 9": [str(i) for i in range(9)],  # under MIN_DISTINCT: a tiny set keeps its classes
+    "10 distinct of 10": [str(i) for i in range(10)],
+    "10 distinct of 20": [str(i % 10) for i in range(20)],  # exactly half the rows: classes
+    "11 distinct of 20": [str(i % 11) for i in range(20)],
+    "integer-valued floats": [f"{i % 12}.0" for i in range(12)],
+    "a fraction": ["1", "2", "1.5", "1", "2", "1"],
+    "numbers and names": ["1", "2", "a", "1", "2", "b"],
+    "names": ["a", "b", "c", "a"],
+    "declared but continuous": ["0.25", "0.5", "0.25", "0.5"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(LABEL_SETS))
+def test_convert_refuses_exactly_the_labels_the_manifest_loader_refuses(tmp_path, capsys, case):
+    """One rule (mmfl.data.labels.check_label_column), not a copy: convert each label set with
+    ``--label-type class`` (kept whatever they are), load the manifest with the default
+    ``label_type = "auto"``; plain ``mmfl convert`` must refuse exactly when that load does, over the
+    series of both files together, as the manifest holds them."""
+    from mmfl.data.manifest import ManifestParams, load_manifest
+    from mmfl.errors import DataError
+
+    labels = LABEL_SETS[case]
+    xs = [np.arange(6.0)[None] + i for i in range(len(labels))]
+    half = len(labels) // 2
+    tr = write_ts(tmp_path / "L_TRAIN.ts", xs[:half], labels[:half])
+    te = write_ts(tmp_path / "L_TEST.ts", xs[half:], labels[half:])
+    assert convert(capsys, tr, te, tmp_path / "kept", "--label-type", "class")[0] == 0
+    try:
+        load_manifest(ManifestParams(root=str(tmp_path / "kept"), normalize=False))
+        loader_refuses = False
+    except DataError:
+        loader_refuses = True
+    rc, _, err = convert(capsys, tr, te, tmp_path / "auto")
+    assert (rc == 2) == loader_refuses, (case, err)
+    if loader_refuses:
+        assert len(err.splitlines()) == 1 and "--label-type class" in err, err
+        assert not (tmp_path / "auto" / "manifest.csv").exists()
+
+
+def test_crop_windows_are_derived_per_recording(tmp_path, capsys):
+    """``--crop``'s window of a recording comes from ``derive_seed(seed, "convert-crop", split, i)``:
+    the same seed gives the same windows, another seed others, and the window is that draw."""
+    from mmfl.seeds import derive_seed
+
+    rng = np.random.default_rng(5)
+    xs = [np.round(rng.standard_normal((1, 40)), 3) for _ in range(6)]
+    tr = write_ts(tmp_path / "C_TRAIN.ts", xs, ["a", "b"] * 3)
+
+    def windows(out, seed):
+        assert convert(capsys, tr, tmp_path / out, "--crop", "8", "--seed", seed)[0] == 0
+        return [np.load(tmp_path / out / r["series"]) for r in manifest(tmp_path / out)]
+
+    first, again, other = windows("a", 7), windows("b", 7), windows("c", 8)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert not all(a.shape == b.shape and np.array_equal(a, b) for a, b in zip(first, other))
+    for i, (x, w) in enumerate(zip(xs, first)):
+        r = np.random.default_rng(derive_seed(7, "convert-crop", "data", i))
+        t = int(r.integers(8, 41))
+        start = int(r.integers(0, 40 - t + 1))
+        assert np.array_equal(w, x[:, start:start + t].astype(np.float32))
 
 
 def _bad_file(tmp_path, text: str) -> Path:

@@ -1,4 +1,5 @@
-"""The default recipe (docs/recipe.md): the [train] defaults are Adam at lr 1e-3, every packaged
+"""The default recipe (docs/recipe.md): the [train] defaults are Adam at lr 1e-3 (decayed by a cosine
+over the rounds where [train] names neither optimizer nor lr), every packaged
 config pins its optimizer (so its numbers do not follow a change of default), and the recipe
 benchmark's "after" runs leave [train] and [data] (but name and root) untouched while its "before" runs
 pin the old values (SGD, raw inputs)."""
@@ -8,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import tomllib
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,8 @@ def test_train_defaults_are_adam_1e3():
 def test_packaged_configs_pin_their_optimizer(path):
     train = tomllib.loads(path.read_text()).get("train", {})
     assert "optimizer" in train and "lr" in train, f"{path.name}: [train] must pin optimizer and lr"
+    # so the untouched recipe's cosine (mmfl.config.with_recipe_schedule) never reaches them
+    assert train.get("lr_schedule", "constant") == resolve(tomllib.loads(path.read_text())).train.lr_schedule
 
 
 def test_recipe_configs_leave_train_untouched_after_and_pin_it_before(tmp_path):
@@ -44,7 +47,7 @@ def test_recipe_configs_leave_train_untouched_after_and_pin_it_before(tmp_path):
     for variant in ("fedavg", "centralized", "fedavg-r30", "centralized-r30", "fedavg-raw"):
         raw = recipe.config(tmp_path, "wine", variant, 0, tmp_path / "runs")
         assert "train" not in raw, variant
-        assert resolve(raw).train == TrainConfig()
+        assert resolve(raw).train == replace(TrainConfig(), **recipe.RECIPE_SCHEDULE)  # the cosine of an untouched [train]
     for variant in ("fedavg", "centralized", "fedavg-r30", "centralized-r30"):  # "after": [data] untouched too
         raw = recipe.config(tmp_path, "wine", variant, 0, tmp_path / "runs")
         assert set(raw["data"]) == {"name", "root"} and raw["partition"] == {"name": "dirichlet", "num_clients": 5}
@@ -52,6 +55,7 @@ def test_recipe_configs_leave_train_untouched_after_and_pin_it_before(tmp_path):
         assert resolve(raw).data.params.normalize == "auto"
     before = resolve(recipe.config(tmp_path, "wine", "fedavg-sgd", 0, tmp_path / "runs"))
     assert {k: asdict(before.train)[k] for k in recipe.OLD_TRAIN} == recipe.OLD_TRAIN
+    assert before.train.lr_schedule == "constant"  # it names optimizer and lr: no recipe schedule
     assert before.data.params.normalize is False
     assert resolve(recipe.config(tmp_path, "wine", "fedavg-raw", 0, tmp_path / "runs")).data.params.normalize is False
 

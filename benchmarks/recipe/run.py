@@ -12,8 +12,9 @@ with ``threads = 1``:
   (SGD, lr 0.01, momentum 0.9, weight decay 1e-5), raw inputs (``normalize = false``, the loader's
   default before issue 25);
 - after: ``fedavg``, ``centralized``: an untouched ``[train]`` (this checkout's defaults: Adam,
-  lr 1e-3) and an untouched ``[data]`` (the loader's default ``normalize = "auto"`` z-scores every
-  column but token ids);
+  lr 1e-3, and, since ``[train]`` names neither optimizer nor lr, ``lr_schedule = "cosine"`` over
+  the run's rounds: mmfl.config.with_recipe_schedule) and an untouched ``[data]`` (the loader's
+  default ``normalize = "auto"`` z-scores every column but token ids);
 - ``fedavg-r30``, ``centralized-r30``: the same as after with ``rounds = 30`` (FedAvg on clients of
   15-90 rows with Dirichlet(0.5) label skew is still climbing after 10 rounds);
 - ``fedavg-raw``: an untouched ``[train]`` on raw inputs (``normalize = false``: Adam alone);
@@ -30,6 +31,7 @@ rebuild; ``--variants`` with CANDIDATES' names prints the other settings that we
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -43,6 +45,7 @@ from prepare import OUT, SETS  # noqa: E402
 
 OLD_TRAIN = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-5}  # the defaults before issue 25
 NEW_TRAIN = {"optimizer": "adam", "lr": 1e-3, "momentum": 0.9, "weight_decay": 1e-5}  # the defaults after it
+RECIPE_SCHEDULE = {"lr_schedule": "cosine", "lr_min": 0.0, "lr_rounds": 0}  # what an untouched [train] adds
 RAW = {"normalize": False}  # the manifest loader's default before issue 25: raw inputs
 # "after": an untouched [train] and an untouched [data] (name + root: the loader's default normalize = "auto"
 # z-scores every column but token ids with train statistics, frozen text features included; docs/recipe.md)
@@ -78,7 +81,31 @@ CANDIDATES = {  # the other settings measured before choosing (docs/recipe.md); 
     "fedavg-r30-conv": {"rounds": 30, **CONV},
     "fedavg-r100": {"rounds": 100},
     "fedprox-r30": {"rounds": 30, "algorithm": {"name": "fedprox"}},
+    # osu_leaf's gap: general [train] settings measured one at a time (docs/recipe.md, "osu_leaf");
+    # fedavg-r30-cos is the default chosen (an untouched [train] now resolves to it), -const the one before
+    "fedavg-r30-cos": {"rounds": 30, "train": {"lr_schedule": "cosine"}},
+    "centralized-r30-cos": {"rounds": 30, **CENTRAL, "train": {"lr_schedule": "cosine"}},
+    "fedavg-r30-cos-lr3e-3": {"rounds": 30, "train": {"lr_schedule": "cosine", "lr": 3e-3}},
+    "centralized-r30-cos-lr3e-3": {"rounds": 30, **CENTRAL, "train": {"lr_schedule": "cosine", "lr": 3e-3}},
+    "fedavg-r30-cos-e5": {"rounds": 30, "train": {"lr_schedule": "cosine", "local_epochs": 5}},
+    "centralized-r30-cos-e5": {"rounds": 30, **CENTRAL, "train": {"lr_schedule": "cosine", "local_epochs": 5}},
+    "fedavg-r30-cos-wd1e-3": {"rounds": 30, "train": {"lr_schedule": "cosine", "weight_decay": 1e-3}},
+    "centralized-r30-cos-wd1e-3": {"rounds": 30, **CENTRAL, "train": {"lr_schedule": "cosine", "weight_decay": 1e-3}},
+    "fedavg-r30-const": {"rounds": 30, "train": {"lr_schedule": "constant"}},  # = fedavg-r30 before the cosine
+    "centralized-r30-const": {"rounds": 30, **CENTRAL, "train": {"lr_schedule": "constant"}},
+    "fedavg-r30-cos-min1e-4": {"rounds": 30, "train": {"lr_schedule": "cosine", "lr_min": 1e-4}},
+    "centralized-r30-cos-min1e-4": {"rounds": 30, **CENTRAL, "train": {"lr_schedule": "cosine", "lr_min": 1e-4}},
+    # label smoothing 0.1 in every training cross-entropy: not an mmfl setting, a screening patch
+    # (mmfl_accuracy applies it to the runs of these two names only)
+    "fedavg-r30-cos-ls": {"rounds": 30, "train": {"lr_schedule": "cosine"}},
+    "centralized-r30-cos-ls": {"rounds": 30, **CENTRAL, "train": {"lr_schedule": "cosine"}},
 }
+
+# measured before the cosine default, against a constant lr: pinned to it, so these names still run what they ran
+for _name in ("centralized-raw", "fedavg-b32", "fedavg-b16", "fedavg-e2", "fedavg-e5", "centralized-e5", "fedavg-r30-e1",
+              "centralized-b16", "fedavg-r30-wd0", "fedavg-r30-iid", "fedavg-conv", "centralized-conv", "fedavg-r30-conv",
+              "fedavg-r100", "fedprox-r30"):
+    CANDIDATES[_name] = {**CANDIDATES[_name], "train": {**CANDIDATES[_name].get("train", {}), "lr_schedule": "constant"}}
 
 
 # wine's 142 and gunpoint's 160 train rows cannot always give the default 10 Dirichlet clients >= 10
@@ -100,8 +127,33 @@ def mmfl_accuracy(cfg: dict) -> float:
     folder = Path(cfg["output_dir"]) / cfg["name"]
     summary = folder / "summary.json"
     if not summary.is_file():
-        mmfl.run(cfg, progress=False, overwrite=True)
+        with label_smoothing(0.1 if "-cos-ls-" in cfg["name"] else 0.0):
+            mmfl.run(cfg, progress=False, overwrite=True)
     return json.loads(summary.read_text())["final_accuracy"]
+
+
+@contextlib.contextmanager
+def label_smoothing(eps: float):
+    """Screening only: torch's cross-entropy with ``label_smoothing = eps`` while gradients are on
+    (training; evaluation's loss is unchanged), for the ``*-cos-ls`` candidates."""
+    import torch
+    import torch.nn.functional as F
+
+    if not eps:
+        yield
+        return
+    plain = F.cross_entropy
+
+    def smoothed(*args, **kwargs):
+        if torch.is_grad_enabled():
+            kwargs.setdefault("label_smoothing", eps)
+        return plain(*args, **kwargs)
+
+    F.cross_entropy = smoothed
+    try:
+        yield
+    finally:
+        F.cross_entropy = plain
 
 
 def references(data_root: Path, name: str, seeds: list[int]) -> dict[str, list[float]]:
@@ -161,12 +213,14 @@ def table(results: dict) -> str:
 def notes(runs: Path) -> None:
     """Replay mmfl.engine.learning_check over every finished run's metrics: which runs get the note."""
     import io
+    import tomllib
 
     from mmfl.engine.learning_check import LearningCheck
 
     for d in sorted(p for p in runs.iterdir() if (p / "summary.json").is_file()):
         labels = json.loads((d / "labels.json").read_text())
-        check = LearningCheck(len(labels), "-", 0.0, stream=io.StringIO())
+        schedule = tomllib.loads((d / "config.toml").read_text()).get("train", {}).get("lr_schedule", "constant")
+        check = LearningCheck(len(labels), "-", 0.0, stream=io.StringIO(), decaying=schedule != "constant")
         for line in (d / "metrics.jsonl").read_text().splitlines():
             said = check.update(json.loads(line))
             if said:

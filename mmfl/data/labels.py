@@ -53,17 +53,20 @@ def _kind(v: Any) -> tuple[str, float | None]:
     return "name", None
 
 
+HINT = "or set data.label_type = \"class\" to take each distinct value as a class"
+
+
 def check_label_column(values: list[Any], rows, label_type: str, column: str,
-                       where: Callable[[int | None, str], str], numbers=None) -> None:
+                       where: Callable[[int | None, str], str], numbers=None, hint: str = HINT) -> None:
     """The label cells of the (labelled, non-public) ``rows`` (0-based positions into ``values``)
     as classes, or a DataError naming the manifest, the row and ``data.label_type``.
     ``where(n, column)`` names position ``n`` (1-based) in messages, ``numbers[i]`` the manifest
-    row number of position ``i`` (default ``i + 1``)."""
+    row number of position ``i`` (default ``i + 1``); ``hint`` ends the message (how to keep the
+    values as classes: ``mmfl convert`` names its ``--label-type class``)."""
     if label_type == "class":
         return
     rows = list(rows)
     kinds = [_kind(values[i]) for i in rows]
-    hint = "or set data.label_type = \"class\" to take each distinct value as a class"
     names = [i for i, (k, _) in zip(rows, kinds) if k == "name"]
     nums = [i for i, (k, _) in zip(rows, kinds) if k != "name"]
     if names and nums:

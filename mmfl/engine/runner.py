@@ -272,7 +272,8 @@ class Experiment:
         if bar is not None and hasattr(self.transport, "progress"):
             self.transport.progress = bar  # clients done inside each round
         metrics_path = self.run_dir / "metrics.jsonl"
-        learning = LearningCheck(self.federation.meta.num_classes, cfg.train.optimizer, cfg.train.lr)
+        learning = LearningCheck(self.federation.meta.num_classes, cfg.train.optimizer, cfg.train.lr,
+                                 decaying=cfg.train.lr_schedule != "constant")
         sim_total = self._sim_time_so_far() if self.system is not None else 0.0
         for rnd in rounds:
             t0 = time.perf_counter()
