@@ -106,6 +106,10 @@ def steps_line(b) -> str:
             f"and epoch on average (batch {bs}; Dirichlet skew makes clients unequal)")
 
 
+def shown(path: Path, root: Path) -> str:
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
 def section(b) -> list[str]:
     cfg = first_config(b)
     rounds, get = cfg["rounds"], dotted_get
@@ -113,7 +117,7 @@ def section(b) -> list[str]:
     n_done, n_plan = len(done), len(b.runs)
     return [
         BEGIN, "## Ladder toward the paper's regime", "",
-        f"Regenerate: `{b.params['command']}` (runs in `{b.grid.raw_dir.relative_to(b.grid.root)}/`, resumable; "
+        f"Regenerate: `{b.params['command']}` (runs in `{shown(b.grid.raw_dir, b.grid.root)}/`, resumable; "
         f"`--tables-only` rebuilds this section). Grid: `benchmarks/moon/grid-ladder.toml`, tables: "
         "`benchmarks/moon/tables_ladder.py`.", "",
         f"Setting: a seeded subset of Fashion-MNIST (the same for every run: {get(cfg, 'data.train_limit'):,} training "
