@@ -101,9 +101,10 @@ def first_config(b) -> dict:
 def steps_line(b) -> str:
     """Mean local SGD steps per client and epoch (rows / batch), from the rung configs."""
     cfg = first_config(b)
-    n, k, bs = dotted_get(cfg, "data.train_limit"), dotted_get(cfg, "partition.num_clients"), dotted_get(cfg, "train.batch_size")
-    return (f"{n:,} training images over {k} clients: {n // k} images and about {n / k / bs:.1f} SGD steps per client "
-            f"and epoch on average (batch {bs}; Dirichlet skew makes clients unequal)")
+    n, k = dotted_get(cfg, "data.train_limit"), dotted_get(cfg, "partition.num_clients")
+    bs = dotted_get(cfg, "train.batch_size")
+    return (f"{n:,} training images over {k} clients: {n // k} images and about {n / k / bs:.1f} SGD steps per "
+            f"client and epoch on average (batch {bs}; Dirichlet skew makes clients unequal)")
 
 
 def shown(path: Path, root: Path) -> str:
@@ -123,11 +124,11 @@ def section(b) -> list[str]:
         f"Setting: a seeded subset of Fashion-MNIST (the same for every run: {get(cfg, 'data.train_limit'):,} training "
         f"and {get(cfg, 'data.test_limit'):,} test images), {steps_line(b)}; MOON's simple CNN with its 256-d "
         f"projection head; SGD momentum {get(cfg, 'train.momentum')}, lr {get(cfg, 'train.lr')}, weight decay "
-        f"{get(cfg, 'train.weight_decay')}; all clients every round; {rounds} rounds at every rung (rungs differ only "
+        f"{get(cfg, 'train.weight_decay'):g}; all clients every round; {rounds} rounds at every rung (rungs differ only "
         "in β and the local epochs E); evaluation after every round; seeds "
         f"{b.grid.seeds}; one torch thread per run. FedAvg runs as MOON with μ = 0 (equal to FedAvg) so that the "
         "probe is measured for it. The paper: CIFAR-10/100, Tiny-ImageNet, batch 64, 10 local epochs, 100 rounds; "
-        "batch 16 here so that a local epoch is more than a few steps (E = 1 is still at chance after 5 rounds: about 62 steps per client in all).", "",
+        "batch 16 here so that a local epoch is more than a few steps. Reading: `benchmarks/moon/analysis.md`.", "",
         f"Runs: {n_done} of {n_plan} finished; their wall times add up to "
         f"{sum(r['wall_time_s'] for r in done) / 3600:.2f} h (2 workers on a shared 2-core machine).", "",
         "### Final test accuracy (%; after each rung's last round)", "",
