@@ -346,3 +346,12 @@ def test_flower_cli_errors_are_one_line(tmp_path, capsys):
     assert cli_main(["flower", "submit", str(cfg)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("mmfl: error: ") and "--superlink" in err[0]
+
+
+def test_simulate_fractional_cpus_per_client_is_one_line(tmp_path, capsys):
+    # Flower's simulation config (flwr run --federation-config) takes whole CPUs per ClientApp
+    argv = ["flower", "simulate", str(Path(__file__).with_name("flower_tiny.toml")), "--cpus-per-client", "0.5",
+            *[x for o in [*BASE, f"output_dir={tmp_path}"] for x in ("--set", o)]]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mmfl: error: ") and "whole number of CPUs" in err[0]
