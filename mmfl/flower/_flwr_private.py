@@ -4,8 +4,8 @@ Flower's public API (flwr 1.42: ``flwr.app``, ``flwr.serverapp``, ``flwr.clienta
 ``flwr.simulation`` and the documented ``flwr.server`` / ``flwr.client`` / ``flwr.common``
 classes) has no equivalent for what follows; each entry says what mmfl needs it for. It is
 the one place to check when a Flower release changes them (tests/test_flower_imports.py
-allows a private ``flwr`` import here and nowhere else; tests/test_flower_secagg.py,
-test_flower_deploy.py and test_flower_superlink.py exercise every entry).
+allows a private ``flwr`` import here and nowhere else; tests/test_flower.py,
+test_flower_secagg.py and test_flower_deploy.py exercise every entry).
 
 1. ``flwr.common.constant.ErrorCode``: a reply's ``Error.code`` is a plain int in
    ``flwr.app.Error``; the codes "node/message unavailable" (a SuperNode left) are named only here.
