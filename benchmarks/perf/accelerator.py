@@ -274,7 +274,7 @@ def main(argv=None) -> dict:
         try:
             import flwr  # noqa: F401
         except ImportError:
-            print("flwr is not installed: no Flower cells (pip install 'flwr[simulation]==1.41.0')")
+            print("flwr is not installed: no Flower cells (pip install 'flwr[simulation]>=1.41,<1.43')")
             cells = [c for c in cells if c[3] != "flower"]
     res = {"device": describe(a.dev), "machine": f"{os.cpu_count()} CPUs, {platform.machine()}, Python "
            f"{platform.python_version()}", "threads": torch.get_num_threads(), "command": cmd,

@@ -1,4 +1,4 @@
-"""mmfl on Flower (``pip install "mmfl[flower]"``, flwr 1.41).
+"""mmfl on Flower (``pip install "mmfl[flower]"``, flwr 1.41 or 1.42).
 
 - :mod:`mmfl.flower.records`: mmfl messages <-> Flower ``RecordDict``;
 - :mod:`mmfl.flower.transport`: ``FlowerTransport``, the engine's transport over a Flower ``Grid``;
@@ -6,7 +6,8 @@
   :class:`~mmfl.engine.runner.Experiment` round loop) and the ``ClientApp``;
 - :mod:`mmfl.flower.simulation`: Flower's simulation engine (Ray);
 - :mod:`mmfl.flower.deploy`: ``flwr run`` submission and a loopback deployment;
-- ``app/``: the Flower app folder ``flwr run`` takes.
+- ``app/``: the Flower app folder ``flwr run`` takes;
+- :mod:`mmfl.flower._flwr_private`: the only uses of non-public Flower modules, each with its reason.
 
 See docs/flower.md.
 """

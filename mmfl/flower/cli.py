@@ -37,11 +37,12 @@ def add_flower_parser(sub) -> None:
                        help="override a config value (repeatable)")
         q.add_argument("--reference", action="store_true", help=argparse.SUPPRESS)  # refused: simulation only
 
-    q = fsub.add_parser("simulate", help="Flower's simulation engine (Ray backend) in this process")
+    q = fsub.add_parser("simulate", help="Flower's simulation engine (Ray backend) on a local SuperLink")
     config_args(q)
     q.add_argument("--num-supernodes", type=int, default=0, help="virtual SuperNodes (default: one per client)")
     q.add_argument("--ray-cpus", type=int, default=0, help="CPUs Ray may use (default: all)")
-    q.add_argument("--cpus-per-client", type=float, default=1.0, help="CPUs per ClientApp actor (default 1)")
+    q.add_argument("--cpus-per-client", type=float, default=1.0,
+                   help="CPUs per ClientApp actor, a whole number (default 1)")
     q.add_argument("--gpus-per-client", type=float, default=None, metavar="G",
                    help="GPUs per ClientApp actor, e.g. 0.25: four actors share a GPU (default: the config's "
                         "gpus_per_client, 0 = none)")
@@ -114,7 +115,7 @@ def main(args) -> int:
     import importlib.util
 
     if importlib.util.find_spec("flwr") is None:  # without importing it (seconds): errors below come fast
-        raise MMFLError('Flower is not installed: pip install -e ".[flower]" (flwr[simulation]==1.41.0)')
+        raise MMFLError('Flower is not installed: pip install -e ".[flower]" (flwr[simulation]>=1.41,<1.43)')
     cmd = args.flower_command
     if cmd == "app":
         from mmfl.flower import deploy

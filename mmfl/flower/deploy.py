@@ -80,13 +80,15 @@ def _flwr(args: list[str], env: dict, timeout: float = 120) -> str:
 
 
 def submit(cfg: ExperimentConfig, connection: str, flwr_home: Path, overwrite: bool = False,
-           resume: bool = False) -> int:
+           resume: bool = False, federation_config: list[str] | None = None) -> int:
     """Start ``cfg`` on the SuperLink of ``connection``; the Flower run id. ``resume``: the
-    ServerApp continues the run folder from its last intact checkpoint."""
+    ServerApp continues the run folder from its last intact checkpoint. ``federation_config``:
+    ``flwr run --federation-config`` entries (a simulation SuperLink's ``num-supernodes=4``, ...)."""
     env = flower_env(flwr_home)
     with tempfile.TemporaryDirectory() as tmp:
         rc = write_run_config(cfg, Path(tmp) / "run_config.toml", overwrite, resume)
-        out = _flwr(["run", str(APP_DIR), connection, "--run-config", str(rc), "--format", "json"], env)
+        extra = ["--federation-config", " ".join(federation_config)] if federation_config else []
+        out = _flwr(["run", str(APP_DIR), connection, "--run-config", str(rc), *extra, "--format", "json"], env)
     try:
         res = json.loads(out[out.index("{"):])
     except ValueError:
@@ -98,36 +100,16 @@ def submit(cfg: ExperimentConfig, connection: str, flwr_home: Path, overwrite: b
 
 
 def run_status(run_id: int, connection: str, flwr_home: Path) -> str:
-    """``flwr ls --run-id`` in this process (a ``flwr`` process per poll costs a second of CPU)."""
-    import contextlib
-    import io
+    """The status of run ``run_id`` as ``flwr ls --run-id`` shows it (``finished:completed``, ...;
+    ``unknown`` for no such run). Asked in this process where Flower allows (see
+    mmfl/flower/_flwr_private.py: a ``flwr`` process per poll costs a second of CPU)."""
+    from mmfl.flower._flwr_private import run_status as ask
 
-    from flwr.cli.flower_config import read_superlink_connection
-    from flwr.cli.utils import init_http_client_from_connection
-    from flwr.common.serde import run_from_proto
-    from flwr.proto.control_pb2 import ListRunsRequest
-
-    old = os.environ.get("FLWR_HOME")
-    os.environ["FLWR_HOME"] = str(flwr_home)
-    client = None
     try:
-        with contextlib.redirect_stdout(io.StringIO()):  # it announces the connection
-            client = init_http_client_from_connection(read_superlink_connection(connection))
-        res = client.ListRuns(ListRunsRequest(run_id=run_id))
+        status = ask(run_id, connection, str(flwr_home), str(BIN / "flwr"), flower_env(flwr_home))
     except Exception as e:  # noqa: BLE001 - any failure to ask is reported the same way
         raise MMFLError(f"cannot get the status of run {run_id} from SuperLink {connection!r}: {e}") from None
-    finally:
-        if client is not None:
-            client.close()
-        if old is None:
-            os.environ.pop("FLWR_HOME", None)
-        else:
-            os.environ["FLWR_HOME"] = old
-    runs = [run_from_proto(p) for p in res.run_dict.values()]
-    if not runs:
-        return "unknown"
-    st = runs[0].status
-    return f"{st.status}:{st.sub_status}" if st.sub_status else st.status
+    return "unknown" if status is None else status
 
 
 def run_log(run_id: int, connection: str, flwr_home: Path) -> str:
@@ -162,15 +144,19 @@ class LocalDeployment:
     """A SuperLink and ``num_supernodes`` SuperNodes on 127.0.0.1 (insecure), as
     real processes in their own process groups; :meth:`stop` ends them all.
     ``state_dir``: the SuperNodes keep their clients' state there (node config
-    ``state-dir``), so a run can be resumed, also by another deployment."""
+    ``state-dir``), so a run can be resumed, also by another deployment. ``simulation``: the
+    SuperLink runs its runs on Flower's simulation engine (``flower-superlink --simulation``;
+    no SuperNode processes: give ``num_supernodes=0`` and ``flwr run --federation-config``)."""
 
     def __init__(self, num_supernodes: int, workdir: Path, num_partitions: int | None = None,
-                 node_configs: list[str] | None = None, state_dir: str | Path | None = None):
+                 node_configs: list[str] | None = None, state_dir: str | Path | None = None,
+                 simulation: bool = False, env: dict[str, str] | None = None):
         self.workdir = Path(workdir).resolve()
         self.home = self.workdir / "flwr_home"
         self.port = free_port()
         self.procs: dict[str, subprocess.Popen] = {}
-        self.env = flower_env(self.home)
+        self.simulation = simulation
+        self.env = {**flower_env(self.home), **(env or {})}
         p = num_partitions or num_supernodes
         self.node_configs = node_configs or [f"partition-id={k} num-partitions={p}" for k in range(num_supernodes)]
         if state_dir is not None:
@@ -186,7 +172,8 @@ class LocalDeployment:
     def start(self) -> "LocalDeployment":
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._start("superlink", [str(BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1",
-                                  "--port", str(self.port), "--disable-runtime-dependency-installation"])
+                                  "--port", str(self.port), "--disable-runtime-dependency-installation",
+                                  *(["--simulation"] if self.simulation else [])])
         self._wait_port(self.port, "superlink")
         for k, nc in enumerate(self.node_configs):
             self.start_node(k, nc)
@@ -212,8 +199,9 @@ class LocalDeployment:
         p = self.workdir / f"{name}.log"
         return p.read_text(errors="replace") if p.exists() else ""
 
-    def submit(self, cfg: ExperimentConfig, overwrite: bool = False, resume: bool = False) -> int:
-        return submit(cfg, "loopback", self.home, overwrite, resume)
+    def submit(self, cfg: ExperimentConfig, overwrite: bool = False, resume: bool = False,
+               federation_config: list[str] | None = None) -> int:
+        return submit(cfg, "loopback", self.home, overwrite, resume, federation_config)
 
     def wait(self, run_id: int, timeout: float = 24 * 3600, poll: float = 2.0, done_file: Path | None = None) -> str:
         return wait(run_id, "loopback", self.home, timeout, poll, done_file)

@@ -45,11 +45,11 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message as FlowerMessage, RecordDict
 from flwr.common import (Code, FitIns, FitRes, Parameters, Status, bytes_to_ndarray, ndarray_to_bytes,
                          ndarrays_to_parameters, parameters_to_ndarrays)
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
-from flwr.compat.common import recorddict_compat as compat
 
 from mmfl.core.message import Message
 from mmfl.errors import MMFLError
+from mmfl.flower._flwr_private import (MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, RECORD_KEY_CONFIGS,
+                                       RECORD_KEY_STATE, Key, Stage, WorkflowKey, fitres_to_recorddict)
 from mmfl.flower.records import META, decode, encode
 
 log = logging.getLogger("mmfl.flower")
@@ -126,8 +126,8 @@ def node_update(request: FlowerMessage, reply: FlowerMessage, context: Context) 
             info[key] = values
     if ints:
         info["secagg.int_values"] = [ndarray_to_bytes(top[k].numpy()) for k in ints]
-    fit = compat.fitres_to_recorddict(FitRes(Status(Code.OK, ""), ndarrays_to_parameters(vector),
-                                             int(total) if float(total).is_integer() else total, {}), False)
+    fit = fitres_to_recorddict(FitRes(Status(Code.OK, ""), ndarrays_to_parameters(vector),
+                               int(total) if float(total).is_integer() else total, {}), False)
     for name, record in fit.items():
         out[name] = record
     return FlowerMessage(out, reply_to=request)
@@ -272,8 +272,7 @@ class SecureAggregation:
     def send(self, t, messages: dict[int, Message]) -> dict[int, Message]:
         """The replies of ``messages`` (route ``train``) through SecAgg+: every client that took part
         gets the secure weighted mean as its arrays and keeps its own scalars."""
-        from flwr.server.compat.legacy_context import LegacyContext
-        from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key as WorkflowKey
+        from flwr.server import LegacyContext
 
         rnd = t.rnd
         by_node, missing, calls = t.group_by_node(messages)

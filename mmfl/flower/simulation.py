@@ -1,7 +1,9 @@
 """mmfl on Flower's simulation engine (Ray backend).
 
-``simulate(cfg)`` runs the mmfl ServerApp in this process and the ClientApp on
-``num_supernodes`` virtual SuperNodes whose messages Ray actors execute. Each
+``simulate(cfg)`` runs mmfl's Flower app the way Flower's own simulations run (``flwr run``
+against a SuperLink started with ``--simulation``): the ServerApp in a process of that
+SuperLink, the ClientApp on ``num_supernodes`` virtual SuperNodes whose messages Ray actors
+execute. Each
 virtual SuperNode ``k`` gets Flower's node config ``partition-id=k
 num-partitions=num_supernodes`` and so hosts the mmfl clients ``c`` with
 ``c % num_supernodes == k`` (default: one SuperNode per client).
@@ -10,20 +12,22 @@ GPUs: each ClientApp actor asks Ray for ``run.gpus_per_client`` GPUs (e.g. 0.25:
 share one GPU) and Ray is given every GPU this machine has; an actor then resolves the run's
 ``device`` on the GPU Ray assigned it (``auto`` -> ``cuda``). With ``gpus_per_client = 0``
 Ray hides the GPUs from the actors (their ``auto`` is the CPU; ``device = "cuda"`` is refused
-before Ray starts), while the ServerApp, in this process, uses the run's device as ``mmfl run``.
+before Ray starts), while the ServerApp uses the run's device as ``mmfl run``.
 """
 
 from __future__ import annotations
 
-import logging
+import json
 import os
-import warnings
+import shutil
+import sys
+import tempfile
+from pathlib import Path
 
 from mmfl.schema import ExperimentConfig
 from mmfl.errors import ConfigError, MMFLError
 
-# Ray: hide the GPUs from actors that asked for none (Ray's default today; its FutureWarning
-# announces the opposite default, so it is set explicitly)
+# Ray: hide the GPUs from actors that asked for none (Ray's default today)
 _HIDE_GPUS_ON_ZERO = "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"
 
 
@@ -69,61 +73,59 @@ def gpu_resources(gpus_per_client: float, device: str, num_gpus: int | None = No
     return gpus_per_client, n
 
 
-def simulate(cfg: ExperimentConfig, num_supernodes: int | None = None, overwrite: bool = False,
-             ray_cpus: int | None = None, cpus_per_client: float = 1.0, verbose: bool = False) -> dict:
-    """Run ``cfg`` on Flower's simulation engine; the run's summary (as ``mmfl run``).
-    Each ClientApp actor gets ``cfg.run.gpus_per_client`` GPUs (see :func:`gpu_resources`)."""
-    from flwr.simulation import run_simulation
+def federation_config(n: int, cpus_per_client: float, gpus_per_client: float, ray_cpus: int, ray_gpus: int,
+                      verbose: bool) -> list[str]:
+    """``flwr run --federation-config`` entries of a simulation run (Flower's SimulationConfig)."""
+    if cpus_per_client < 1 or not float(cpus_per_client).is_integer():
+        raise ConfigError(f"--cpus-per-client {cpus_per_client:g}: Flower's simulation engine gives each ClientApp "
+                          "a whole number of CPUs (>= 1)")
+    return [f"num-supernodes={n}", f"client-resources-num-cpus={int(cpus_per_client)}",
+            f"client-resources-num-gpus={float(gpus_per_client)!r}", f"init-args-num-cpus={int(ray_cpus)}",
+            f"init-args-num-gpus={int(ray_gpus)}", f"init-args-logging-level='{'INFO' if verbose else 'ERROR'}'",
+            f"init-args-log-to-driver={'true' if verbose else 'false'}", f"verbose={'true' if verbose else 'false'}"]
 
-    from mmfl.flower.client_app import make_client_app
-    from mmfl.flower.server_app import make_server_app
+
+def simulate(cfg: ExperimentConfig, num_supernodes: int | None = None, overwrite: bool = False,
+             ray_cpus: int | None = None, cpus_per_client: float = 1.0, verbose: bool = False,
+             workdir: Path | None = None) -> dict:
+    """Run ``cfg`` on Flower's simulation engine; the run's summary (as ``mmfl run``).
+
+    Flower's current entry point: a SuperLink in simulation mode (``flower-superlink
+    --simulation``, on 127.0.0.1, stopped at the end) and ``flwr run`` of mmfl's app with
+    ``--federation-config`` (``num-supernodes``, the actors' resources); the ServerApp and the
+    Ray engine run in the processes that SuperLink starts. Each ClientApp actor gets
+    ``cfg.run.gpus_per_client`` GPUs (see :func:`gpu_resources`). A ``mmfl: error: ...`` of
+    the ServerApp is raised here as that one line."""
+    from mmfl.config import apply_overrides, resolve
+    from mmfl.flower.deploy import LocalDeployment
 
     gpus_per_client, ray_gpus = gpu_resources(cfg.run.gpus_per_client, cfg.run.device)
     n = num_supernodes or count_clients(cfg)
     if n < 1:
         raise MMFLError(f"--num-supernodes: must be >= 1, got {n}")
-    cpus = ray_cpus or os.cpu_count() or 1
-    backend_config = {
-        "client_resources": {"num_cpus": cpus_per_client, "num_gpus": gpus_per_client},
-        "init_args": {"num_cpus": cpus, "num_gpus": ray_gpus, "include_dashboard": False,
-                      "object_store_memory": 256 * 1024 * 1024,
-                      "logging_level": logging.INFO if verbose else logging.ERROR, "log_to_driver": verbose},
-    }
-    text = cfg.to_toml()
-    summary: dict = {}
-    server_app = make_server_app(text, overwrite=overwrite, announce=False)
-    client_app = make_client_app(text)
-    flwr_log = logging.getLogger("flwr")
-    level = flwr_log.level
-    if not verbose:  # e.g. run_simulation's deprecation notice: mmfl pins flwr 1.41, where it works
-        flwr_log.setLevel(logging.ERROR)
-    os.environ.setdefault(_HIDE_GPUS_ON_ZERO, "1")  # actors with num_gpus = 0 see no GPU (Ray's workers read it)
+    fed = federation_config(n, cpus_per_client, gpus_per_client, ray_cpus or os.cpu_count() or 1, ray_gpus, verbose)
+    # the ServerApp runs in the SuperLink's folder: the run folder by its absolute path
+    cfg = resolve(apply_overrides(cfg.to_dict(), [f"output_dir={json.dumps(str(Path(cfg.run.output_dir).resolve()))}"]))
+    # Ray: actors with num_gpus = 0 see no GPU (Ray's workers read it; its FutureWarning announces
+    # the opposite default, so it is set explicitly)
+    env = {_HIDE_GPUS_ON_ZERO: os.environ.get(_HIDE_GPUS_ON_ZERO, "1"), "PYTHONWARNINGS": "ignore::FutureWarning"}
+    tmp = None if workdir else tempfile.mkdtemp(prefix="mmfl-flower-sim-")
+    where = Path(workdir or tmp)
+    done = cfg.run_dir / "summary.json"
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", category=FutureWarning)
-            run_simulation(server_app=server_app, client_app=client_app, num_supernodes=n,
-                           backend_name="ray", backend_config=backend_config, verbose_logging=verbose)
-    except RuntimeError as e:  # the engine wraps the ServerApp's exception
-        cause = e.__cause__ or e.__context__
-        if isinstance(cause, MMFLError):
-            raise cause from None
-        raise
+        with LocalDeployment(0, where, simulation=True, env=env) as link:
+            run_id = link.submit(cfg, overwrite=overwrite, federation_config=fed)
+            status = link.wait(run_id, done_file=done)
+            logtext = link.run_log(run_id)
+            if verbose:
+                print(logtext, file=sys.stderr)
+            if status != "finished:completed":
+                errors = [line.strip() for line in logtext.splitlines() if line.strip().startswith("mmfl: error: ")]
+                if errors:
+                    raise MMFLError(errors[-1].removeprefix("mmfl: error: "))
+                print(logtext[-3000:], file=sys.stderr)
+                raise MMFLError(f"Flower simulation run {run_id} {status} (SuperLink log: {where / 'superlink.log'})")
     finally:
-        flwr_log.setLevel(level)
-        _shutdown_ray()
-    summary_path = cfg.run_dir / "summary.json"
-    if summary_path.is_file():
-        import json
-
-        summary = json.loads(summary_path.read_text())
-    return summary
-
-
-def _shutdown_ray() -> None:
-    try:
-        import ray
-
-        if ray.is_initialized():
-            ray.shutdown()
-    except ImportError:  # pragma: no cover
-        pass
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return json.loads(done.read_text()) if done.is_file() else {}

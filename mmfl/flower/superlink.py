@@ -1,7 +1,7 @@
 """``mmfl flower superlink [--operator-address A ...] -- FLOWER-SUPERLINK-ARGS``: Flower's
 SuperLink, with its Control and Runtime APIs answered only on the operator's addresses.
 
-Flower 1.41 serves three APIs on the SuperLink's one HTTPS port: the Fleet API (the
+Flower (1.41, 1.42) serves three APIs on the SuperLink's one HTTPS port: the Fleet API (the
 SuperNodes; with ``--enable-supernode-auth`` only registered keys get in), the Control API
 (``flwr run/ls/log/stop``, ``flwr supernode register/list/unregister``) and the Runtime API
 (the ServerApp's process fetches its task and the run's config there, and sends the
@@ -74,12 +74,10 @@ class OperatorOnly:
 
 def run_superlink(flower_args: list[str], operator_addresses: list[str] | None = None) -> None:
     """``flower-superlink flower_args`` with :class:`OperatorOnly` in front (blocks)."""
-    import flwr
-    import flwr.superlink.main as flower_main
     from starlette.middleware import Middleware
 
-    if flwr.__version__ != "1.41.0" or not hasattr(flower_main, "_get_middleware"):
-        raise MMFLError(f"mmfl flower superlink wraps flwr 1.41.0's SuperLink; this is flwr {flwr.__version__}")
+    from mmfl.flower import _flwr_private
+
     addresses = tuple(operator_addresses or OPERATOR_ADDRESSES)
     for a in addresses:
         try:
@@ -88,13 +86,16 @@ def run_superlink(flower_args: list[str], operator_addresses: list[str] | None =
             raise MMFLError(f"--operator-address {a!r}: expected an IP address of this machine") from None
     flower_args = [a for a in flower_args if a != "--"]
     if any(a.split("=")[0] == "--control-api-address" for a in flower_args):
-        raise MMFLError("--control-api-address: Flower 1.41 ignores it (one port serves every API); "
+        raise MMFLError("--control-api-address: Flower ignores it (one port serves every API); "
                         "use --operator-address")
-    original = flower_main._get_middleware
-    flower_main._get_middleware = lambda: [Middleware(OperatorOnly, addresses=addresses), *original()]
+    try:
+        flower_superlink = _flwr_private.patch_superlink(Middleware(OperatorOnly, addresses=addresses))
+    except (ImportError, RuntimeError) as e:
+        from importlib.metadata import version
+
+        raise MMFLError(f"mmfl flower superlink cannot wrap flwr {version('flwr')}'s SuperLink ({e}); "
+                        "mmfl supports flwr 1.41 and 1.42") from None
     print(f"mmfl: Control and Runtime APIs answer only on {', '.join(addresses)}; "
           "other addresses reach the Fleet API only", file=sys.stderr, flush=True)
-    from flwr.superlink.cli.flower_superlink import flower_superlink
-
     sys.argv = ["flower-superlink", *flower_args]
     flower_superlink()

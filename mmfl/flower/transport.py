@@ -41,7 +41,6 @@ from pathlib import Path
 
 import numpy as np
 from flwr.app import ConfigRecord, Message as FlowerMessage, RecordDict
-from flwr.common.constant import ErrorCode
 
 from mmfl.algorithms.multimodal import present_counts
 from mmfl.core.device import CPU, fp32_messages, to_device
@@ -49,13 +48,14 @@ from mmfl.core.message import Message
 from mmfl.engine import runfiles
 from mmfl.engine.simulation import CommLog
 from mmfl.errors import MMFLError
+from mmfl.flower._flwr_private import UNAVAILABLE
 from mmfl.flower.records import decode, encode
 
 log = logging.getLogger("mmfl.flower")
 HELLO = "query.mmfl_hello"
 POLL_S = 0.1  # between pulls of replies
 ONLINE_CHECK_S = 1.0  # between checks that the SuperNodes still owing a reply are online
-_UNAVAILABLE = {ErrorCode.NODE_UNAVAILABLE, getattr(ErrorCode, "MESSAGE_UNAVAILABLE", -1)}
+_UNAVAILABLE = UNAVAILABLE  # a reply's error code of a SuperNode that is gone
 
 
 def message_type(route: str) -> str:
