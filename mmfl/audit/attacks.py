@@ -77,7 +77,8 @@ def _loss_grads(model: nn.Module, params: dict[str, Tensor], buffers: dict[str, 
     out = functional_call(model, {**params, **buffers}, (x,))
     logits = out["logits"] if isinstance(out, dict) else out
     loss = F.cross_entropy(logits, y)
-    return list(torch.autograd.grad(loss, list(params.values()), create_graph=True))
+    grads = torch.autograd.grad(loss, list(params.values()), create_graph=True, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params.values())]  # unused: no signal
 
 
 def invert_update(model: nn.Module, sent: dict[str, Tensor], reply: dict[str, Tensor], like: dict[str, Tensor],
