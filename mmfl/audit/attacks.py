@@ -134,10 +134,12 @@ def probe_rows(aux_x: np.ndarray, aux_private: np.ndarray | None, aux_y: np.ndar
     acc = float((clf.predict(sc.transform(got_x)) == true_y).mean())
     out = {"label_accuracy": acc, "label_chance": float(np.bincount(true_y).max() / len(true_y))}
     if aux_private is not None and true_private is not None:
-        rec = Ridge(alpha=1.0).fit(sc.transform(aux_x), aux_private).predict(sc.transform(got_x))
-        out["reconstruction_cosine"] = _mean_cos(rec, true_private)
-        out["reconstruction_chance"] = _mean_cos(np.broadcast_to(aux_private.mean(0), true_private.shape),
-                                                 true_private)
+        mean = aux_private.reshape(len(aux_private), -1).mean(0)
+        rec = Ridge(alpha=1.0).fit(sc.transform(aux_x), aux_private.reshape(len(aux_private), -1))
+        pred = rec.predict(sc.transform(got_x))
+        # centred cosine: the reconstruction and the truth minus the auxiliary mean row (what a
+        # server knows without the reply), so 0 = nothing beyond the average row, 1 = the row itself
+        out["reconstruction_cosine"] = _mean_cos(pred - mean, true_private.reshape(len(true_private), -1) - mean)
     return out
 
 

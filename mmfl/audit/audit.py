@@ -110,11 +110,15 @@ def activation_attacks(view: ServerView) -> dict | None:
             if k in state:
                 state[k] = v
         model.load_state_dict(state)
-        model.eval()
+        model.train()  # as the client computed its activations (BatchNorm on the batch), dropout off
+        for mod in model.modules():
+            if isinstance(mod, torch.nn.Dropout):
+                mod.eval()
+        u = bool(getattr(view.config.algorithm.params, "u_shaped", False))
         x, y = fed.clients[e.client].get()
         with torch.no_grad():
-            aux = client_forward(model, {k: v for k, v in test_x.items()})
-            mine = client_forward(model, x)
+            aux = client_forward(model, {k: v for k, v in test_x.items()}, u)
+            mine = client_forward(model, x, u)
         for key, got in e.reply.arrays.items():
             if not key.startswith("act/"):
                 continue
@@ -185,8 +189,7 @@ def lines(result: dict) -> list[str]:
         if s:
             t = f"  {title}: label probe {100 * s['label_accuracy']:.1f}% (majority {100 * s['label_chance']:.1f}%)"
             if "reconstruction_cosine" in s:
-                t += (f", reconstruction cosine {s['reconstruction_cosine']:.3f} "
-                      f"(auxiliary mean {s['reconstruction_chance']:.3f})")
+                t += f", reconstruction cosine {s['reconstruction_cosine']:.3f} (centred on the auxiliary mean: 0 = none)"
             out.append(t)
     m = result["membership"]
     if m:
