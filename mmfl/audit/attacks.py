@@ -152,11 +152,15 @@ def _mean_cos(a: np.ndarray, b: np.ndarray) -> float:
 
 # ----------------------------------------------------------------------------- membership
 
-def per_sample_loss(model: nn.Module, data, max_rows: int = 2000, seed: int = 0) -> np.ndarray:
-    """Cross-entropy of ``model`` on up to ``max_rows`` seeded rows of ``data`` (an ArrayDataset)."""
+def per_sample_loss(model: nn.Module, data, max_rows: int = 2000, seed: int = 0,
+                    keep: tuple[str, ...] | None = None) -> np.ndarray:
+    """Cross-entropy of ``model`` on up to ``max_rows`` seeded rows of ``data`` (an ArrayDataset);
+    ``keep``: only these modalities of the rows (and their ``present/`` / ``length/`` entries)."""
     n = len(data.label_array())
     rows = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:max_rows]
     x, y = data.get(rows)
+    if keep is not None:
+        x = {k: v for k, v in x.items() if k.rpartition("/")[2] in keep}
     model = model.eval()
     with torch.no_grad():
         out = model(x)

@@ -140,13 +140,16 @@ def membership(run_dir: Path, view: ServerView, max_rows: int = 2000) -> dict | 
         return None
     fed = view.federation
     per = max(1, max_rows // max(1, fed.num_clients))
-    try:
-        member = np.concatenate([per_sample_loss(model, fed.clients[c], per, seed=c) for c in range(fed.num_clients)
-                                 if len(fed.clients[c].label_array())])
-        non = per_sample_loss(model, fed.test, max_rows)
-    except (KeyError, TypeError):  # a model without class logits (retrieval)
+    member, non = [], []
+    try:  # each client's rows against as many test rows with the same modalities (a client may hold few)
+        for c in range(fed.num_clients):
+            if len(fed.clients[c].label_array()):
+                keep = tuple(fed.modalities_of(c))
+                member.append(per_sample_loss(model, fed.clients[c], per, seed=c, keep=keep))
+                non.append(per_sample_loss(model, fed.test, len(member[-1]), seed=10_000 + c, keep=keep))
+    except (KeyError, TypeError, RuntimeError):  # a model without class logits (retrieval)
         return None
-    return membership_auc(member, non)
+    return membership_auc(np.concatenate(member), np.concatenate(non)) if member else None
 
 
 def _mean(rows: list[dict]) -> dict:
