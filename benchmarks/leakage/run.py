@@ -47,7 +47,13 @@ def cell(out: Path, seed: int, name: str, config: str, over: list[str], dp: bool
         return {"name": name, "dp": json.loads(js.read_text())["dp"] or "off", "audit": json.loads(js.read_text()),
                 "accuracy": summary.get("final_accuracy")}
     tried = []
-    for mode in (["local", "sample"] if dp else [None]):
+    modes = ["local", "sample"] if dp else [None]
+    if REUSE and (out / slug / "summary.json").is_file() and dp:  # the run finished before: audit it only
+        cfg = (out / slug / "config.toml").read_text()
+        modes = [m for m in ("local", "sample") if f'mode = "{m}"' in cfg][:1] or [None]
+    for mode in modes:
+        if REUSE and (out / slug / "summary.json").is_file():
+            break
         cmd = [*MMFL, "run", config, *sets(base + (DP[mode] if mode else [])), "--no-progress", "--overwrite"]
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if r.returncode == 0:
@@ -76,7 +82,8 @@ def table(rows: list[dict], seed: int, cmd: str) -> str:
     lines = [head]
     for r in rows:
         if "audit" not in r:
-            lines.append(f"| {r['name']} | {r['dp']} | — | {r.get('why', '')} | | | | | | |")
+            why = r.get("why", "").split("; supported")[0].removeprefix("local: ")  # the first refusal, short
+            lines.append(f"| {r['name']} | {r['dp']} | — | {why} | | | | | | |")
             continue
         a = r["audit"]
         u, m = a["labels_from_updates"] or {}, a["membership"] or {}
