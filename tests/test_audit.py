@@ -94,7 +94,7 @@ def test_the_probe_reads_labels_and_reconstructs_a_correlated_private_modality()
     private = shared @ rng.normal(0, 1, (3, 8)) + rng.normal(0, 0.1, (600, 8))
     out = probe_rows(shared[:400], private[:400], y[:400], shared[400:], private[400:], y[400:])
     assert out["label_accuracy"] > 0.9 > out["label_chance"]
-    assert out["reconstruction_cosine"] > out["reconstruction_chance"] + 0.3
+    assert out["reconstruction_cosine"] > 0.5  # centred: 0 = the auxiliary mean row
 
 
 def _digest(folder: Path) -> dict:

@@ -31,6 +31,7 @@ CELLS = [  # name, config, overrides
 DP = {"local": ['dp.mode="local"', "dp.clip_norm=1.0", "dp.noise_multiplier=1.0"],
       "sample": ['dp.mode="sample"', "dp.clip_norm=1.0", "dp.noise_multiplier=1.0"]}
 MMFL = [sys.executable, "-m", "mmfl.cli"]
+REUSE = False
 
 
 def sets(over: list[str]) -> list[str]:
@@ -40,8 +41,19 @@ def sets(over: list[str]) -> list[str]:
 def cell(out: Path, seed: int, name: str, config: str, over: list[str], dp: bool) -> dict:
     slug = name.lower().replace(" ", "_").replace("(", "").replace(")", "").replace("-", "_") + ("_dp" if dp else "")
     base = [*over, f"seed={seed}", "threads=1", f"output_dir={str(out)!r}", f"name={slug!r}"]
+    js = out / f"{slug}.audit.json"
+    if REUSE and js.is_file() and (out / slug / "summary.json").is_file():  # finished before: read it back
+        summary = json.loads((out / slug / "summary.json").read_text())
+        return {"name": name, "dp": json.loads(js.read_text())["dp"] or "off", "audit": json.loads(js.read_text()),
+                "accuracy": summary.get("final_accuracy")}
     tried = []
-    for mode in (["local", "sample"] if dp else [None]):
+    modes = ["local", "sample"] if dp else [None]
+    if REUSE and (out / slug / "summary.json").is_file() and dp:  # the run finished before: audit it only
+        cfg = (out / slug / "config.toml").read_text()
+        modes = [m for m in ("local", "sample") if f'mode = "{m}"' in cfg][:1] or [None]
+    for mode in modes:
+        if REUSE and (out / slug / "summary.json").is_file():
+            break
         cmd = [*MMFL, "run", config, *sets(base + (DP[mode] if mode else [])), "--no-progress", "--overwrite"]
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if r.returncode == 0:
@@ -49,7 +61,6 @@ def cell(out: Path, seed: int, name: str, config: str, over: list[str], dp: bool
         tried.append(f"{mode}: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
     else:
         return {"name": name, "dp": "refused", "why": "; ".join(tried)}
-    js = out / f"{slug}.audit.json"
     a = subprocess.run([*MMFL, "audit", str(out / slug), "--rounds", "2", "--json", str(js)], cwd=ROOT, capture_output=True, text=True)
     if a.returncode != 0:
         return {"name": name, "dp": mode or "off", "why": "audit failed: " + a.stderr.strip()[-300:]}
@@ -66,12 +77,13 @@ def fmt(v, pct=False):
 
 def table(rows: list[dict], seed: int, cmd: str) -> str:
     head = ("| algorithm | DP | model accuracy % | labels from updates: majority hit % (chance) | Spearman | "
-            "inversion cosine (random) | shared/cut rows: label probe % (majority) | reconstruction cosine "
-            "(auxiliary mean) | membership AUC | advantage |\n|" + "---|" * 10)
+            "inversion cosine (random) | shared/cut rows: label probe % (majority) | reconstruction, centred "
+            "cosine (0 = the auxiliary mean) | membership AUC | advantage |\n|" + "---|" * 10)
     lines = [head]
     for r in rows:
         if "audit" not in r:
-            lines.append(f"| {r['name']} | {r['dp']} | — | {r.get('why', '')} | | | | | | |")
+            why = r.get("why", "").split("; supported")[0].removeprefix("local: ")  # the first refusal, short
+            lines.append(f"| {r['name']} | {r['dp']} | — | {why} | | | | | | |")
             continue
         a = r["audit"]
         u, m = a["labels_from_updates"] or {}, a["membership"] or {}
@@ -83,8 +95,7 @@ def table(rows: list[dict], seed: int, cmd: str) -> str:
             + (f"{fmt(u.get('inversion_cosine'))} ({fmt(u.get('inversion_chance'))})" if "inversion_cosine" in u
                else "—")
             + " | " + (f"{fmt(s.get('label_accuracy'), True)} ({fmt(s.get('label_chance'), True)})" if s else "—")
-            + " | " + (f"{fmt(s.get('reconstruction_cosine'))} ({fmt(s.get('reconstruction_chance'))})"
-                       if "reconstruction_cosine" in s else "—")
+            + " | " + (f"{fmt(s.get('reconstruction_cosine'))}" if "reconstruction_cosine" in s else "—")
             + f" | {fmt(m.get('auc'))} | {fmt(m.get('advantage'))} |")
     return (f"# What the server learns: `mmfl audit` per algorithm, with and without DP\n\n"
             f"Command: `{cmd}` (seed {seed}; one run per cell: these are measurements of one run each, "
@@ -95,7 +106,8 @@ def table(rows: list[dict], seed: int, cmd: str) -> str:
             "updates (Geiping et al. 2020, cosine of the reconstruction to the nearest true row, a random "
             "input's in brackets); shared rows (PartialFL's x/<m>) and cut activations (split learning, with "
             "the client-side weights the server sent): a logistic-regression label probe and a ridge "
-            "reconstruction of the private modality (PartialFL) or of the raw input (split), fit on the run's "
+            "reconstruction of the private modality (PartialFL) or of the raw input (split; both centred on the "
+            "auxiliary mean row, so 0 = nothing beyond the average row), fit on the run's "
             "test split as the server's auxiliary data; membership: loss threshold (Yeom et al. 2018) on the "
             "final model, 0.5 = nothing. DP: local (each reply clipped to norm 1, noise z = 1) where the "
             "algorithm takes it, else DP-SGD (z = 1, clip 1).\n\n" + "\n".join(lines) + "\n")
@@ -107,7 +119,10 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--only", nargs="*")
+    p.add_argument("--reuse", action="store_true", help="read back the cells audited before (their .audit.json)")
     a = p.parse_args()
+    global REUSE
+    REUSE = a.reuse
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(n, c, o, dp) for n, c, o in CELLS for dp in (False, True) if not a.only or n in a.only]

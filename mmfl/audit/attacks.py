@@ -77,7 +77,8 @@ def _loss_grads(model: nn.Module, params: dict[str, Tensor], buffers: dict[str, 
     out = functional_call(model, {**params, **buffers}, (x,))
     logits = out["logits"] if isinstance(out, dict) else out
     loss = F.cross_entropy(logits, y)
-    return list(torch.autograd.grad(loss, list(params.values()), create_graph=True))
+    grads = torch.autograd.grad(loss, list(params.values()), create_graph=True, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params.values())]  # unused: no signal
 
 
 def invert_update(model: nn.Module, sent: dict[str, Tensor], reply: dict[str, Tensor], like: dict[str, Tensor],
@@ -133,10 +134,12 @@ def probe_rows(aux_x: np.ndarray, aux_private: np.ndarray | None, aux_y: np.ndar
     acc = float((clf.predict(sc.transform(got_x)) == true_y).mean())
     out = {"label_accuracy": acc, "label_chance": float(np.bincount(true_y).max() / len(true_y))}
     if aux_private is not None and true_private is not None:
-        rec = Ridge(alpha=1.0).fit(sc.transform(aux_x), aux_private).predict(sc.transform(got_x))
-        out["reconstruction_cosine"] = _mean_cos(rec, true_private)
-        out["reconstruction_chance"] = _mean_cos(np.broadcast_to(aux_private.mean(0), true_private.shape),
-                                                 true_private)
+        mean = aux_private.reshape(len(aux_private), -1).mean(0)
+        rec = Ridge(alpha=1.0).fit(sc.transform(aux_x), aux_private.reshape(len(aux_private), -1))
+        pred = rec.predict(sc.transform(got_x))
+        # centred cosine: the reconstruction and the truth minus the auxiliary mean row (what a
+        # server knows without the reply), so 0 = nothing beyond the average row, 1 = the row itself
+        out["reconstruction_cosine"] = _mean_cos(pred - mean, true_private.reshape(len(true_private), -1) - mean)
     return out
 
 
@@ -149,11 +152,15 @@ def _mean_cos(a: np.ndarray, b: np.ndarray) -> float:
 
 # ----------------------------------------------------------------------------- membership
 
-def per_sample_loss(model: nn.Module, data, max_rows: int = 2000, seed: int = 0) -> np.ndarray:
-    """Cross-entropy of ``model`` on up to ``max_rows`` seeded rows of ``data`` (an ArrayDataset)."""
+def per_sample_loss(model: nn.Module, data, max_rows: int = 2000, seed: int = 0,
+                    keep: tuple[str, ...] | None = None) -> np.ndarray:
+    """Cross-entropy of ``model`` on up to ``max_rows`` seeded rows of ``data`` (an ArrayDataset);
+    ``keep``: only these modalities of the rows (and their ``present/`` / ``length/`` entries)."""
     n = len(data.label_array())
     rows = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:max_rows]
     x, y = data.get(rows)
+    if keep is not None:
+        x = {k: v for k, v in x.items() if k.rpartition("/")[2] in keep}
     model = model.eval()
     with torch.no_grad():
         out = model(x)

@@ -110,11 +110,15 @@ def activation_attacks(view: ServerView) -> dict | None:
             if k in state:
                 state[k] = v
         model.load_state_dict(state)
-        model.eval()
+        model.train()  # as the client computed its activations (BatchNorm on the batch), dropout off
+        for mod in model.modules():
+            if isinstance(mod, torch.nn.Dropout):
+                mod.eval()
+        u = bool(getattr(view.config.algorithm.params, "u_shaped", False))
         x, y = fed.clients[e.client].get()
         with torch.no_grad():
-            aux = client_forward(model, {k: v for k, v in test_x.items()})
-            mine = client_forward(model, x)
+            aux = client_forward(model, {k: v for k, v in test_x.items()}, u)
+            mine = client_forward(model, x, u)
         for key, got in e.reply.arrays.items():
             if not key.startswith("act/"):
                 continue
@@ -136,13 +140,16 @@ def membership(run_dir: Path, view: ServerView, max_rows: int = 2000) -> dict | 
         return None
     fed = view.federation
     per = max(1, max_rows // max(1, fed.num_clients))
-    try:
-        member = np.concatenate([per_sample_loss(model, fed.clients[c], per, seed=c) for c in range(fed.num_clients)
-                                 if len(fed.clients[c].label_array())])
-        non = per_sample_loss(model, fed.test, max_rows)
-    except (KeyError, TypeError):  # a model without class logits (retrieval)
+    member, non = [], []
+    try:  # each client's rows against as many test rows with the same modalities (a client may hold few)
+        for c in range(fed.num_clients):
+            if len(fed.clients[c].label_array()):
+                keep = tuple(fed.modalities_of(c))
+                member.append(per_sample_loss(model, fed.clients[c], per, seed=c, keep=keep))
+                non.append(per_sample_loss(model, fed.test, len(member[-1]), seed=10_000 + c, keep=keep))
+    except (KeyError, TypeError, RuntimeError):  # a model without class logits (retrieval)
         return None
-    return membership_auc(member, non)
+    return membership_auc(np.concatenate(member), np.concatenate(non)) if member else None
 
 
 def _mean(rows: list[dict]) -> dict:
@@ -185,8 +192,7 @@ def lines(result: dict) -> list[str]:
         if s:
             t = f"  {title}: label probe {100 * s['label_accuracy']:.1f}% (majority {100 * s['label_chance']:.1f}%)"
             if "reconstruction_cosine" in s:
-                t += (f", reconstruction cosine {s['reconstruction_cosine']:.3f} "
-                      f"(auxiliary mean {s['reconstruction_chance']:.3f})")
+                t += f", reconstruction cosine {s['reconstruction_cosine']:.3f} (centred on the auxiliary mean: 0 = none)"
             out.append(t)
     m = result["membership"]
     if m:
