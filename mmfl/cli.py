@@ -127,10 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     from mmfl.convert import add_convert_parser  # imports no numpy: cheap
 
     add_convert_parser(sub)
-    from mmfl.audit.audit import add_audit_parser
+    from mmfl.audit import add_audit_parser  # imports no numpy: cheap
 
     add_audit_parser(sub)
-    from mmfl.bench.runner import add_bench_parser  # imports no torch: cheap
+    from mmfl.bench_args import add_bench_parser  # imports no numpy: cheap
 
     add_bench_parser(sub)
     p = sub.add_parser("sweep", help="a grid of methods x settings x seeds: parallel, resumable, mean ± std table",

@@ -164,7 +164,8 @@ def test_fedcmi_end_to_end_case_d_and_resume(tmp_path):
            "data": {"name": "mfeat", "views": ["pix", "fou"]}, "partition": {"num_clients": 4},
            "modalities": {"missing_rate": {"pix": 0.2}},
            "model": {"name": "multimodal", "feat_dim": 16, "mlp_hidden": [32], "two_projector": True},
-           "algorithm": {"name": "fedcmi"}, "train": {"local_epochs": 1, "batch_size": 64}}
+           "algorithm": {"name": "fedcmi"}, "train": {"local_epochs": 1, "batch_size": 64,
+                                                      "lr_schedule": "constant"}}  # extended on resume: no cosine period
     full = Experiment(resolve(raw), progress=False).run()
     rows = load_metrics(tmp_path / "cmi")
     assert all(math.isfinite(r["accuracy/pix"]) and math.isfinite(r["accuracy/fou"]) for r in rows)

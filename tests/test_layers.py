@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("algorithms", ("mmfl.algorithms",)),
     ("engine", ("mmfl.engine",)),
     ("config", ("mmfl.config",)),
-    ("apps", ("mmfl.api", "mmfl.audit", "mmfl.reference", "mmfl.reference_sklearn", "mmfl.cli", "mmfl.convert", "mmfl.flower",
+    ("apps", ("mmfl.api", "mmfl.audit", "mmfl.bench_args", "mmfl.reference", "mmfl.reference_sklearn", "mmfl.cli", "mmfl.convert", "mmfl.flower",
               "mmfl.sweep", "mmfl.bench", "mmfl.vqa_eval")),
 ]
 FACADE = "mmfl"  # mmfl/__init__.py: load_config / Experiment on first attribute access (PEP 562)

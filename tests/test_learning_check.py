@@ -46,7 +46,7 @@ def test_a_run_that_learns_prints_no_note(tmp_path, capsys):
 
 
 def test_diverged_centralized_run_says_lower_the_learning_rate(tmp_path, capsys):
-    cfg = tiny(tmp_path, "big", optimizer="sgd", lr=1e12)
+    cfg = tiny(tmp_path, "big", optimizer="sgd", lr=999.0)  # the largest lr the schema allows is 1000
     cfg["algorithm"] = {"name": "centralized"}
     with pytest.raises(MMFLError) as e:
         mmfl.run(cfg, progress=False)

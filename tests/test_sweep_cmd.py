@@ -106,7 +106,7 @@ def test_a_bad_axis_is_one_line_exit_2_before_any_run(tmp_path, capsys, axis, ne
 
 
 def test_a_failed_run_is_recorded_reported_with_its_error_and_exits_1(tmp_path, monkeypatch, capsys):
-    """A value that diverges at run time (lr 1e12): its runs get failed.txt, the table counts them,
+    """A value that diverges at run time (lr 999, under the schema bound of 1000): its runs get failed.txt, the table counts them,
     the report names them with their one-line error; the other cell is complete."""
     import mmfl.sweep as pool
 
@@ -114,13 +114,13 @@ def test_a_failed_run_is_recorded_reported_with_its_error_and_exits_1(tmp_path, 
     monkeypatch.setattr(pool, "run_pool", lambda todo, fn, raw_dir, workers, progress=False: [
         fn(n, r, str(raw_dir)) for n, r in todo] and len(todo))
     grid = _write(tmp_path, f'base = "{demo_config_path()}"\nseeds = [0]\n[set]\nrounds = 1\nthreads = 1\n'
-                            '[axes]\n"train.lr" = [0.01, 1e12]\n')
+                            '[axes]\n"train.lr" = [0.01, 999.0]\n')
     assert main(["sweep", str(grid)]) == 1
     out = capsys.readouterr().out
-    failed = tmp_path / "grid" / "lr1000000000000.0-s0" / "failed.txt"
+    failed = tmp_path / "grid" / "lr999.0-s0" / "failed.txt"
     assert failed.is_file() and "non-finite" in failed.read_text()
-    assert "**Failed runs** (1" in out and "`lr1000000000000.0-s0`: MMFLError: " in out
-    assert "| lr = 1000000000000.0 | — [1 failed] |" in out
+    assert "**Failed runs** (1" in out and "`lr999.0-s0`: MMFLError: " in out
+    assert "| lr = 999.0 | — [1 failed] |" in out
     assert (tmp_path / "grid" / "lr0.01-s0" / "summary.json").is_file()
 
 
