@@ -94,9 +94,11 @@ def invert_update(model: nn.Module, sent: dict[str, Tensor], reply: dict[str, Te
                for n, b in model.named_buffers() for k in (n, "model/" + n) if k in sent}
     if not keys:
         raise ValueError("the update holds none of the model's parameters")
-    g = torch.Generator().manual_seed(seed)
-    x = {m: torch.randn(t.shape, generator=g).requires_grad_(True) for m, t in like.items()}
-    y = torch.tensor([label])
+    device = next(iter(params.values())).device  # the run's device: where the sent model lives
+    model = model.to(device)
+    g = torch.Generator().manual_seed(seed)  # drawn on the CPU (the same start on any device), then moved
+    x = {m: torch.randn(t.shape, generator=g).to(device).requires_grad_(True) for m, t in like.items()}
+    y = torch.tensor([label], device=device)
     opt = torch.optim.Adam(list(x.values()), lr=lr)
     tnorm = torch.sqrt(sum((t ** 2).sum() for t in target))
     for _ in range(steps):
@@ -112,8 +114,8 @@ def invert_update(model: nn.Module, sent: dict[str, Tensor], reply: dict[str, Te
 
 def nearest_cosine(x: Tensor, rows: Tensor) -> float:
     """The largest cosine between ``x`` (one sample) and any of ``rows`` ``[n, ...]``."""
-    a = x.reshape(1, -1).double()
-    b = rows.reshape(len(rows), -1).double()
+    a = x.reshape(1, -1).double().cpu()
+    b = rows.reshape(len(rows), -1).double().cpu()
     return float(F.cosine_similarity(a, b, dim=1).max())
 
 
@@ -158,14 +160,14 @@ def per_sample_loss(model: nn.Module, data, max_rows: int = 2000, seed: int = 0,
     ``keep``: only these modalities of the rows (and their ``present/`` / ``length/`` entries)."""
     n = len(data.label_array())
     rows = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:max_rows]
-    x, y = data.get(rows)
+    x, y = data.get(rows)  # get moves the positions to the data's device
     if keep is not None:
         x = {k: v for k, v in x.items() if k.rpartition("/")[2] in keep}
     model = model.eval()
     with torch.no_grad():
         out = model(x)
         logits = out["logits"] if isinstance(out, dict) else out
-        return F.cross_entropy(logits.float(), y, reduction="none").numpy()
+        return F.cross_entropy(logits.float(), y.to(logits.device), reduction="none").cpu().numpy()
 
 
 def membership_auc(member_loss: np.ndarray, nonmember_loss: np.ndarray) -> dict:

@@ -33,7 +33,7 @@ from mmfl.errors import MMFLError
 
 
 def _flat(x: torch.Tensor) -> np.ndarray:
-    return x.reshape(len(x), -1).double().numpy()
+    return x.reshape(len(x), -1).double().cpu().numpy()
 
 
 def update_attacks(view: ServerView, invert: int = 2, steps: int = 300) -> dict | None:
@@ -48,7 +48,7 @@ def update_attacks(view: ServerView, invert: int = 2, steps: int = 300) -> dict 
         db = bias_update(sent, reply, c)
         if db is None:
             continue
-        y = fed.clients[e.client].label_array()
+        y = fed.clients[e.client].label_array()  # numpy
         li = label_inference(db, np.bincount(y, minlength=c))
         hits.append(li["hit"])
         rhos.append(li["spearman"])
@@ -60,7 +60,7 @@ def update_attacks(view: ServerView, invert: int = 2, steps: int = 300) -> dict 
             g = torch.Generator().manual_seed(1)
             for m, r in rec.items():
                 rand = torch.randn(r.shape, generator=g)
-                inv.append((nearest_cosine(r, x[m].float()), nearest_cosine(rand, x[m].float())))
+                inv.append((nearest_cosine(r, x[m].float()), nearest_cosine(rand, x[m].float())))  # on the CPU
     if not hits:
         return None
     out = {"clients": len(hits), "majority_class_hit_rate": float(np.mean(hits)), "chance": 1.0 / c,
@@ -86,8 +86,8 @@ def shared_row_attacks(view: ServerView) -> dict | None:
                 continue
             private = [p for p in x if p != m and p in test_x and not p.startswith(("present/", "length/"))]
             p = private[0] if private else None
-            res.append(probe_rows(_flat(test_x[m]), _flat(test_x[p]) if p else None, test_y.numpy(), _flat(got),
-                                  _flat(x[p]) if p else None, y.numpy()))
+            res.append(probe_rows(_flat(test_x[m]), _flat(test_x[p]) if p else None, test_y.cpu().numpy(), _flat(got),
+                                  _flat(x[p]) if p else None, y.cpu().numpy()))
     return _mean(res) if res else None
 
 
@@ -124,10 +124,10 @@ def activation_attacks(view: ServerView) -> dict | None:
                 continue
             m = key[4:]
             # the auditor's ground truth: which of the client's rows each activation is
-            d = torch.cdist(got.double().reshape(len(got), -1), mine[m].double().reshape(len(mine[m]), -1))
-            rows = d.argmin(1)
-            res.append(probe_rows(_flat(aux[m]), _flat(test_x[m]), test_y.numpy(), _flat(got),
-                                  _flat(x[m][rows]), y[rows].numpy()))
+            d = torch.cdist(got.double().reshape(len(got), -1).cpu(), mine[m].double().reshape(len(mine[m]), -1).cpu())
+            rows = d.argmin(1).to(y.device)
+            res.append(probe_rows(_flat(aux[m]), _flat(test_x[m]), test_y.cpu().numpy(), _flat(got),
+                                  _flat(x[m][rows]), y[rows].cpu().numpy()))
     return _mean(res) if res else None
 
 
