@@ -38,6 +38,7 @@ from mmfl.registry import Registry, build_params
 Rule = Callable[..., dict[str, Tensor]]
 AGGREGATION_RULES: Registry[Rule] = Registry("aggregation rule", plugins=(
     "mmfl.core.robust",  # registers the robust rules: median, krum, bulyan, ...
+    "mmfl.core.robust_reps",  # and their per-sample versions for representations (CreamFL's family)
     "mmfl.core.streaming",  # declares which rules fold one update at a time: rule.fold
 ))
 

@@ -16,8 +16,8 @@ rule's params dataclass, registered with it). What each guarantees: docs/robust.
 - ``norm_clip``, ``norm_clip_adaptive`` (Sun et al. 2019, "Can you really backdoor federated
   learning?", "norm thresholding"): each update ``w_k - previous`` scaled to norm at most
   ``M`` (fixed, or the round's median update norm), then FedAvg's data-weighted mean.
-- ``rep_median``, ``rep_trimmed_mean``: the same coordinate-wise statistics over clients of
-  per-sample representations ``[P, d]`` (CreamFL's family), in the representations' dtype. The
+- ``rep_median``, ``rep_trimmed_mean`` (:mod:`mmfl.core.robust_reps`): the same coordinate-wise
+  statistics over clients of per-sample representations ``[P, d]`` (CreamFL's family). The
   rules above are for model states only (``model_states``: refused on CreamFL's servers).
 
 Data weights: only the clipping rules use them (FedAvg's mean of the clipped updates); the
@@ -380,27 +380,7 @@ def norm_clip_adaptive(updates: list[dict[str, Tensor]], weights: list[float | d
     return clipped_mean("norm_clip_adaptive", updates, weights, previous, coordinate_median, info)
 
 
-# ----------------------------------------------------------------------------- representations (CreamFL's family)
-
-@AGGREGATION_RULES.register("rep_median", help="representations [P, d]: coordinate-wise median over clients per "
-                                               "sample, in their dtype, weights ignored (robust baseline to GCA)")
-def rep_median(updates: list[dict[str, Tensor]], weights: Any = None, previous: dict[str, Tensor] | None = None,
-               **context: Any) -> dict[str, Tensor]:
-    """Each modality's ``[C, P, d]`` stack -> ``[P, d]``: :func:`coordinate_median` over clients."""
-    return per_key(coordinate_median, updates, previous, dtype=None)
-
-
-@AGGREGATION_RULES.register("rep_trimmed_mean", TrimParams, help="representations [P, d]: coordinate-wise trimmed "
-                                                                 "mean over clients per sample, weights ignored")
-def rep_trimmed_mean(updates: list[dict[str, Tensor]], weights: Any = None, previous: dict[str, Tensor] | None = None,
-                     trim_fraction: float = 0.2, **context: Any) -> dict[str, Tensor]:
-    """Each modality's ``[C, P, d]`` stack -> ``[P, d]``: :func:`coordinate_trimmed_mean` over clients."""
-    return per_key(lambda s: coordinate_trimmed_mean(s, trim_fraction), updates, previous, dtype=None)
-
-
-# CreamFL's family takes rep_median / rep_trimmed_mean; the model rules are refused there (check_rule), and
-# the representation rules on model-averaging servers.
+# CreamFL's family takes rep_median / rep_trimmed_mean (mmfl.core.robust_reps); the model rules are refused
+# there (check_rule), and the representation rules on model-averaging servers.
 for _rule in (median, trimmed_mean, krum, multi_krum, bulyan, norm_clip, norm_clip_adaptive):
     _rule.model_states = True
-rep_median.per_sample = True
-rep_trimmed_mean.per_sample = True
