@@ -10,6 +10,7 @@
                                                                      on the operator's addresses only
     mmfl flower run-config CONFIG -o FILE                            the --run-config file of `flwr run`
     mmfl flower app                                                  the Flower app folder `flwr run` takes
+    mmfl flower new DIR CONFIG [--set k=v] [--publisher ACCOUNT]     a stand-alone Flower app (Hub layout)
 
 This module imports nothing heavy: Flower is imported when a command runs.
 """
@@ -76,6 +77,13 @@ def add_flower_parser(sub) -> None:
 
     fsub.add_parser("app", help="print the Flower app folder (for `flwr run`)")
 
+    q = fsub.add_parser("new", help="write a stand-alone Flower app (Flower Hub layout) running CONFIG: "
+                                    "`flwr run DIR`, `flwr app publish DIR`")
+    q.add_argument("dir", help="the app folder to create (new or empty); its name is the app's name")
+    config_args(q)
+    q.add_argument("--name", help="the app's name (default: the folder's name)")
+    q.add_argument("--publisher", default="mmfl", help="the [tool.flwr.app] publisher (your Flower account)")
+
     q = fsub.add_parser("superlink", help="flower-superlink whose Control and Runtime APIs answer only on "
                                           "the operator's addresses (see docs/flower.md)")
     q.add_argument("--operator-address", action="append", default=[], metavar="IP",
@@ -117,6 +125,12 @@ def main(args) -> int:
     if importlib.util.find_spec("flwr") is None:  # without importing it (seconds): errors below come fast
         raise MMFLError('Flower is not installed: pip install -e ".[flower]" (flwr[simulation]>=1.41,<1.43)')
     cmd = args.flower_command
+    if cmd == "new":  # needs no Flower here: the app is files
+        from mmfl.flower.hub import write_app
+
+        dest = write_app(_cfg(args), Path(args.dir), name=args.name, publisher=args.publisher)
+        print(f"Flower app: {dest}\nrun: cd {dest} && pip install -e . && flwr run .   (see {dest / 'README.md'})")
+        return 0
     if cmd == "app":
         from mmfl.flower import deploy
 

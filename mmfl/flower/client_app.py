@@ -61,6 +61,7 @@ from mmfl.flower.node_state import NODE_KEY, NodeStateDir
 from mmfl.flower.records import decode, encode, record_to_state, state_to_record
 
 CONFIG_KEY = "mmfl-config"  # run config: the resolved mmfl config, as TOML text
+SET_KEY = "mmfl-set"  # run config: "key=value ..." overrides of it (an app of `mmfl flower new`)
 STATE = "mmfl.state."  # context.state: one ArrayRecord per client (+ ".odd" config of viewed dtypes)
 
 
@@ -125,6 +126,26 @@ def hosted_clients(node_config: dict, num_clients: int) -> list[int]:
     return [c for c in range(num_clients) if c % p == k]
 
 
+def run_config_text(run_config, fallback: str | None = None) -> str:
+    """The mmfl config (TOML text) of a Flower run: its ``mmfl-config`` (else ``fallback``) with
+    the ``mmfl-set`` overrides (``key=value`` pairs, shell quoting) applied. The ServerApp and
+    every ClientApp call this on the same run config, so they agree on the experiment."""
+    import shlex
+
+    text = run_config.get(CONFIG_KEY) or fallback
+    if not text:
+        raise MMFLError(f"the run config has no {CONFIG_KEY!r}: submit the run with `mmfl flower submit CONFIG` "
+                        "(or flwr run --run-config FILE with that key, or an app of `mmfl flower new`)")
+    extra = str(run_config.get(SET_KEY, "") or "").strip()
+    if not extra:
+        return text
+    try:
+        pairs = shlex.split(extra)
+    except ValueError as e:
+        raise MMFLError(f"run config {SET_KEY}={extra!r}: {e}") from None
+    return resolve(apply_overrides(tomllib.loads(text), pairs)).to_toml()
+
+
 def node_env(config_text: str, node_config: dict) -> NodeEnv:
     """This node's environment for a run (the data set is built once per process)."""
     overrides = node_overrides(node_config)
@@ -179,9 +200,7 @@ def handle_plain(msg: FlowerMessage, context: Context, config_text: str | None =
     """Deliver one Flower message (the mmfl messages of one or more hosted clients)."""
     from mmfl.flower.transport import fingerprint, presence
 
-    text = context.run_config.get(CONFIG_KEY) or config_text
-    if not text:
-        raise MMFLError(f"the run config has no {CONFIG_KEY!r} (submit with `mmfl flower submit`)")
+    text = run_config_text(context.run_config, config_text)
     env = node_env(text, dict(context.node_config))
     run = env.run
     fed, cfg = run.federation, run.cfg

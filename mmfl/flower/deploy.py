@@ -84,11 +84,18 @@ def submit(cfg: ExperimentConfig, connection: str, flwr_home: Path, overwrite: b
     """Start ``cfg`` on the SuperLink of ``connection``; the Flower run id. ``resume``: the
     ServerApp continues the run folder from its last intact checkpoint. ``federation_config``:
     ``flwr run --federation-config`` entries (a simulation SuperLink's ``num-supernodes=4``, ...)."""
-    env = flower_env(flwr_home)
     with tempfile.TemporaryDirectory() as tmp:
         rc = write_run_config(cfg, Path(tmp) / "run_config.toml", overwrite, resume)
-        extra = ["--federation-config", " ".join(federation_config)] if federation_config else []
-        out = _flwr(["run", str(APP_DIR), connection, "--run-config", str(rc), *extra, "--format", "json"], env)
+        return run_app(APP_DIR, connection, flwr_home, ["--run-config", str(rc)], federation_config)
+
+
+def run_app(app_dir: Path, connection: str, flwr_home: Path, run_config: list[str] | None = None,
+            federation_config: list[str] | None = None) -> int:
+    """``flwr run APP_DIR CONNECTION [--run-config ...]``: the Flower run id. ``app_dir`` is
+    mmfl's app, or one that ``mmfl flower new`` wrote (its run config is in its pyproject)."""
+    env = flower_env(flwr_home)
+    extra = ["--federation-config", " ".join(federation_config)] if federation_config else []
+    out = _flwr(["run", str(app_dir), connection, *(run_config or []), *extra, "--format", "json"], env)
     try:
         res = json.loads(out[out.index("{"):])
     except ValueError:

@@ -31,7 +31,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from mmfl.config import resolve
 from mmfl.errors import MMFLError
-from mmfl.flower.client_app import CONFIG_KEY
+from mmfl.flower.client_app import CONFIG_KEY, run_config_text  # noqa: F401  (CONFIG_KEY: re-exported)
 
 OVERWRITE_KEY = "mmfl-overwrite"
 RESUME_KEY = "mmfl-resume"
@@ -74,13 +74,10 @@ def make_server_app(config_text: str | None = None, overwrite: bool = False, ann
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        text = context.run_config.get(CONFIG_KEY) or config_text
-        if not text:
-            raise MMFLError(f"the run config has no {CONFIG_KEY!r}: submit the run with "
-                            "`mmfl flower submit CONFIG` (or flwr run --run-config FILE with that key)")
         over = bool(context.run_config.get(OVERWRITE_KEY, overwrite))
         resume = bool(context.run_config.get(RESUME_KEY, False))
         try:
+            text = run_config_text(context.run_config, config_text)  # mmfl-config with mmfl-set applied
             run_server(grid, text, overwrite=over, announce=announce, resume=resume)
         except MMFLError as e:
             print(f"mmfl: error: {e}", flush=True)
