@@ -1,0 +1,230 @@
+"""Table specs as data: a benchmark's report described in TOML (``tables = "tables.toml"`` in its
+grid) and rendered here, so a benchmark folder holds a grid and a spec instead of table code.
+
+A spec is a list of ``[[blocks]]``, each rendered to lines followed by one empty line:
+
+- ``text``: markdown, ``{...}`` fields filled from the grid and its runs (see :class:`Fields`);
+- ``kind = "cells"``: one row per method of a group (``rows = "methods"``, ``"settings*methods"`` or a
+  list of keys, then ``extra`` runs), columns from ``cells`` templates; ``{value}`` is the row's
+  metric aggregated over seeds (``agg = "seed_cell"``: mean ± std [n seeds], diverged runs noted;
+  ``"ms"``: mean ± std (n/N)); ``[blocks.row.<key>]`` overrides a row's ``label`` / ``cells`` and
+  adds ``more`` (another metric's mean, formatted into the row as ``{more}``);
+- ``kind = "pairs"``: paired differences a − b over seeds (bootstrap CI, ``scipy.stats.ttest_rel``;
+  :func:`mmfl.bench.render.pair_row`), a claim made only from 5 paired seeds;
+- ``kind = "rounds_to_reach"``: rounds each method's mean curve needs to reach ``base``'s final value;
+- ``kind = "round_rows"``: per method and chosen round, the mean over seeds of metric keys of that row.
+
+Format and examples: docs/benchmarks.md "Table specs"; benchmarks/moon/tables.toml.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import numpy as np
+
+from mmfl.bench.grid import dotted_get
+from mmfl.bench.render import PAIR_HEAD, md_table, ms, pair_row, seed_cell
+from mmfl.config_raw import load_raw
+from mmfl.errors import ConfigError
+
+BLOCK_KEYS = {"text", "kind", "group", "rows", "extra", "header", "cells", "metric", "row", "pairs", "scale",
+              "fail_value", "fail_note", "label_a", "label_b", "base", "exclude", "intro", "methods", "rounds",
+              "columns", "digits", "missing", "when"}
+METRIC_KEYS = {"key", "reader", "keep_failed", "agg", "scale", "digits"}
+
+
+class Fields(string.Formatter):
+    """``{ns.path}`` fields of a spec's templates: ``config.<group>.<dotted key>`` (the group's first
+    run's config), ``params.<key>`` (the grid's ``[params]``), ``grid.seeds`` / ``grid.name``,
+    ``machine`` (:func:`mmfl.sweep.machine`), ``runs.wall_h`` (the finished runs' summed wall time,
+    hours), ``vars.<name>`` (the spec's ``[vars]``) and the block's own names (``label``, ``value``...)."""
+
+    def __init__(self, b, spec: dict):
+        super().__init__()
+        self.b, self.spec, self._vars = b, spec, {}
+
+    def get_field(self, field_name, args, kwargs):
+        return self.lookup(field_name, kwargs), field_name
+
+    def lookup(self, name: str, local: dict | None = None):
+        local = local or {}
+        if name in local:
+            return local[name]
+        ns, _, rest = name.partition(".")
+        if ns in local:
+            return dotted_get(local[ns], rest)
+        b = self.b
+        if ns == "config":
+            group, _, key = rest.partition(".")
+            return dotted_get(b.config(group), key) if key else b.config(group)
+        if ns == "params":
+            return dotted_get(b.params, rest)
+        if ns == "grid":
+            return {"seeds": b.grid.seeds, "name": b.grid.name}[rest]
+        if ns == "machine":
+            import mmfl.sweep
+
+            return mmfl.sweep.machine()
+        if ns == "runs" and rest == "wall_h":
+            done = [r for run in b.runs if (r := b.results.summary(run.name))]
+            return sum(r["wall_time_s"] for r in done) / 3600
+        if ns == "vars":
+            return self.var(rest)
+        raise ConfigError(f"table spec: unknown field {{{name}}}")
+
+    def var(self, name: str):
+        """A ``[vars.<name>]``: ``value`` (a field) shown through ``if_false`` when it is falsy (0,
+        empty, absent), else through ``else`` (a template of ``{value}``)."""
+        if name not in self._vars:
+            v = self.spec.get("vars", {}).get(name)
+            if v is None:
+                raise ConfigError(f"table spec: no [vars.{name}]")
+            val = self.lookup(v["value"])
+            self._vars[name] = self.fill(v["if_false"] if not val else v.get("else", "{value}"), value=val)
+        return self._vars[name]
+
+    def fill(self, template: str, **local) -> str:
+        return self.vformat(template, (), local)
+
+
+def _metric(block: dict) -> dict:
+    m = {"key": "accuracy", "reader": "final", "keep_failed": False, "agg": "seed_cell", "scale": 100.0, "digits": 1,
+         **block.get("metric", {})}
+    if bad := set(m) - METRIC_KEYS:
+        raise ConfigError(f"table spec: metric: unknown key {sorted(bad)[0]!r} (allowed: {', '.join(sorted(METRIC_KEYS))})")
+    return m
+
+
+def _by_seed(b, group: str, method: str, setting: str | None, m: dict) -> dict:
+    return b.by_seed(group, method, setting, key=m["key"], reader=m["reader"], keep_failed=m["keep_failed"])
+
+
+def _aggregate(vals: dict, n_expected: int, m: dict) -> str:
+    if m["agg"] == "seed_cell":
+        return seed_cell(vals, scale=m["scale"], digits=m["digits"])
+    if m["agg"] == "ms":
+        return ms([v for v in vals.values() if v is not None], n_expected, m["digits"], m["scale"])
+    raise ConfigError(f"table spec: metric.agg must be 'seed_cell' or 'ms', got {m['agg']!r}")
+
+
+def _rows(b, block: dict) -> list[tuple[str, str | None]]:
+    """(method, setting) per row."""
+    g = block["group"]
+    rows = block.get("rows", "methods")
+    if rows == "methods":
+        out = [(m, None) for m in b.methods(g)]
+    elif rows == "settings*methods":
+        out = [(m, s) for s in b.grid.settings(g) for m in b.methods(g)]
+    elif isinstance(rows, list):
+        out = [(m, None) for m in rows]
+    else:
+        raise ConfigError(f"table spec: rows must be 'methods', 'settings*methods' or a list, got {rows!r}")
+    return out + [(e, None) for e in block.get("extra", [])]
+
+
+def cells(b, block: dict, f: Fields) -> list[str]:
+    g, m = block["group"], _metric(block)
+    body = []
+    for method, setting in _rows(b, block):
+        over = block.get("row", {}).get(method, {})
+        entry = b.grid.entry(g, method)
+        vals = _by_seed(b, g, method, setting, m)
+        local = {"key": method, "label": entry.label, "value": _aggregate(vals, len(b.names(g, method, setting)), m),
+                 "setting": b.grid.settings(g)[setting].label if setting else "", "info": entry.info or {}, "more": ""}
+        local["label"] = f.fill(over.get("label", "{label}"), **local)
+        if "more" in over:
+            mm = _metric({"metric": over["more"]})
+            v = b.vals(g, method, setting, key=mm["key"], reader=mm["reader"])
+            local["more"] = f.fill(over["more_text"], mean=mm["scale"] * np.mean(v)) if v else ""
+        body.append([f.fill(c, **local) for c in over.get("cells", block["cells"])])
+    return md_table([f.fill(h) for h in block["header"]], body)
+
+
+def _pair_side(b, g: str, side, setting: str | None, template: str, f: Fields) -> tuple[str, str | None, str]:
+    method, label = (side.get("method"), side.get("label")) if isinstance(side, dict) else (side, None)
+    s = side.get("setting", setting) if isinstance(side, dict) else setting
+    local = {"key": method, "label": b.grid.entry(g, method).label,
+             "setting": b.grid.settings(g)[s].label if s else ""}
+    return method, s, label if label is not None else f.fill(template, **local)
+
+
+def pairs(b, block: dict, f: Fields) -> list[str]:
+    g, m = block["group"], _metric(block)
+    out = list(PAIR_HEAD)
+    for p in block["pairs"]:
+        a, c = (p["a"], p["b"]) if isinstance(p, dict) else (p[0], p[1])
+        setting = p.get("setting") if isinstance(p, dict) else (p[2] if len(p) > 2 else None)
+        ma, sa, la = _pair_side(b, g, a, setting, block.get("label_a", "{label}"), f)
+        mb, sb, lb = _pair_side(b, g, c, setting, block.get("label_b", "{label}"), f)
+        out.append(pair_row(la, lb, _by_seed(b, g, ma, sa, m), _by_seed(b, g, mb, sb, m), scale=m["scale"],
+                            fail_value=block.get("fail_value"), fail_note=block.get("fail_note", "")))
+    return out
+
+
+def rounds_to_reach(b, block: dict, f: Fields) -> list[str]:
+    from mmfl.report import rounds_to_reach as reach
+
+    g, base, key = block["group"], block["base"], _metric(block)["key"]
+    methods = {k: e for k, e in b.methods(g).items() if k not in block.get("exclude", [])}
+    curves = {k: b.results.mean_curve(b.names(g, k), key) for k in methods}
+    if not curves.get(base):
+        return [block.get("missing", f"(no {base} runs)")]
+    target = curves[base][-1][key]
+    first = reach(curves[base], target)
+    rounds = f.lookup(f"config.{g}.rounds")
+    rows = []
+    for k, c in curves.items():
+        r = reach(c, target)
+        rows.append([methods[k].label, *([str(r), f"{first / r:.2f}×"] if r else [f"not reached in {rounds}", "<1×"]),
+                     ", ".join(f"{100 * x[key]:.1f}" for x in c)])
+    return [f.fill(block["intro"], target=100 * target), "",
+            *md_table([f.fill(h) for h in block["header"]], rows)]
+
+
+def round_rows(b, block: dict, f: Fields) -> list[str]:
+    """Per method and round: the mean over finished seeds of the accuracy and of each column's key."""
+    g, cols, digits = block["group"], block["columns"], block.get("digits", 3)
+    rounds = f.lookup(block["rounds"]) if isinstance(block["rounds"], str) else block["rounds"]
+    rows = []
+    for method in block["methods"]:
+        runs = [b.results.rows(n) for n in b.names(g, method).values() if b.results.finished(n)]
+        for rnd in rounds if runs else []:
+            at = [r[rnd - 1] for r in runs if len(r) >= rnd]
+            vals = [[row[k] for row in at if k in row] for k, _ in cols]
+            rows.append([b.methods(g)[method].label, rnd, f"{100 * np.mean([row['accuracy'] for row in at]):.1f}",
+                         *[f"{np.mean(v):.{digits}f}" if v else "–" for v in vals]])
+    return md_table(["method", "round", "accuracy", *[label for _, label in cols]], rows)
+
+
+KINDS = {"cells": cells, "pairs": pairs, "rounds_to_reach": rounds_to_reach, "round_rows": round_rows}
+
+
+class TableSpec:
+    """A loaded ``tables.toml``; :meth:`report` is what a Python spec's ``report(b)`` was."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.spec = load_raw(path)
+        blocks = self.spec.get("blocks")
+        if not isinstance(blocks, list) or not blocks:
+            raise ConfigError(f"{path}: a table spec needs [[blocks]]")
+        for i, bl in enumerate(blocks):
+            if bad := set(bl) - BLOCK_KEYS:
+                raise ConfigError(f"{path}: blocks[{i}]: unknown key {sorted(bad)[0]!r}")
+            if "kind" in bl and bl["kind"] not in KINDS:
+                raise ConfigError(f"{path}: blocks[{i}].kind: one of {', '.join(KINDS)}, got {bl['kind']!r}")
+            if "kind" not in bl and "text" not in bl:
+                raise ConfigError(f"{path}: blocks[{i}]: needs text or kind")
+        self.FILES = tuple(self.spec.get("files", ()))
+
+    def report(self, b) -> list[str]:
+        f = Fields(b, self.spec)
+        out = []
+        for bl in self.spec["blocks"]:
+            if "when" in bl and not f.lookup(bl["when"]):
+                continue
+            lines = KINDS[bl["kind"]](b, bl, f) if "kind" in bl else f.fill(bl["text"]).split("\n")
+            out += [*lines, ""]
+        return out
