@@ -1,0 +1,39 @@
+"""The one table renderer (mmfl/bench/spec.py): each converted benchmark's TOML table spec,
+rendered over tiny fixture run folders, equals what its hand-written tables script rendered over
+the same folders (the golden files in tests/fixtures/bench_specs/ were written by those scripts
+before they were deleted; tests/bench_spec_fixtures.py makes the folders)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from bench_spec_fixtures import fixture_grid, render_lines
+
+from mmfl.bench.spec import TableSpec
+from mmfl.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "fixtures" / "bench_specs"
+MOON_KEYS = ["moon/ce", "moon/con", "moon/cos_glob", "moon/cos_prev", "moon/cos_glob_prev"]
+CASES = [  # (grid, golden report, metric keys the fixture rows carry)
+    ("benchmarks/moon/grid.toml", "moon.md", MOON_KEYS),
+    ("benchmarks/moon/grid-quick.toml", "moon-quick.md", MOON_KEYS),
+]
+
+
+@pytest.mark.parametrize("grid,golden,keys", CASES, ids=[c[1] for c in CASES])
+def test_spec_renders_what_the_hand_written_script_rendered(grid, golden, keys, tmp_path, monkeypatch):
+    g = fixture_grid(ROOT / grid, tmp_path, keys=keys)
+    assert g.tables.suffix == ".toml"
+    assert render_lines(g, monkeypatch) == (GOLDEN / golden).read_text()
+
+
+def test_a_bad_spec_is_one_config_error(tmp_path):
+    p = tmp_path / "tables.toml"
+    p.write_text('[[blocks]]\nkind = "pie"\n')
+    with pytest.raises(ConfigError, match="kind: one of"):
+        TableSpec(p)
+    p.write_text('[[blocks]]\ntext = "x"\ncolour = 1\n')
+    with pytest.raises(ConfigError, match="unknown key 'colour'"):
+        TableSpec(p)
