@@ -37,3 +37,16 @@ def test_a_bad_spec_is_one_config_error(tmp_path):
     p.write_text('[[blocks]]\ntext = "x"\ncolour = 1\n')
     with pytest.raises(ConfigError, match="unknown key 'colour'"):
         TableSpec(p)
+
+
+def test_fedmsplit_grid_renders_what_its_run_py_printed(tmp_path, monkeypatch):
+    """benchmarks/fedmsplit as a grid: its tables over fixture runs equal the old run.py's report."""
+    from mmfl.bench import load_spec
+
+    g = fixture_grid(ROOT / "benchmarks/fedmsplit/grid.toml", tmp_path,
+                     keys=["global/personal_accuracy", "global/accuracy", "msplit_self_weight"])
+    assert len(g.runs()) == 140
+    from mmfl.bench.runner import Bench
+
+    lines = load_spec(g.tables).tables(Bench(g))
+    assert "\n".join(lines) + "\n" == (GOLDEN / "fedmsplit-tables.md").read_text()
