@@ -1,4 +1,4 @@
-"""The performance benchmarks as one grid (``grid.toml``): run a profile's cells, each a child
+"""The performance benchmarks as one grid (``cells.toml``): run a profile's cells, each a child
 process of its script, then render benchmarks/results/perf.md from perf.json.
 
     nice -n 10 .venv/bin/python benchmarks/perf/run.py [--profile small|full] [--cells NAME ...]
@@ -34,7 +34,7 @@ from mmfl.bench import md_table, write_report  # noqa: E402
 MARKER = "<!-- analysis -->"
 
 
-def load_grid(path: Path = HERE / "grid.toml") -> dict:
+def load_grid(path: Path = HERE / "cells.toml") -> dict:
     return tomllib.loads(path.read_text())
 
 
@@ -139,7 +139,7 @@ def render(data: dict, note: str) -> list[str]:
                         "flower_sim_ratio")]
     lines = ["# Performance (issues 8 and 28)", "",
              "Regenerate: `nice -n 10 .venv/bin/python benchmarks/perf/run.py` (the cells of "
-             "`benchmarks/perf/grid.toml`, profile `small`; `--profile full` for the issue's sizes). Tables rendered "
+             "`benchmarks/perf/cells.toml`, profile `small`; `--profile full` for the issue's sizes). Tables rendered "
              "from `perf.json` (`benchmarks/perf/run.py --render-only`).", "", note, "",
              "Times are CPU time (user + system of the process and its waited-for children), the cells of a "
              "comparison interleaved (A B, B A, ...), median and quartiles over the repeats; other processes on the "
@@ -170,7 +170,7 @@ def main(argv=None) -> int:
         report, results = a.out / report.name, a.out / results.name
     cells = grid["profiles"].get(a.profile)
     if cells is None:
-        raise SystemExit(f"mmfl: error: no profile {a.profile!r} in grid.toml (have: {', '.join(grid['profiles'])})")
+        raise SystemExit(f"mmfl: error: no profile {a.profile!r} in cells.toml (have: {', '.join(grid['profiles'])})")
     if not a.render_only:
         todo = a.cells or list(cells)
         if unknown := [c for c in todo if c not in cells]:
