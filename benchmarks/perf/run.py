@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -144,7 +145,8 @@ def render(data: dict, note: str) -> list[str]:
              "Times are CPU time (user + system of the process and its waited-for children), the cells of a "
              "comparison interleaved (A B, B A, ...), median and quartiles over the repeats; other processes on the "
              "machine do not inflate it. Memory is peak RSS (`ru_maxrss`), median and range over repeats.", "",
-             *md_table(["perf.json key", "value"], [[k, data.get(k, "—")] for k in head]), ""]
+             *md_table(["perf.json key", "value"], [[k, "— (set by the full sizes only)" if data.get(k) is None
+                                                    else data[k]] for k in head]), ""]
     for sec, r in data.get("details", {}).items():
         kind = next((k for k in sorted(RENDER, key=len, reverse=True) if sec.startswith(k)), None)
         r = _last_run(r)
@@ -178,23 +180,27 @@ def main(argv=None) -> int:
         if not a.cells:
             old = json.loads(results.read_text()) if results.is_file() else {}
             results.write_text(json.dumps({"flower_sim_ratio": old.get("flower_sim_ratio")}, indent=2) + "\n")
-        loads = [os.getloadavg()[0]]
+        loads, failed = [os.getloadavg()[0]], []
         env = {**os.environ, "MMFL_PERF_RESULTS": str(results.parent),
                "MMFL_PERF_OUT": tempfile.mkdtemp(prefix="mmfl-perf-")}
         for c in todo:
             script, args = cells[c]
             cmd = [sys.executable, str(HERE / script), *shlex.split(args)]
             print(f"== {c}: {' '.join(cmd[1:])} (load {os.getloadavg()[0]:.1f})", flush=True)
-            subprocess.run(cmd, cwd=ROOT, check=True, env=env)
+            if subprocess.run(cmd, cwd=ROOT, env=env).returncode:
+                failed.append(c)
+                print(f"mmfl: warning: cell {c} failed (its figures are not in perf.json); the others go on", flush=True)
             loads.append(os.getloadavg()[0])
+        shutil.rmtree(env["MMFL_PERF_OUT"], ignore_errors=True)
         data = json.loads(results.read_text())
-        data["run_note"] = {"profile": a.profile, "loads": loads, "nice": os.nice(0), "cpus": os.cpu_count(),
+        data["run_note"] = {"profile": a.profile, "loads": loads, "failed": failed, "nice": os.nice(0), "cpus": os.cpu_count(),
                             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"}
         results.write_text(json.dumps(data, indent=2) + "\n")
     data = json.loads(results.read_text())
     n = data.get("run_note", {})
     note = (f"Last run: profile `{n.get('profile')}` at nice {n.get('nice')} on {n.get('machine')}, shared with other "
             f"sessions; the 1-minute load average between cells: {', '.join(f'{x:.1f}' for x in n.get('loads', []))}."
+            + (f" Cells that failed: {', '.join(n['failed'])}." if n.get("failed") else "")
             if n else "Run note missing: perf.json predates benchmarks/perf/run.py.")
     write_report(report, render(data, note), keep_below=MARKER)
     print(f"wrote {report}")

@@ -57,6 +57,7 @@ print(json.dumps({"peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_max
 def run_variant(mode: str, a, rep: int) -> dict:
     name = f"stream-{mode}"
     over = workload(name, f"stream_aggregation={mode}", "threads=1", "data.test_limit=1000",
+                    *([f"data.train_limit={a.train_limit}"] if a.train_limit else []),
                     rounds=a.rounds, clients=a.clients, per_round=a.clients, out=a.out)
     model_path = Path(a.out) / f"{name}-model.pt"
     t = time.perf_counter()
@@ -89,6 +90,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--clients", type=int, default=10_000)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--train-limit", type=int, default=0, help="training images in all (0: all 60,000)")
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--no-write", action="store_true", help="do not update benchmarks/results/perf.json")
     a = ap.parse_args(argv)
