@@ -145,8 +145,9 @@ def render(data: dict, note: str) -> list[str]:
              "Times are CPU time (user + system of the process and its waited-for children), the cells of a "
              "comparison interleaved (A B, B A, ...), median and quartiles over the repeats; other processes on the "
              "machine do not inflate it. Memory is peak RSS (`ru_maxrss`), median and range over repeats.", "",
-             *md_table(["perf.json key", "value"], [[k, "— (set by the full sizes only)" if data.get(k) is None
-                                                    else data[k]] for k in head]), ""]
+             *md_table(["perf.json key", "value"], [[k, data[k] if data.get(k) is not None else
+                                                    "— (benchmarks/flower/run.py)" if k == "flower_sim_ratio"
+                                                    else "— (set by the full sizes only)"] for k in head]), ""]
     for sec, r in data.get("details", {}).items():
         kind = next((k for k in sorted(RENDER, key=len, reverse=True) if sec.startswith(k)), None)
         r = _last_run(r)

@@ -19,6 +19,7 @@ Format and examples: docs/benchmarks.md "Table specs"; benchmarks/moon/tables.to
 
 from __future__ import annotations
 
+import statistics
 import string
 from pathlib import Path
 
@@ -31,15 +32,15 @@ from mmfl.errors import ConfigError
 
 BLOCK_KEYS = {"text", "kind", "group", "rows", "extra", "header", "cells", "metric", "row", "pairs", "scale",
               "fail_value", "fail_note", "label_a", "label_b", "base", "exclude", "intro", "methods", "rounds",
-              "columns", "digits", "missing", "when"}
+              "columns", "digits", "missing", "when", "compare"}
 METRIC_KEYS = {"key", "reader", "keep_failed", "agg", "scale", "digits"}
 
 
 class Fields(string.Formatter):
     """``{ns.path}`` fields of a spec's templates: ``config.<group>.<dotted key>`` (the group's first
     run's config), ``params.<key>`` (the grid's ``[params]``), ``grid.seeds`` / ``grid.name``,
-    ``machine`` (:func:`mmfl.sweep.machine`), ``runs.wall_h`` (the finished runs' summed wall time,
-    hours), ``vars.<name>`` (the spec's ``[vars]``) and the block's own names (``label``, ``value``...)."""
+    ``machine`` (:func:`mmfl.sweep.machine`), ``runs.wall_h`` / ``runs.wall_s`` (the finished runs'
+    summed wall time), ``runs.finished`` / ``runs.planned`` (counts), ``vars.<name>`` (the spec's ``[vars]``) and the block's own names (``label``, ``value``...)."""
 
     def __init__(self, b, spec: dict):
         super().__init__()
@@ -67,9 +68,12 @@ class Fields(string.Formatter):
             import mmfl.sweep
 
             return mmfl.sweep.machine()
-        if ns == "runs" and rest == "wall_h":
+        if ns == "runs" and rest in ("wall_h", "wall_s", "finished"):
             done = [r for run in b.runs if (r := b.results.summary(run.name))]
-            return sum(r["wall_time_s"] for r in done) / 3600
+            return {"wall_h": sum(r["wall_time_s"] for r in done) / 3600, "finished": len(done),
+                    "wall_s": sum(r["wall_time_s"] for r in done)}[rest]
+        if ns == "runs" and rest == "planned":
+            return len(b.runs)
         if ns == "vars":
             return self.var(rest)
         raise ConfigError(f"table spec: unknown field {{{name}}}")
@@ -106,7 +110,23 @@ def _aggregate(vals: dict, n_expected: int, m: dict) -> str:
         return seed_cell(vals, scale=m["scale"], digits=m["digits"])
     if m["agg"] == "ms":
         return ms([v for v in vals.values() if v is not None], n_expected, m["digits"], m["scale"])
-    raise ConfigError(f"table spec: metric.agg must be 'seed_cell' or 'ms', got {m['agg']!r}")
+    if m["agg"] == "mean_stdev":  # sample standard deviation (n - 1)
+        v, d = [m["scale"] * x for x in vals.values() if x is not None], m["digits"]
+        return f"{statistics.mean(v):.{d}f} ± {statistics.stdev(v):.{d}f}" if len(v) > 1 else "—"
+    raise ConfigError(f"table spec: metric.agg must be 'seed_cell', 'ms' or 'mean_stdev', got {m['agg']!r}")
+
+
+def _compare(vals: dict, base: dict, m: dict) -> dict:
+    """``{diff}``: the per-seed differences to the base method (x scale) as "mean [min, max]";
+    ``{p}``: their paired t-test (``scipy.stats.ttest_rel``), over the seeds both have."""
+    from scipy.stats import ttest_rel
+
+    seeds = [k for k in vals if k in base and vals[k] is not None and base[k] is not None]
+    if len(seeds) < 2:
+        return {"diff": "—", "p": "—"}
+    d, dg = [m["scale"] * (vals[k] - base[k]) for k in seeds], m["digits"]
+    p = ttest_rel([vals[k] for k in seeds], [base[k] for k in seeds]).pvalue
+    return {"diff": f"{statistics.mean(d):+.{dg}f} [{min(d):+.{dg}f}, {max(d):+.{dg}f}]", "p": f"{p:.3g}"}
 
 
 def _rows(b, block: dict) -> list[tuple[str, str | None]]:
@@ -133,6 +153,8 @@ def cells(b, block: dict, f: Fields) -> list[str]:
         vals = _by_seed(b, g, method, setting, m)
         local = {"key": method, "label": entry.label, "value": _aggregate(vals, len(b.names(g, method, setting)), m),
                  "setting": b.grid.settings(g)[setting].label if setting else "", "info": entry.info or {}, "more": ""}
+        if "compare" in block:
+            local.update(_compare(vals, _by_seed(b, g, block["compare"], setting, m), m))
         local["label"] = f.fill(over.get("label", "{label}"), **local)
         if "more" in over:
             mm = _metric({"metric": over["more"]})
@@ -198,7 +220,20 @@ def round_rows(b, block: dict, f: Fields) -> list[str]:
     return md_table(["method", "round", "accuracy", *[label for _, label in cols]], rows)
 
 
-KINDS = {"cells": cells, "pairs": pairs, "rounds_to_reach": rounds_to_reach, "round_rows": round_rows}
+def per_seed(b, block: dict, f: Fields) -> list[str]:
+    """One row per method, one column per grid seed: the metric x scale (``–`` where missing)."""
+    g, m = block["group"], _metric(block)
+    rows = []
+    for method, setting in _rows(b, block):
+        vals = _by_seed(b, g, method, setting, m)
+        rows.append([b.grid.entry(g, method).label,
+                     *[f"{m['scale'] * vals[s]:.{m['digits']}f}" if vals.get(s) is not None else "–"
+                       for s in b.grid.seeds]])
+    return md_table([f.fill(block.get("header", ["method"])[0]), *[f"seed {s}" for s in b.grid.seeds]], rows)
+
+
+KINDS = {"cells": cells, "pairs": pairs, "rounds_to_reach": rounds_to_reach, "round_rows": round_rows,
+         "per_seed": per_seed}
 
 
 class TableSpec:
