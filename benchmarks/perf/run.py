@@ -192,15 +192,16 @@ def main(argv=None) -> int:
                 failed.append(c)
                 print(f"mmfl: warning: cell {c} failed (its figures are not in perf.json); the others go on", flush=True)
             loads.append(os.getloadavg()[0])
+            data = json.loads(results.read_text())  # after every cell: a stopped run still says what ran
+            data["run_note"] = {"profile": a.profile, "cells": todo[:len(loads) - 1], "loads": loads, "failed": failed,
+                                "nice": os.nice(0), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"}
+            results.write_text(json.dumps(data, indent=2) + "\n")
         shutil.rmtree(env["MMFL_PERF_OUT"], ignore_errors=True)
-        data = json.loads(results.read_text())
-        data["run_note"] = {"profile": a.profile, "loads": loads, "failed": failed, "nice": os.nice(0), "cpus": os.cpu_count(),
-                            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"}
-        results.write_text(json.dumps(data, indent=2) + "\n")
     data = json.loads(results.read_text())
     n = data.get("run_note", {})
-    note = (f"Last run: profile `{n.get('profile')}` at nice {n.get('nice')} on {n.get('machine')}, shared with other "
-            f"sessions; the 1-minute load average between cells: {', '.join(f'{x:.1f}' for x in n.get('loads', []))}."
+    note = (f"Last run: profile `{n.get('profile')}` (cells {', '.join(n.get('cells', []))}) at nice {n.get('nice')} on "
+            f"{n.get('machine')}, shared with other sessions; the 1-minute load average before, between and after "
+            f"the cells: {', '.join(f'{x:.1f}' for x in n.get('loads', []))}."
             + (f" Cells that failed: {', '.join(n['failed'])}." if n.get("failed") else "")
             if n else "Run note missing: perf.json predates benchmarks/perf/run.py.")
     write_report(report, render(data, note), keep_below=MARKER)
