@@ -64,3 +64,22 @@ def test_robust_clean_cost_spec_renders_what_clean_cost_py_wrote(tmp_path, monke
     differ = [i for i, (a, b) in enumerate(zip(old, new)) if a != b]
     assert [old[i].split(" ")[0] for i in differ] == ["Regenerate:", "(40"]
     assert new[differ[-1]].startswith("(40 runs; their round wall times add up to")
+
+
+def test_moon_ladder_spec_renders_and_writes_the_section_the_script_did(tmp_path, monkeypatch):
+    """grid-ladder.toml's spec (a section of another file, between markers) over fixture runs equals
+    tables_ladder.py's output, except the line naming the spec file."""
+    import dataclasses
+
+    from mmfl.bench.runner import Bench, load_spec
+
+    raw = tmp_path / "raw"
+    g = fixture_grid(ROOT / "benchmarks/moon/grid-ladder.toml", raw, keys=MOON_KEYS)
+    target = tmp_path / "moon.md"
+    target.write_text("before\n<!-- ladder -->\nold\n<!-- /ladder -->\nafter\n")
+    g = dataclasses.replace(g, params={**g.params, "section": str(target)})
+    lines = load_spec(g.tables).report(Bench(g))
+    text = "\n".join(lines)
+    golden = (GOLDEN / "moon-ladder.md").read_text().replace("tables_ladder.py", "tables-ladder.toml")
+    assert text.replace(str(raw.resolve()), "RAW") == golden
+    assert target.read_text() == "before\n" + text + "\nafter\n"

@@ -32,13 +32,13 @@ from mmfl.errors import ConfigError
 
 BLOCK_KEYS = {"text", "kind", "group", "rows", "extra", "header", "cells", "metric", "row", "pairs", "scale",
               "fail_value", "fail_note", "label_a", "label_b", "base", "exclude", "intro", "methods", "rounds",
-              "columns", "digits", "missing", "when", "compare"}
+              "columns", "digits", "missing", "when", "compare", "per_setting", "setting_head", "diff"}
 METRIC_KEYS = {"key", "reader", "keep_failed", "agg", "scale", "digits"}
 
 
 class Fields(string.Formatter):
-    """``{ns.path}`` fields of a spec's templates: ``config.<group>.<dotted key>`` (the group's first
-    run's config), ``params.<key>`` (the grid's ``[params]``), ``grid.seeds`` / ``grid.name``,
+    """``{ns.path}`` fields of a spec's templates: ``config.<group>.<dotted key>`` (the config of the
+    group's first run: first method, setting and seed), ``params.<key>`` (the grid's ``[params]``), ``grid.seeds`` / ``grid.name``,
     ``machine`` (:func:`mmfl.sweep.machine`), ``runs.wall_h`` / ``runs.wall_s`` (the finished runs'
     summed wall time), ``runs.finished`` / ``runs.planned`` (counts), ``vars.<name>`` (the spec's ``[vars]``) and the block's own names (``label``, ``value``...)."""
 
@@ -59,11 +59,14 @@ class Fields(string.Formatter):
         b = self.b
         if ns == "config":
             group, _, key = rest.partition(".")
-            return dotted_get(b.config(group), key) if key else b.config(group)
+            cfg = b.config(group, None, next(iter(b.grid.settings(group))))  # its first run's config
+            return dotted_get(cfg, key) if key else cfg
         if ns == "params":
             return dotted_get(b.params, rest)
         if ns == "grid":
-            return {"seeds": b.grid.seeds, "name": b.grid.name}[rest]
+            raw = b.grid.raw_dir
+            shown = raw.relative_to(b.grid.root) if raw.is_relative_to(b.grid.root) else raw
+            return {"seeds": b.grid.seeds, "name": b.grid.name, "raw_dir": str(shown)}[rest]
         if ns == "machine":
             import mmfl.sweep
 
@@ -85,12 +88,32 @@ class Fields(string.Formatter):
             v = self.spec.get("vars", {}).get(name)
             if v is None:
                 raise ConfigError(f"table spec: no [vars.{name}]")
-            val = self.lookup(v["value"])
-            self._vars[name] = self.fill(v["if_false"] if not val else v.get("else", "{value}"), value=val)
+            if "expr" in v:  # arithmetic over fields: "{config.g.data.train_limit} // {config.g.partition.num_clients}"
+                self._vars[name] = _arith(self.fill(v["expr"]))
+            else:
+                val = self.lookup(v["value"])
+                self._vars[name] = self.fill(v["if_false"] if not val else v.get("else", "{value}"), value=val)
         return self._vars[name]
 
     def fill(self, template: str, **local) -> str:
         return self.vformat(template, (), local)
+
+
+def _arith(text: str):
+    """The value of ``text``, numbers joined by + - * / // and parentheses (nothing else)."""
+    import ast
+    import operator
+
+    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv}
+
+    def ev(n):
+        if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)):
+            return n.value
+        if isinstance(n, ast.BinOp) and type(n.op) in ops:
+            return ops[type(n.op)](ev(n.left), ev(n.right))
+        raise ConfigError(f"table spec: vars.expr: only numbers and + - * / // in {text!r}")
+    return ev(ast.parse(text, mode="eval").body)
 
 
 def _metric(block: dict) -> dict:
@@ -175,11 +198,14 @@ def _pair_side(b, g: str, side, setting: str | None, template: str, f: Fields) -
 def pairs(b, block: dict, f: Fields) -> list[str]:
     g, m = block["group"], _metric(block)
     out = list(PAIR_HEAD)
-    for p in block["pairs"]:
+    every = list(b.grid.settings(g)) if block.get("per_setting") else [None]
+    for setting, p in ((s, p) for s in every for p in block["pairs"]):
         a, c = (p["a"], p["b"]) if isinstance(p, dict) else (p[0], p[1])
-        setting = p.get("setting") if isinstance(p, dict) else (p[2] if len(p) > 2 else None)
+        setting = setting or (p.get("setting") if isinstance(p, dict) else (p[2] if len(p) > 2 else None))
         ma, sa, la = _pair_side(b, g, a, setting, block.get("label_a", "{label}"), f)
         mb, sb, lb = _pair_side(b, g, c, setting, block.get("label_b", "{label}"), f)
+        if block.get("per_setting") and not (b.names(g, ma, sa) and b.names(g, mb, sb)):
+            continue  # a method not planned in this setting
         out.append(pair_row(la, lb, _by_seed(b, g, ma, sa, m), _by_seed(b, g, mb, sb, m), scale=m["scale"],
                             fail_value=block.get("fail_value"), fail_note=block.get("fail_note", "")))
     return out
@@ -206,18 +232,66 @@ def rounds_to_reach(b, block: dict, f: Fields) -> list[str]:
 
 
 def round_rows(b, block: dict, f: Fields) -> list[str]:
-    """Per method and round: the mean over finished seeds of the accuracy and of each column's key."""
-    g, cols, digits = block["group"], block["columns"], block.get("digits", 3)
-    rounds = f.lookup(block["rounds"]) if isinstance(block["rounds"], str) else block["rounds"]
+    """Per (setting,) method and round: the mean over finished seeds of the accuracy and of each
+    column's key; ``rounds``: a list (``"last"``: the shortest run's last round) or a field;
+    ``diff = [key_a, key_b, label]``: a last column, the mean of key_a − key_b (signed)."""
+    g, cols, digits, diff = block["group"], block["columns"], block.get("digits", 3), block.get("diff")
+    want = f.lookup(block["rounds"]) if isinstance(block["rounds"], str) else block["rounds"]
+    per = block.get("per_setting")
     rows = []
-    for method in block["methods"]:
-        runs = [b.results.rows(n) for n in b.names(g, method).values() if b.results.finished(n)]
-        for rnd in rounds if runs else []:
-            at = [r[rnd - 1] for r in runs if len(r) >= rnd]
-            vals = [[row[k] for row in at if k in row] for k, _ in cols]
-            rows.append([b.methods(g)[method].label, rnd, f"{100 * np.mean([row['accuracy'] for row in at]):.1f}",
-                         *[f"{np.mean(v):.{digits}f}" if v else "–" for v in vals]])
-    return md_table(["method", "round", "accuracy", *[label for _, label in cols]], rows)
+    for setting in (b.grid.settings(g) if per else [None]):
+        for method in block["methods"]:
+            runs = [b.results.rows(n) for n in b.names(g, method, setting).values() if b.results.finished(n)]
+            if not runs:
+                continue
+            rounds = sorted({min(len(r) for r in runs) if x == "last" else x for x in want}) if "last" in want else want
+            for rnd in rounds:
+                at = [r[rnd - 1] for r in runs if len(r) >= rnd]
+                vals = [[row[k] for row in at if k in row] for k, _ in cols]
+                row = [b.methods(g)[method].label, str(rnd) if per else rnd,
+                       f"{100 * np.mean([row['accuracy'] for row in at]):.1f}",
+                       *[f"{np.mean(v):.{digits}f}" if v else "–" for v in vals]]
+                if diff:
+                    d = [x[diff[0]] - x[diff[1]] for x in at if diff[1] in x]
+                    row.append(f"{np.mean(d):+.{digits}f}" if d else "–")
+                rows.append(([b.grid.settings(g)[setting].label] if per else []) + row)
+    head = ([block.get("setting_head", "setting")] if per else []) + ["method", "round", "accuracy",
+                                                                      *[label for _, label in cols]]
+    return md_table(head + ([diff[2]] if diff else []), rows)
+
+
+def matrix(b, block: dict, f: Fields) -> list[str]:
+    """One row per setting, one column per method: the metric aggregated over seeds (``(not run)``
+    where the method is not planned in the setting)."""
+    g, m = block["group"], _metric(block)
+    rows = [[e.label, *[_aggregate(_by_seed(b, g, mk, sk, m), len(b.names(g, mk, sk)), m)
+                        if b.names(g, mk, sk) else "(not run)" for mk in b.methods(g)]]
+            for sk, e in b.grid.settings(g).items()]
+    return md_table([f.fill(block.get("setting_head", "setting")), *[e.label for e in b.methods(g).values()]], rows)
+
+
+def rounds_per_setting(b, block: dict, f: Fields) -> list[str]:
+    """Per setting and method: rounds to reach ``base``'s mean final value at the same setting, on
+    the mean curve and per seed, and the mean curve."""
+    from mmfl.report import rounds_to_reach as reach
+
+    g, base, key = block["group"], block["base"], _metric(block)["key"]
+    rows = []
+    for sk, s in b.grid.settings(g).items():
+        curve = b.results.mean_curve(b.names(g, base, sk), key)
+        if not curve:
+            continue
+        t = curve[-1][key]
+        for mk, e in b.methods(g).items():
+            names = b.names(g, mk, sk)
+            c = b.results.mean_curve(names, key)
+            if not c:
+                continue
+            per = [reach([x for x in b.results.rows(n) if key in x], t) for n in names.values() if b.results.finished(n)]
+            rows.append([f"{s.label} (target {100 * t:.1f})", e.label, reach(c, t) or "–",
+                         ", ".join("–" if p is None else str(p) for p in per),
+                         ", ".join(f"{100 * x[key]:.1f}" for x in c)])
+    return md_table([f.fill(h) for h in block["header"]], rows)
 
 
 def per_seed(b, block: dict, f: Fields) -> list[str]:
@@ -233,7 +307,7 @@ def per_seed(b, block: dict, f: Fields) -> list[str]:
 
 
 KINDS = {"cells": cells, "pairs": pairs, "rounds_to_reach": rounds_to_reach, "round_rows": round_rows,
-         "per_seed": per_seed}
+         "per_seed": per_seed, "matrix": matrix, "rounds_per_setting": rounds_per_setting}
 
 
 class TableSpec:
@@ -262,4 +336,22 @@ class TableSpec:
                 continue
             lines = KINDS[bl["kind"]](b, bl, f) if "kind" in bl else f.fill(bl["text"]).split("\n")
             out += [*lines, ""]
+        sec = self.spec.get("section")
+        if sec:  # the report is a section of another file, between two marker lines
+            out = [sec["begin"], *out, sec["end"]]
+            if target := f.lookup(sec["file"]):
+                write_section(Path(b.grid.root) / target, out, sec["begin"], sec["end"])
         return out
+
+
+def write_section(path: Path, lines: list[str], begin: str, end: str) -> None:
+    """Replace the text between ``begin`` and ``end`` in ``path`` by ``lines`` (markers included);
+    append it when the file has no markers yet."""
+    old = path.read_text() if path.is_file() else ""
+    text = "\n".join(lines)
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        new = head + text + rest.split(end, 1)[1]
+    else:
+        new = old.rstrip("\n") + "\n\n" + text + "\n"
+    path.write_text(new)
