@@ -12,7 +12,11 @@ A spec is a list of ``[[blocks]]``, each rendered to lines followed by one empty
 - ``kind = "pairs"``: paired differences a − b over seeds (bootstrap CI, ``scipy.stats.ttest_rel``;
   :func:`mmfl.bench.render.pair_row`), a claim made only from 5 paired seeds;
 - ``kind = "rounds_to_reach"``: rounds each method's mean curve needs to reach ``base``'s final value;
-- ``kind = "round_rows"``: per method and chosen round, the mean over seeds of metric keys of that row.
+- ``kind = "round_rows"``: per method and chosen round, the mean over seeds of metric keys of that row;
+- ``kind = "matrix"`` (settings x methods), ``"per_seed"`` (a column per seed), ``"rounds_per_setting"``.
+
+``[section]`` (``file``, ``begin``, ``end``) makes the report a section of another file, written
+between two marker lines. The kinds live in :mod:`mmfl.bench.spec_kinds`.
 
 Format and examples: docs/benchmarks.md "Table specs"; benchmarks/moon/tables.toml.
 """
