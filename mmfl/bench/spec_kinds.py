@@ -4,11 +4,15 @@ from the finished runs (``b``: :class:`mmfl.bench.Bench`) and the spec's fields 
 from __future__ import annotations
 
 import statistics
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mmfl.bench.render import PAIR_HEAD, md_table, ms, pair_row, seed_cell
 from mmfl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mmfl.bench.spec import Fields
 
 METRIC_KEYS = {"key", "reader", "keep_failed", "agg", "scale", "digits"}
 
