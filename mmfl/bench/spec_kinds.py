@@ -1,18 +1,15 @@
 """The block kinds of a TOML table spec (:mod:`mmfl.bench.spec`): each renders a block's lines
-from the finished runs (``b``: :class:`mmfl.bench.Bench`) and the spec's fields (``f``)."""
+from the finished runs (``b``: :class:`mmfl.bench.Bench`) and the spec's fields (``f``: a
+:class:`mmfl.bench.spec.Fields`, not imported here: spec imports this module)."""
 
 from __future__ import annotations
 
 import statistics
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mmfl.bench.render import PAIR_HEAD, md_table, ms, pair_row, seed_cell
 from mmfl.errors import ConfigError
-
-if TYPE_CHECKING:
-    from mmfl.bench.spec import Fields
 
 METRIC_KEYS = {"key", "reader", "keep_failed", "agg", "scale", "digits"}
 
@@ -68,7 +65,7 @@ def _rows(b, block: dict) -> list[tuple[str, str | None]]:
     return out + [(e, None) for e in block.get("extra", [])]
 
 
-def cells(b, block: dict, f: Fields) -> list[str]:
+def cells(b, block: dict, f) -> list[str]:
     g, m = block["group"], _metric(block)
     body = []
     for method, setting in _rows(b, block):
@@ -88,7 +85,7 @@ def cells(b, block: dict, f: Fields) -> list[str]:
     return md_table([f.fill(h) for h in block["header"]], body)
 
 
-def _pair_side(b, g: str, side, setting: str | None, template: str, f: Fields) -> tuple[str, str | None, str]:
+def _pair_side(b, g: str, side, setting: str | None, template: str, f) -> tuple[str, str | None, str]:
     method, label = (side.get("method"), side.get("label")) if isinstance(side, dict) else (side, None)
     s = side.get("setting", setting) if isinstance(side, dict) else setting
     local = {"key": method, "label": b.grid.entry(g, method).label,
@@ -96,7 +93,7 @@ def _pair_side(b, g: str, side, setting: str | None, template: str, f: Fields) -
     return method, s, label if label is not None else f.fill(template, **local)
 
 
-def pairs(b, block: dict, f: Fields) -> list[str]:
+def pairs(b, block: dict, f) -> list[str]:
     g, m = block["group"], _metric(block)
     out = list(PAIR_HEAD)
     every = list(b.grid.settings(g)) if block.get("per_setting") else [None]
@@ -112,7 +109,7 @@ def pairs(b, block: dict, f: Fields) -> list[str]:
     return out
 
 
-def rounds_to_reach(b, block: dict, f: Fields) -> list[str]:
+def rounds_to_reach(b, block: dict, f) -> list[str]:
     from mmfl.report import rounds_to_reach as reach
 
     g, base, key = block["group"], block["base"], _metric(block)["key"]
@@ -132,7 +129,7 @@ def rounds_to_reach(b, block: dict, f: Fields) -> list[str]:
             *md_table([f.fill(h) for h in block["header"]], rows)]
 
 
-def round_rows(b, block: dict, f: Fields) -> list[str]:
+def round_rows(b, block: dict, f) -> list[str]:
     """Per (setting,) method and round: the mean over finished seeds of the accuracy and of each
     column's key; ``rounds``: a list (``"last"``: the shortest run's last round) or a field;
     ``diff = [key_a, key_b, label]``: a last column, the mean of key_a − key_b (signed)."""
@@ -161,7 +158,7 @@ def round_rows(b, block: dict, f: Fields) -> list[str]:
     return md_table(head + ([diff[2]] if diff else []), rows)
 
 
-def matrix(b, block: dict, f: Fields) -> list[str]:
+def matrix(b, block: dict, f) -> list[str]:
     """One row per setting, one column per method: the metric aggregated over seeds (``(not run)``
     where the method is not planned in the setting)."""
     g, m = block["group"], _metric(block)
@@ -171,7 +168,7 @@ def matrix(b, block: dict, f: Fields) -> list[str]:
     return md_table([f.fill(block.get("setting_head", "setting")), *[e.label for e in b.methods(g).values()]], rows)
 
 
-def rounds_per_setting(b, block: dict, f: Fields) -> list[str]:
+def rounds_per_setting(b, block: dict, f) -> list[str]:
     """Per setting and method: rounds to reach ``base``'s mean final value at the same setting, on
     the mean curve and per seed, and the mean curve."""
     from mmfl.report import rounds_to_reach as reach
@@ -195,7 +192,7 @@ def rounds_per_setting(b, block: dict, f: Fields) -> list[str]:
     return md_table([f.fill(h) for h in block["header"]], rows)
 
 
-def per_seed(b, block: dict, f: Fields) -> list[str]:
+def per_seed(b, block: dict, f) -> list[str]:
     """One row per method, one column per grid seed: the metric x scale (``–`` where missing)."""
     g, m = block["group"], _metric(block)
     rows = []
