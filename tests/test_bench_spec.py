@@ -83,3 +83,25 @@ def test_moon_ladder_spec_renders_and_writes_the_section_the_script_did(tmp_path
     golden = (GOLDEN / "moon-ladder.md").read_text().replace("tables_ladder.py", "tables-ladder.toml")
     assert text.replace(str(raw.resolve()), "RAW") == golden
     assert target.read_text() == "before\n" + text + "\nafter\n"
+
+
+def test_fedcmi_rung_grid_plans_table_1s_configs_with_more_rounds():
+    from mmfl.bench import load_grid
+
+    rung, t1 = (load_grid(ROOT / "benchmarks/fedcmi" / f) for f in ("grid-rung.toml", "grid.toml"))
+    base = {r.name: r.raw for r in t1.runs(["t1"])}
+    for r in rung.runs():
+        rounds = int(r.setting)
+        assert r.raw == dict(base[f"t1-mf-A-{r.method}-s{r.seed}"], rounds=rounds, eval_every=rounds)
+
+
+@pytest.mark.parametrize("golden,skip", [("fedcmi_rung.md", 10**9), ("fedcmi_rung-missing.md", 4)])
+def test_fedcmi_rung_spec_renders_what_rung_py_wrote(golden, skip, tmp_path, monkeypatch):
+    """tables-rung.toml over fixture runs (all finished; two missing) equals rung.py's report but
+    for the command line (now ``mmfl bench``)."""
+    g = fixture_grid(ROOT / "benchmarks/fedcmi/grid-rung.toml", tmp_path, keys=["accuracy/features"],
+                     skip_every=skip, fail=0)
+    old = (GOLDEN / golden).read_text().replace(
+        "nice -n 19 .venv/bin/python benchmarks/fedcmi/rung.py --rounds 20",
+        "nice -n 19 .venv/bin/mmfl bench benchmarks/fedcmi/grid-rung.toml")
+    assert render_lines(g, monkeypatch) == old

@@ -204,5 +204,37 @@ def per_seed(b, block: dict, f) -> list[str]:
     return md_table([f.fill(block.get("header", ["method"])[0]), *[f"seed {s}" for s in b.grid.seeds]], rows)
 
 
+def paired_rows(b, block: dict, f) -> list[str]:
+    """Per setting and metric (``metrics = [[key, label], ...]``): method ``b``'s and ``a``'s mean ± std
+    over the seeds both finished, the paired difference a − b (x scale), its 95% bootstrap CI, the
+    paired t-test's p, the number of seeds and the verdict (:func:`mmfl.sweep.paired_verdict`; made only
+    from ``min_seeds``); ``per_seed = key``: a row of that metric's per-seed differences after it."""
+    from mmfl.sweep import paired_verdict
+
+    g, ma, mb, m = block["group"], block["a"], block["b"], _metric(block)
+    sc, dg, n_min = m["scale"], m["digits"], block.get("min_seeds", 5)
+
+    def cell(v):
+        return f"{sc * np.mean(v):.{dg}f} ± {sc * np.std(v):.{dg}f}" if v else "—"
+    rows = []
+    for sk, s in b.grid.settings(g).items():
+        for key, what in block["metrics"]:
+            va, vb = (_by_seed(b, g, x, sk, {**m, "key": key}) for x in (ma, mb))
+            seeds = [k for k in b.grid.seeds if va.get(k) is not None and vb.get(k) is not None]
+            if not seeds:
+                rows.append([f"{s.label}: {what}", "—", "—", "not run here", "", "", 0, ""])
+                continue
+            a, c = [va[k] for k in seeds], [vb[k] for k in seeds]
+            v = paired_verdict(a, c, sc)
+            word = v["text"].split(" (")[0] if len(seeds) >= n_min else f"not claimed ({len(seeds)} seeds)"
+            rows.append([f"{s.label}: {what}", cell(c), cell(a), f"{v['delta']:+.{dg}f}",
+                         f"[{v['lo']:+.{dg}f}, {v['hi']:+.{dg}f}]", f"{v['p']:.3g}", len(seeds), word])
+            if key == block.get("per_seed"):
+                rows.append([f"{s.label}: {f.fill(block['per_seed_label'])}", "", "",
+                             ", ".join(f"s{k} {sc * (x - y):+.{dg}f}" for k, x, y in zip(seeds, a, c)), "", "", "", ""])
+    head = md_table([f.fill(h) for h in block["header"]], [])
+    return head + ["|" + "".join(f" {c} |" if c != "" else " |" for c in r) for r in rows]  # empty cells: "| |"
+
+
 KINDS = {"cells": cells, "pairs": pairs, "rounds_to_reach": rounds_to_reach, "round_rows": round_rows,
-         "per_seed": per_seed, "matrix": matrix, "rounds_per_setting": rounds_per_setting}
+         "per_seed": per_seed, "matrix": matrix, "rounds_per_setting": rounds_per_setting, "paired_rows": paired_rows}
