@@ -105,3 +105,17 @@ def test_fedcmi_rung_spec_renders_what_rung_py_wrote(golden, skip, tmp_path, mon
         "nice -n 19 .venv/bin/python benchmarks/fedcmi/rung.py --rounds 20",
         "nice -n 19 .venv/bin/mmfl bench benchmarks/fedcmi/grid-rung.toml")
     assert render_lines(g, monkeypatch) == old
+
+
+def test_a_bad_spec_through_mmfl_bench_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "tables.toml").write_text('[[blocks]]\nkind = "cells"\ngroup = "g"\nheader = ["m"]\ncells = ["{nope}"]\n')
+    (tmp_path / "grid.toml").write_text(
+        'name = "x"\nraw_dir = "raw"\nreport = "out.md"\ntables = "tables.toml"\nseeds = [0]\n'
+        '[groups.g]\n[groups.g.methods]\na = { set = { rounds = 1 } }\n')
+    out = subprocess.run([sys.executable, "-m", "mmfl.cli", "bench", str(tmp_path / "grid.toml"), "--tables-only"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == ["mmfl: error: table spec: unknown field {nope}"]
