@@ -1,4 +1,4 @@
-"""The MOON ladder (benchmarks/moon/grid-ladder.toml + tables_ladder.py): the grid plans the
+"""The MOON ladder (benchmarks/moon/grid-ladder.toml + tables-ladder.toml, rendered by mmfl/bench/spec.py): the grid plans the
 rungs the issue names with valid configs, and the table spec pairs MOON with FedAvg per rung
 and writes its section into the report between its markers (replaced, not appended, on a rebuild)."""
 

@@ -18,15 +18,17 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from timing import cpu_clock, spread
+from timing import Sample, cpu_clock, interleave, spread
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE.parent / "results"
+OUT = os.environ.get("MMFL_PERF_OUT", "/tmp/mmfl-perf")  # run folders (run.py: a fresh folder)
+RESULTS = Path(os.environ.get("MMFL_PERF_RESULTS") or HERE.parent / "results")  # perf.json's folder (run.py --out)
 
 
 def workload(name: str, *extra: str, rounds: int = 5, clients: int = 100, per_round: int = 10,
-             partition: str = "iid", algorithm: str = "fedavg", out: str = "/tmp/mmfl-perf") -> list[str]:
-    """``--set`` overrides of the issue's workload."""
+             partition: str = "iid", algorithm: str = "fedavg", out: str | None = None) -> list[str]:
+    """``--set`` overrides of the issue's workload (runs under ``out``, default :data:`OUT`)."""
+    out = out or OUT
     return ["data.name=fashion_mnist", f"partition.name={partition}", f"partition.num_clients={clients}",
             f"clients_per_round={per_round}", "model.name=simple_cnn", f"algorithm.name={algorithm}",
             "train.optimizer=\"sgd\"", "train.local_epochs=1", "train.batch_size=64", "train.lr=0.01", "train.momentum=0.9",
@@ -105,18 +107,16 @@ class Timer:
 
 
 def interleaved(variants: dict[str, Callable[[], None]], repeats: int) -> dict[str, list[tuple[float, float]]]:
-    """Run every variant ``repeats`` times, alternating the order each repeat; (wall, cpu) per run."""
-    names = list(variants)
-    out: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
-    for r in range(repeats):
-        for n in (names if r % 2 == 0 else names[::-1]):
-            with Timer() as t:
-                inner = variants[n]()
-            if isinstance(inner, Timer):  # the variant timed its own core (setup excluded)
-                t = inner
-            out[n].append((t.wall, t.cpu))
-            print(f"  repeat {r + 1}: {n:>10s} wall {t.wall:7.2f} s  cpu {t.cpu:7.2f} s", flush=True)
-    return out
+    """:func:`timing.interleave` (no warm-up: the callers warm up themselves) of ``variants``;
+    (wall, cpu) per run. A variant returning a :class:`Timer` timed its own core."""
+    def cell(f):
+        def run():
+            out = f()
+            return Sample(out.cpu, out.wall) if isinstance(out, Timer) else out
+        return run
+    res = interleave({n: cell(f) for n, f in variants.items()}, repeats, warmup=0,
+                     log=lambda m: print(m, flush=True))
+    return {n: [(s.wall, s.cpu) for s in ss] for n, ss in res.samples.items()}
 
 
 def summary(times: list[tuple[float, float]]) -> dict:

@@ -1,6 +1,9 @@
 """Fixed costs of short runs, sweeps and Flower client processes (issue 17, item 6), before and
 after, measured in one run of this script, each timing in a fresh subprocess (warm file caches:
-every variant runs once untimed first). Ratios are before / after of the medians.
+every variant runs once untimed first). Every figure is CPU time (the child process's user +
+system time, ``benchmarks/perf/timing.py``), the variants interleaved over ``--repeats``; cells
+show the median (q1–q3), ratios are before / after of the medians, and the load average is
+recorded at start and end.
 
 1. the first optimizer of a process: ``torch.optim.SGD`` (imports ``torch._dynamo``) vs
    ``mmfl.core.optim.SGD`` (the same class without the import);
@@ -17,12 +20,15 @@ every variant runs once untimed first). Ratios are before / after of the medians
 from __future__ import annotations
 
 import argparse
-import statistics
+import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import Sample, cpu_clock, fmt_spread, interleave, spread  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULT = ROOT / "benchmarks" / "results" / "fixed_costs.md"
@@ -32,9 +38,9 @@ FIRST_OPT = """
 import time, torch
 torch.set_num_threads(1)
 p = torch.nn.Parameter(torch.zeros(3))
-t = time.perf_counter()
+t = time.process_time()
 {ctor}
-print(time.perf_counter() - t)
+print(time.process_time() - t)
 """
 
 RUN = """
@@ -51,28 +57,27 @@ if {before}:
 CONFIGS = [("demo.toml", 1), ("fedcmi.toml", 1), ("partialfl_digits.toml", 1), ("wireless_digits.toml", 1)]
 
 
-def timed(code: str) -> float:
-    """Wall seconds of ``python -c code`` (interpreter start to exit)."""
-    t = time.perf_counter()
+def timed(code: str) -> None:
+    """Run ``python -c code`` (interpreter start to exit); :func:`timing.measure` reads its CPU
+    time from the waited-for child's rusage."""
     out = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(out.stderr)
-    return time.perf_counter() - t
 
 
-def printed(code: str) -> float:
+def printed(code: str) -> Sample:
+    """The CPU seconds the child printed (its own timing of one statement)."""
+    t = time.perf_counter()
     out = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    return Sample(float(out.stdout.strip().splitlines()[-1]), time.perf_counter() - t)
 
 
-def medians(variants: dict, repeats: int, fn) -> dict[str, float]:
-    for code in variants.values():  # warm the file caches, untimed
-        fn(code)
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    for _ in range(repeats):  # interleaved: drift of the shared machine hits both sides
-        for k, code in variants.items():
-            times[k].append(fn(code))
-    return {k: statistics.median(v) for k, v in times.items()}
+def spreads(variants: dict, repeats: int, fn, log: list) -> dict[str, dict]:
+    """CPU-time :func:`timing.spread` per variant: one untimed warm-up each (file caches), then
+    ``repeats`` interleaved rounds; the load average around them goes to ``log``."""
+    res = interleave({k: (lambda c=code: fn(c)) for k, code in variants.items()}, repeats, warmup=1, log=None)
+    log.append((res.load_start, res.load_end))
+    return {k: res.cpu(k) for k in variants}
 
 
 def run_code(config: str, rounds: int, out: str, before: bool, *extra: str) -> str:
@@ -106,11 +111,11 @@ def store_costs(kind: str, state: dict, clients: int, per_round: int, rounds: in
         for cid in range(rnd * per_round, (rnd + 1) * per_round):
             store.save(cid % clients, state)
         if (rnd + 1) % every == 0 or rnd + 1 == rounds:
-            t = time.perf_counter()
+            t = cpu_clock()
             checkpoint.save(root / "ckpt", rnd + 1, {"w": torch.zeros(1)}, store.write_checkpoint,
                             {"round": rnd + 1})
             store.commit()
-            spent += time.perf_counter() - t
+            spent += cpu_clock() - t
     if kind == "disk":
         store.close()
     return spent
@@ -124,35 +129,41 @@ def main() -> None:
     args = ap.parse_args()
     lines = ["# Fixed costs (issue 17, item 6)", "",
              "Command: `nice -n 10 .venv/bin/python benchmarks/perf/fixed_costs.py --repeats "
-             f"{args.repeats} --write` (2-core shared CPU, 1 thread, medians of {args.repeats} interleaved "
-             "fresh processes after one untimed warm-up each).", ""]
+             f"{args.repeats} --write` (2-core shared CPU, 1 thread). CPU time (user + system of each fresh "
+             f"process), median (q1–q3) of {args.repeats} interleaved repeats after one untimed warm-up each; "
+             f"load average at the start: {os.getloadavg()[0]:.1f}.", ""]
+    loads: list = []
 
     if 1 in args.sections:
-        first = medians({"torch.optim.SGD": FIRST_OPT.format(ctor="torch.optim.SGD([p], lr=0.1)"),
+        first = spreads({"torch.optim.SGD": FIRST_OPT.format(ctor="torch.optim.SGD([p], lr=0.1)"),
                          "mmfl.core.optim.SGD": FIRST_OPT.format(
-                             ctor="import mmfl.core.optim as o; o.SGD([p], lr=0.1)")}, args.repeats, printed)
+                             ctor="import mmfl.core.optim as o; o.SGD([p], lr=0.1)")}, args.repeats, printed, loads)
+        med = {k: v["median"] for k, v in first.items()}
         lines += ["## 1. The first optimizer of a process", "",
-                  "| constructor | seconds | ratio |", "|---|---|---|",
-                  f"| `torch.optim.SGD` (imports torch._dynamo) | {first['torch.optim.SGD']:.3f} | "
-                  f"{first['torch.optim.SGD'] / first['mmfl.core.optim.SGD']:.0f}x |",
-                  f"| `mmfl.core.optim.SGD` | {first['mmfl.core.optim.SGD']:.3f} | 1 |", ""]
+                  "| constructor | CPU seconds | ratio |", "|---|---|---|",
+                  f"| `torch.optim.SGD` (imports torch._dynamo) | {fmt_spread(first['torch.optim.SGD'], 3)} | "
+                  f"{med['torch.optim.SGD'] / med['mmfl.core.optim.SGD']:.0f}x |",
+                  f"| `mmfl.core.optim.SGD` | {fmt_spread(first['mmfl.core.optim.SGD'], 3)} | 1 |", ""]
         print("\n".join(lines), flush=True)
 
     with tempfile.TemporaryDirectory(prefix="mmfl-fixed-") as tmp:
         out = ["## 2. Packaged configs, one short run per process", "",
                "before = torch.optim's classes + accuracy.png drawn at the end; after = defaults.", "",
-               "| config | rounds | before (s) | after (s) | saved (s) | before / after |", "|---|---|---|---|---|---|"]
+               "| config | rounds | before (CPU s) | after (CPU s) | saved (s) | before / after |", "|---|---|---|---|---|---|"]
         for config, rounds in CONFIGS if 2 in args.sections else []:
-            m = medians({b: run_code(config, rounds, tmp, b) for b in (True, False)}, args.repeats, timed)
-            out.append(f"| {config} | {rounds} | {m[True]:.2f} | {m[False]:.2f} | {m[True] - m[False]:.2f} | "
-                       f"{m[True] / m[False]:.2f} |")
+            sp = spreads({b: run_code(config, rounds, tmp, b) for b in (True, False)}, args.repeats, timed, loads)
+            m = {k: v["median"] for k, v in sp.items()}
+            out.append(f"| {config} | {rounds} | {fmt_spread(sp[True])} | {fmt_spread(sp[False])} | "
+                       f"{m[True] - m[False]:.2f} | {m[True] / m[False]:.2f} |")
             print(out[-1], flush=True)
         lines += out + [""] if 2 in args.sections else []
 
-        m = {} if 3 not in args.sections else medians({e: run_code("fedcmi.toml", 5, tmp, False, f"eval_every={e}") for e in (1, 5)}, 1, timed)
+        sp = {} if 3 not in args.sections else spreads(
+            {e: run_code("fedcmi.toml", 5, tmp, False, f"eval_every={e}") for e in (1, 5)}, args.repeats, timed, loads)
+        m = {k: v["median"] for k, v in sp.items()}
         lines += [] if not m else ["## 3. FedCMI's packaged config, 5 rounds", "",
-                  "| eval_every | seconds | ratio |", "|---|---|---|",
-                  f"| 1 (before) | {m[1]:.2f} | {m[1] / m[5]:.2f} |", f"| 5 (now) | {m[5]:.2f} | 1 |", ""]
+                  "| eval_every | CPU seconds | ratio |", "|---|---|---|",
+                  f"| 1 (before) | {fmt_spread(sp[1])} | {m[1] / m[5]:.2f} |", f"| 5 (now) | {fmt_spread(sp[5])} | 1 |", ""]
         print("\n".join(lines[-6:]) if m else "", flush=True)
 
     if 4 in args.sections:
@@ -163,18 +174,20 @@ def main() -> None:
                   "commit over the run. The memory store writes every client's state into each checkpoint; "
                   "the disk store only the changes since the last one (with 2,000 clients each changes once; with 400, "
                   "each about 5 times).", "",
-                  "| store | clients | per round | checkpoint_every = 1 (s) | = 5 (s) | ratio |", "|---|---|---|---|---|---|"]
+                  "| store | clients | per round | checkpoint_every = 1 (CPU s) | = 5 (CPU s) | ratio |", "|---|---|---|---|---|---|"]
         for kind, clients, per_round in (("memory", 400, 40), ("disk", 2000, 200), ("disk", 400, 200)):
-            costs = {}
-            for every in (1, 5):
-                with tempfile.TemporaryDirectory(prefix="mmfl-fixed-") as tmp:
-                    costs[every] = statistics.median(
-                        store_costs(kind, state, clients, per_round, 10, every, Path(tempfile.mkdtemp(dir=tmp)))
-                        for _ in range(args.repeats))
-            lines.append(f"| {kind} | {clients} | {per_round} | {costs[1]:.2f} | {costs[5]:.2f} | "
-                         f"{costs[1] / costs[5]:.2f} |")
+            costs = {every: [] for every in (1, 5)}
+            for r in range(args.repeats):  # interleaved: 1 5, 5 1, ...
+                for every in ((1, 5) if r % 2 == 0 else (5, 1)):
+                    with tempfile.TemporaryDirectory(prefix="mmfl-fixed-") as tmp:
+                        costs[every].append(store_costs(kind, state, clients, per_round, 10, every, Path(tmp)))
+            sp = {e: spread(v) for e, v in costs.items()}
+            lines.append(f"| {kind} | {clients} | {per_round} | {fmt_spread(sp[1])} | {fmt_spread(sp[5])} | "
+                         f"{sp[1]['median'] / sp[5]['median']:.2f} |")
             print(lines[-1], flush=True)
         lines.append("")
+    lines.append(f"Load average at the end: {os.getloadavg()[0]:.1f}.")
+    lines.append("")
     if args.write:
         RESULT.write_text("\n".join(lines))
         print(f"wrote {RESULT}")

@@ -11,20 +11,22 @@ the text side is the same computation again) and reports the time and the peak e
 resident memory (peak RSS during the call minus RSS before it; ``ru_maxrss`` and
 ``/proc/self/status`` VmHWM, which see torch's allocations, unlike tracemalloc).
 The full-matrix version of the authors' code would need ``P x P`` floats per client
-(10 GB at P = 50,000).
+(10 GB at P = 50,000). ``--repeats`` child processes run one after another
+(``benchmarks/perf/timing.py``): the call's CPU time and peak extra memory are reported as
+median and spread, with the load average around them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import update_results  # noqa: E402
+from timing import Sample, interleave, spread  # noqa: E402
 
 CHILD = r"""
 import json, resource, sys, time, torch
@@ -63,24 +65,38 @@ def main(argv=None) -> dict:
     ap.add_argument("--dim", type=int, default=512)
     ap.add_argument("--chunk", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args(argv)
-    p = subprocess.run([sys.executable, "-c", CHILD, str(a.clients), str(a.public), str(a.dim), str(a.chunk),
-                        str(a.threads)], capture_output=True, text=True)
-    if p.returncode != 0:
-        raise SystemExit(p.stderr[-3000:])
-    r = json.loads(p.stdout.strip().splitlines()[-1])
+    outs = []
+
+    def call() -> Sample:
+        p = subprocess.run([sys.executable, "-c", CHILD, str(a.clients), str(a.public), str(a.dim), str(a.chunk),
+                            str(a.threads)], capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SystemExit(p.stderr[-3000:])
+        outs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+        return Sample(outs[-1]["cpu_seconds"], outs[-1]["seconds"])  # the call alone, inputs excluded
+    cmp = interleave({"call": call}, a.repeats, warmup=0, log=None)
+    r = dict(outs[-1])
+    r.update(cpu=cmp.cpu("call"), wall=cmp.wall("call"), peak_extra=spread(o["peak_extra_gb"] for o in outs),
+             cpu_seconds=cmp.cpu("call")["median"], seconds=cmp.wall("call")["median"],
+             peak_extra_gb=spread(o["peak_extra_gb"] for o in outs)["median"], repeats=a.repeats,
+             load_start=cmp.load_start)
     flops = 2 * a.clients * a.public * a.public * a.dim
     r.update(public=a.public, clients=a.clients, dim=a.dim, chunk=a.chunk, gflops=flops / 1e9,
-             gflop_per_s=flops / 1e9 / r["seconds"], load_average=os.getloadavg()[0],
+             gflop_per_s=flops / 1e9 / r["seconds"], cpu_gflop_per_s=flops / 1e9 / r["cpu_seconds"],
+             load_average=cmp.load_end,
              full_matrix_gb_per_client=a.public * a.public * 4 / 2**30,
              command="python benchmarks/perf/public_agg.py " + " ".join(argv if argv is not None else sys.argv[1:]))
-    print(f"|P| = {a.public}, {a.clients} clients, d = {a.dim}, chunk {a.chunk}: {r['seconds']:.1f} s "
-          f"({r['gflop_per_s']:.0f} GFLOP/s, {r['threads']} threads); inputs {r['inputs_gb']:.2f} GB, "
+    print(f"|P| = {a.public}, {a.clients} clients, d = {a.dim}, chunk {a.chunk}: CPU {r['cpu_seconds']:.1f} s, "
+          f"wall {r['seconds']:.1f} s ({r['gflop_per_s']:.0f} GFLOP/s, {r['threads']} threads); inputs {r['inputs_gb']:.2f} GB, "
           f"peak extra memory {r['peak_extra_gb']:.3f} GB (full matrix: {r['full_matrix_gb_per_client']:.1f} GB "
           "per client)")
-    if not a.no_write and a.public == 50_000 and a.clients == 10 and a.dim == 512:
-        update_results({"public_agg_peak_extra_gb": round(r["peak_extra_gb"], 3)}, "public_agg", r)
+    if not a.no_write:
+        full = a.public == 50_000 and a.clients == 10 and a.dim == 512
+        update_results({"public_agg_peak_extra_gb": round(r["peak_extra_gb"], 3)} if full else {},
+                       "public_agg" if full else f"public_agg_{a.public}", r)
     return r
 
 

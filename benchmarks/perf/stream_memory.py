@@ -8,8 +8,10 @@ in every round (``clients_per_round = clients``), MOON's simple CNN (75,322 floa
 294 KB), 1 local epoch, ``--rounds`` rounds, 1 thread. Each variant is a child process (its own
 peak RSS, ``ru_maxrss``; ``base`` is its RSS after building the experiment, before round 1):
 ``stream_aggregation = "off"`` holds the round's replies until the server aggregates them,
-``"on"`` hands each reply to the server's fold as it arrives. The variants alternate
-(``--repeats``); the final global models of the two are compared element by element.
+``"on"`` hands each reply to the server's fold as it arrives. The variants are interleaved over
+``--repeats`` (``benchmarks/perf/timing.py``): peak RSS and the run's CPU time are reported as
+median and spread, with the load average around them; the final global models of the two are
+compared element by element.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import workload  # noqa: E402
+from common import OUT, update_results, workload  # noqa: E402
+from timing import Sample, interleave, spread  # noqa: E402
 
 CHILD = r"""
 import json, resource, sys, time, torch
@@ -54,6 +57,7 @@ print(json.dumps({"peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_max
 def run_variant(mode: str, a, rep: int) -> dict:
     name = f"stream-{mode}"
     over = workload(name, f"stream_aggregation={mode}", "threads=1", "data.test_limit=1000",
+                    *([f"data.train_limit={a.train_limit}"] if a.train_limit else []),
                     rounds=a.rounds, clients=a.clients, per_round=a.clients, out=a.out)
     model_path = Path(a.out) / f"{name}-model.pt"
     t = time.perf_counter()
@@ -65,6 +69,7 @@ def run_variant(mode: str, a, rep: int) -> dict:
     r = json.loads(p.stdout.strip().splitlines()[-1])
     r["wall_s"] = time.perf_counter() - t
     r["model"] = str(model_path)
+    r["sample"] = Sample(r["cpu_s"], r["seconds"])  # the run alone (the child's setup excluded)
     print(f"  repeat {rep + 1}: {mode:>3s}: peak RSS {r['peak_rss_gb']:.2f} GB (base {r['base_rss_gb']:.2f} GB), "
           f"run {r['seconds']:.0f} s (cpu {r['cpu_s']:.0f} s), {r['replies']} replies ({r['streamed']} streamed), "
           f"accuracy {r['accuracy']:.4f}", flush=True)
@@ -85,14 +90,20 @@ def main(argv=None) -> dict:
     ap.add_argument("--clients", type=int, default=10_000)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--out", default="/tmp/mmfl-perf")
+    ap.add_argument("--train-limit", type=int, default=0, help="training images in all (0: all 60,000)")
+    ap.add_argument("--out", default=OUT)
+    ap.add_argument("--no-write", action="store_true", help="do not update benchmarks/results/perf.json")
     a = ap.parse_args(argv)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     print(f"FedAvg, {a.clients} clients, all of them in each of {a.rounds} round(s), load {os.getloadavg()[0]:.1f}")
     runs: dict[str, list[dict]] = {"off": [], "on": []}
-    for rep in range(a.repeats):
-        for mode in (("off", "on") if rep % 2 == 0 else ("on", "off")):
-            runs[mode].append(run_variant(mode, a, rep))
+
+    def cell(mode):
+        def run():
+            runs[mode].append(run_variant(mode, a, len(runs[mode])))
+            return runs[mode][-1]["sample"]
+        return run
+    cmp = interleave({m: cell(m) for m in ("off", "on")}, a.repeats, warmup=0, log=None)
     off, on = runs["off"], runs["on"]
     res = {
         "clients": a.clients, "rounds": a.rounds, "repeats": a.repeats,
@@ -100,6 +111,8 @@ def main(argv=None) -> dict:
         "base_rss_gb": {m: statistics.median(r["base_rss_gb"] for r in rs) for m, rs in runs.items()},
         "run_s": {m: statistics.median(r["seconds"] for r in rs) for m, rs in runs.items()},
         "cpu_s": {m: statistics.median(r["cpu_s"] for r in rs) for m, rs in runs.items()},
+        "cpu": {m: cmp.cpu(m) for m in runs}, "wall": {m: cmp.wall(m) for m in runs},
+        "peak_rss": {m: spread(r["peak_rss_gb"] for r in rs) for m, rs in runs.items()},
         "peak_ratio_off_over_on": statistics.median(x["peak_rss_gb"] / y["peak_rss_gb"] for x, y in zip(off, on)),
         "extra_ratio_off_over_on": statistics.median((x["peak_rss_gb"] - x["base_rss_gb"])
                                                      / (y["peak_rss_gb"] - y["base_rss_gb"]) for x, y in zip(off, on)),
@@ -108,7 +121,7 @@ def main(argv=None) -> dict:
         "same_accuracy": all(x["accuracy"] == y["accuracy"] for x, y in zip(off, on)),
         "same_bytes_up": all(x["bytes_up"] == y["bytes_up"] for x, y in zip(off, on)),
         "models": compare(off[-1]["model"], on[-1]["model"]),
-        "load_average": os.getloadavg()[0],
+        "load_start": cmp.load_start, "load_average": cmp.load_end,
         "command": "python benchmarks/perf/stream_memory.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
     pk, bs, rs, cs = res["peak_rss_gb"], res["base_rss_gb"], res["run_s"], res["cpu_s"]
@@ -122,7 +135,11 @@ def main(argv=None) -> dict:
           f"same accuracy {res['same_accuracy']}, same bytes up {res['same_bytes_up']}; final models: "
           f"{res['models']['elements_differing']} of {res['models']['elements']} elements differ, "
           f"max |diff| {res['models']['max_abs_diff']:.3g}")
+    for r in off + on:
+        r.pop("sample")
     print(json.dumps(res))
+    if not a.no_write:
+        update_results({}, f"stream_memory_{a.clients}", res)
     return res
 
 

@@ -21,13 +21,19 @@ _SPECS: dict[str, ModuleType] = {}
 
 
 def load_spec(path: Path | None) -> ModuleType | None:
-    """The table spec module (``tables = "tables.py"`` of the grid), loaded from its file."""
+    """The table spec (``tables = "tables.py"`` of the grid), loaded from its file: a module, or a
+    :class:`mmfl.bench.spec.TableSpec` for a ``.toml`` spec (rendered by the one general renderer)."""
     if path is None:
         return None
     key = str(path)
     if key not in _SPECS:
         if not path.is_file():
             raise ConfigError(f"tables: {path}: file not found")
+        if path.suffix == ".toml":
+            from mmfl.bench.spec import TableSpec
+
+            _SPECS[key] = TableSpec(path)
+            return _SPECS[key]
         stem = "" if path.stem == "tables" else f"_{path.stem}"
         spec = importlib.util.spec_from_file_location(f"mmfl_bench_spec_{path.parent.name}{stem}", path)
         mod = importlib.util.module_from_spec(spec)

@@ -1,0 +1,166 @@
+"""Table specs as data: a benchmark's report described in TOML (``tables = "tables.toml"`` in its
+grid) and rendered here, so a benchmark folder holds a grid and a spec instead of table code.
+
+A spec is a list of ``[[blocks]]``, each rendered to lines followed by one empty line:
+
+- ``text``: markdown, ``{...}`` fields filled from the grid and its runs (see :class:`Fields`);
+- ``kind = "cells"``: one row per method of a group (``rows = "methods"``, ``"settings*methods"`` or a
+  list of keys, then ``extra`` runs), columns from ``cells`` templates; ``{value}`` is the row's
+  metric aggregated over seeds (``agg = "seed_cell"``: mean ± std [n seeds], diverged runs noted;
+  ``"ms"``: mean ± std (n/N)); ``[blocks.row.<key>]`` overrides a row's ``label`` / ``cells`` and
+  adds ``more`` (another metric's mean, formatted into the row as ``{more}``);
+- ``kind = "pairs"``: paired differences a − b over seeds (bootstrap CI, ``scipy.stats.ttest_rel``;
+  :func:`mmfl.bench.render.pair_row`), a claim made only from 5 paired seeds;
+- ``kind = "rounds_to_reach"``: rounds each method's mean curve needs to reach ``base``'s final value;
+- ``kind = "round_rows"``: per method and chosen round, the mean over seeds of metric keys of that row;
+- ``kind = "matrix"`` (settings x methods), ``"per_seed"`` (a column per seed), ``"rounds_per_setting"``.
+
+``[section]`` (``file``, ``begin``, ``end``) makes the report a section of another file, written
+between two marker lines. The kinds live in :mod:`mmfl.bench.spec_kinds`.
+
+Format and examples: docs/benchmarks.md "Table specs"; benchmarks/moon/tables.toml.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+from mmfl.bench.grid import dotted_get
+from mmfl.bench.spec_kinds import KINDS
+from mmfl.config_raw import load_raw
+from mmfl.errors import ConfigError
+
+BLOCK_KEYS = {"text", "kind", "group", "rows", "extra", "header", "cells", "metric", "row", "pairs", "scale",
+              "fail_value", "fail_note", "label_a", "label_b", "base", "exclude", "intro", "methods", "rounds",
+              "columns", "digits", "missing", "when", "compare", "per_setting", "setting_head", "diff", "a", "b",
+              "metrics", "min_seeds", "per_seed", "per_seed_label"}
+
+
+class Fields(string.Formatter):
+    """``{ns.path}`` fields of a spec's templates: ``config.<group>.<dotted key>`` (the config of the
+    group's first run: first method, setting and seed), ``params.<key>`` (the grid's ``[params]``), ``grid.seeds`` / ``grid.name``,
+    ``machine`` (:func:`mmfl.sweep.machine`), ``runs.wall_h`` / ``runs.wall_s`` (the finished runs'
+    summed wall time), ``runs.finished`` / ``runs.planned`` (counts), ``vars.<name>`` (the spec's ``[vars]``) and the block's own names (``label``, ``value``...)."""
+
+    def __init__(self, b, spec: dict):
+        super().__init__()
+        self.b, self.spec, self._vars = b, spec, {}
+
+    def get_field(self, field_name, args, kwargs):
+        return self.lookup(field_name, kwargs), field_name
+
+    def lookup(self, name: str, local: dict | None = None):
+        local = local or {}
+        if name in local:
+            return local[name]
+        ns, _, rest = name.partition(".")
+        if ns in local:
+            return dotted_get(local[ns], rest)
+        b = self.b
+        if ns == "config":
+            group, _, key = rest.partition(".")
+            cfg = b.config(group, None, next(iter(b.grid.settings(group))))  # its first run's config
+            return dotted_get(cfg, key) if key else cfg
+        if ns == "params":
+            return dotted_get(b.params, rest)
+        if ns == "grid":
+            raw = b.grid.raw_dir
+            shown = raw.relative_to(b.grid.root) if raw.is_relative_to(b.grid.root) else raw
+            if rest.startswith("settings."):  # the keys of a group's settings, "20 and 30"
+                return " and ".join(b.grid.settings(rest.split(".", 1)[1]))
+            return {"seeds": b.grid.seeds, "name": b.grid.name, "raw_dir": str(shown)}[rest]
+        if ns == "machine":
+            import mmfl.sweep
+
+            return mmfl.sweep.machine()
+        if ns == "runs" and rest in ("wall_h", "wall_s", "finished"):
+            done = [r for run in b.runs if (r := b.results.summary(run.name))]
+            return {"wall_h": sum(r["wall_time_s"] for r in done) / 3600, "finished": len(done),
+                    "wall_s": sum(r["wall_time_s"] for r in done)}[rest]
+        if ns == "runs" and rest == "planned":
+            return len(b.runs)
+        if ns == "vars":
+            return self.var(rest)
+        raise ConfigError(f"table spec: unknown field {{{name}}}")
+
+    def var(self, name: str):
+        """A ``[vars.<name>]``: ``value`` (a field) shown through ``if_false`` when it is falsy (0,
+        empty, absent), else through ``else`` (a template of ``{value}``)."""
+        if name not in self._vars:
+            v = self.spec.get("vars", {}).get(name)
+            if v is None:
+                raise ConfigError(f"table spec: no [vars.{name}]")
+            if "expr" in v:  # arithmetic over fields: "{config.g.data.train_limit} // {config.g.partition.num_clients}"
+                self._vars[name] = _arith(self.fill(v["expr"]))
+            else:
+                val = self.lookup(v["value"])
+                self._vars[name] = self.fill(v["if_false"] if not val else v.get("else", "{value}"), value=val)
+        return self._vars[name]
+
+    def fill(self, template: str, **local) -> str:
+        return self.vformat(template, (), local)
+
+
+def _arith(text: str):
+    """The value of ``text``, numbers joined by + - * / // and parentheses (nothing else)."""
+    import ast
+    import operator
+
+    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv}
+
+    def ev(n):
+        if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)):
+            return n.value
+        if isinstance(n, ast.BinOp) and type(n.op) in ops:
+            return ops[type(n.op)](ev(n.left), ev(n.right))
+        raise ConfigError(f"table spec: vars.expr: only numbers and + - * / // in {text!r}")
+    return ev(ast.parse(text, mode="eval").body)
+
+
+class TableSpec:
+    """A loaded ``tables.toml``; :meth:`report` is what a Python spec's ``report(b)`` was."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.spec = load_raw(path)
+        blocks = self.spec.get("blocks")
+        if not isinstance(blocks, list) or not blocks:
+            raise ConfigError(f"{path}: a table spec needs [[blocks]]")
+        for i, bl in enumerate(blocks):
+            if bad := set(bl) - BLOCK_KEYS:
+                raise ConfigError(f"{path}: blocks[{i}]: unknown key {sorted(bad)[0]!r}")
+            if "kind" in bl and bl["kind"] not in KINDS:
+                raise ConfigError(f"{path}: blocks[{i}].kind: one of {', '.join(KINDS)}, got {bl['kind']!r}")
+            if "kind" not in bl and "text" not in bl:
+                raise ConfigError(f"{path}: blocks[{i}]: needs text or kind")
+        self.FILES = tuple(self.spec.get("files", ()))
+
+    def report(self, b) -> list[str]:
+        f = Fields(b, self.spec)
+        out = []
+        for bl in self.spec["blocks"]:
+            if "when" in bl and not f.lookup(bl["when"]):
+                continue
+            lines = KINDS[bl["kind"]](b, bl, f) if "kind" in bl else f.fill(bl["text"]).split("\n")
+            out += [*lines, ""]
+        sec = self.spec.get("section")
+        if sec:  # the report is a section of another file, between two marker lines
+            out = [sec["begin"], *out, sec["end"]]
+            if target := f.lookup(sec["file"]):
+                write_section(Path(b.grid.root) / target, out, sec["begin"], sec["end"])
+        return out
+
+
+def write_section(path: Path, lines: list[str], begin: str, end: str) -> None:
+    """Replace the text between ``begin`` and ``end`` in ``path`` by ``lines`` (markers included);
+    append it when the file has no markers yet."""
+    old = path.read_text() if path.is_file() else ""
+    text = "\n".join(lines)
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        new = head + text + rest.split(end, 1)[1]
+    else:
+        new = old.rstrip("\n") + "\n\n" + text + "\n"
+    path.write_text(new)
