@@ -21,6 +21,8 @@ from mmfl.algorithms.fedavg import FedAvgClient
 from mmfl.cli import main
 from mmfl.core.message import Message
 from mmfl.core.replies import check_reply, model_schema
+from mmfl.engine import pieces
+from mmfl.engine.state import ClientStateStore
 
 BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
         "train.local_epochs=1", "train.batch_size=128", "threads=1"]
@@ -51,17 +53,24 @@ def test_a_value_that_can_only_be_a_mistake_is_one_line(tmp_path, capsys, settin
     assert said in one_line(capsys, argv(tmp_path, setting))
 
 
-@pytest.mark.parametrize("how", ["safetensors", "oserror"])
+@pytest.mark.parametrize("how", ["safetensors", "oserror", "piece"])
 def test_a_full_disk_while_the_memory_store_writes_is_one_line(tmp_path, capsys, monkeypatch, how):
-    def no_space(*a, **k):  # the memory store's write_checkpoint calls safetensors' save_file
-        if how == "oserror":
+    def no_space(*a, **k):  # the whole-store format calls safetensors' save_file; a piece pieces._write
+        if how != "safetensors":
             raise OSError(errno.ENOSPC, "No space left on device")
         raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
                               'message: "No space left on device" })')
 
-    monkeypatch.setattr(safetensors.torch, "save_file", no_space)
+    if how == "piece":  # the default: the changed clients' pieces (mmfl.engine.pieces)
+        monkeypatch.setattr(pieces, "_write", no_space)
+    else:  # the format before pieces: the whole store in clients.safetensors
+        monkeypatch.setattr(ClientStateStore, "incremental", False)
+        monkeypatch.setattr(safetensors.torch, "save_file", no_space)
     err = one_line(capsys, argv(tmp_path, 'state_store="memory"', "algorithm.name=scaffold"))
-    assert "clients.safetensors" in err and "No space left on device" in err and "--resume" in err
+    where = "checkpoints/pieces/" if how == "piece" else "clients.safetensors"
+    assert where in err and "No space left on device" in err and "--resume" in err
+    if how == "piece":
+        assert not list((tmp_path / "r" / "checkpoints" / "pieces").glob("*.tmp"))
 
 
 @pytest.fixture

@@ -76,12 +76,19 @@ def test_meta_records_a_sha256_per_file_and_load_hides_it(tmp_path):
     exp = run_exp(tmp_path, "sums", rounds=1)
     path = exp.run_dir / "checkpoints" / "round_00001"
     raw = json.loads((path / "meta.json").read_text())
-    assert raw["sha256"] == {name: checkpoint.sha256(path / name) for name in checkpoint.FILES}
+    assert raw["sha256"] == {name: checkpoint.sha256(path / name) for name in checkpoint.PIECE_FILES}
     assert checkpoint.damage(path) is None
     assert checkpoint.load(path)[2] == {"round": 1}
 
 
-@pytest.mark.parametrize("kind", ["flipped", "truncated", "missing", "meta"])
+def a_piece(ckpt):
+    """One client's piece that the checkpoint ``ckpt`` names (mmfl.engine.pieces)."""
+    index = json.loads((ckpt / "clients.json").read_text())["pieces"]
+    return ckpt.parent / "pieces" / f"{index[sorted(index)[0]]}.safetensors"
+
+
+@pytest.mark.parametrize("kind", ["flipped", "truncated", "missing", "meta", "piece_missing", "piece_flipped",
+                                  "index"])
 def test_damaged_newest_checkpoint_falls_back_and_resumes_bit_exact(tmp_path, capsys, kind):
     # the property: resume from the newest intact checkpoint equals an uninterrupted run
     full = run_exp(tmp_path, "full", "keep_checkpoints=2", "algorithm.name=scaffold", rounds=4)
@@ -91,10 +98,20 @@ def test_damaged_newest_checkpoint_falls_back_and_resumes_bit_exact(tmp_path, ca
         flip_bytes(newest / "server.safetensors")
         checkpoint.load(newest, verify=False)  # it would load without the checksum
     elif kind == "truncated":
-        p = newest / "clients.safetensors"
+        p = newest / "clients.json"
         p.write_bytes(p.read_bytes()[:-5])
     elif kind == "missing":
-        (newest / "clients.safetensors").unlink()
+        (newest / "clients.json").unlink()
+    elif kind in ("piece_missing", "piece_flipped"):  # a piece only the newest checkpoint names
+        older = json.loads((d / "checkpoints" / "round_00002" / "clients.json").read_text())["pieces"]
+        index = json.loads((newest / "clients.json").read_text())["pieces"]
+        p = d / "checkpoints" / "pieces" / f"{next(v for v in index.values() if v not in older.values())}.safetensors"
+        if kind == "piece_missing":
+            p.unlink()
+        else:
+            flip_bytes(p, n=8)
+    elif kind == "index":
+        (newest / "clients.json").write_text('{"pieces": {}}')
     else:
         (newest / "meta.json").write_text('{"round": 3, "sha2')
     assert checkpoint.damage(newest) is not None

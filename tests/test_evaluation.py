@@ -12,6 +12,7 @@ import json
 import pytest
 
 from mmfl.config import load_config
+from mmfl.core import evaluation
 from mmfl.core.evaluation import PERSONAL_ROUTE, run_evaluations
 from mmfl.engine.runner import Experiment
 
@@ -57,6 +58,29 @@ def test_personalized_evaluation_on_the_server_equals_the_message_route(tmp_path
     if algo == "mfedavg":  # the default personalized model: the global model on each client's modalities
         holds = [exp.federation.modalities_of(c) for c in range(4)]
         assert len(set(holds)) > 1
+
+
+@pytest.mark.parametrize("algo", ["fedamp", "local"])
+def test_the_message_route_sends_a_chunk_of_clients_at_a_time_with_the_same_numbers(tmp_path, monkeypatch, algo):
+    # issue 28 item 7: memory bounded by a chunk's messages (each holds a model), not the client count
+    exp = Experiment(cfg_of(tmp_path, algo, f"algorithm.name={algo}", "rounds=1", "partition.num_clients=5"),
+                     progress=False)
+    exp.run()
+    sizes = []
+
+    def send(route, msgs):
+        sizes.append(len(msgs))
+        return exp.transport.send(route, msgs)
+
+    routed = dataclasses.replace(exp.eval_context(0), personal_rows=None, send=send)
+    exp.transport.begin_round(1)
+    whole = exp.server.evaluate_personalized(routed)
+    assert sizes == [5]
+    sizes.clear()
+    monkeypatch.setattr(evaluation, "PERSONAL_CHUNK", 2)
+    chunked = exp.server.evaluate_personalized(routed)
+    assert sizes == [2, 2, 1]
+    assert chunked == whole and len(whole["client_accuracy"]) == 5
 
 
 def test_personal_eval_switch_adds_personalized_metrics_and_changes_nothing_else(tmp_path):

@@ -4,6 +4,7 @@ computation of the authors' code on small sizes, and is checked by hand on tiny 
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -71,3 +72,55 @@ def test_shape_errors():
         global_local_contrastive_scores(torch.zeros(2, 5, 3), torch.zeros(4, 3))
     with pytest.raises(ValueError, match="global_img"):
         global_local_contrastive_aggregation(torch.zeros(1, 2, 3), torch.zeros(2, 3), torch.zeros(1, 2, 3))
+
+
+def fresh_temporaries_scores(local, glob, chunk, exclude_positive=False, candidates=None):
+    """eq. 4 chunked as before issue 28: a fresh logits matrix (and exponentials) per chunk."""
+    C, P, _ = local.shape
+    out = torch.empty(C, P)
+    for c in range(C):
+        for s in range(0, P, chunk):
+            e = min(P, s + chunk)
+            logits = local[c, s:e] @ glob.t()
+            positive = (local[c, s:e] * glob[s:e]).sum(-1)
+            if exclude_positive:
+                logits[torch.arange(e - s), torch.arange(s, e)] = float("-inf")
+            if candidates is not None:
+                logits = logits.masked_fill(~candidates.unsqueeze(0), float("-inf"))
+            out[c, s:e] = positive - torch.logsumexp(logits, dim=1)
+            if candidates is not None:
+                out[c, s:e].masked_fill_(~candidates[s:e], 0.0)
+    return out
+
+
+@pytest.mark.parametrize("exclude_positive", [False, True])
+@pytest.mark.parametrize("with_candidates", [False, True])
+def test_the_reused_buffer_gives_the_same_bits(exclude_positive, with_candidates):
+    g = torch.Generator().manual_seed(2)
+    local, glob = torch.randn(3, 777, 32, generator=g), 3 * torch.randn(777, 32, generator=g)
+    cand = torch.rand(777, generator=g) > 0.3 if with_candidates else None
+    for chunk in (100, 1024):
+        want = fresh_temporaries_scores(local, glob, chunk, exclude_positive, cand)
+        assert torch.equal(global_local_contrastive_scores(local, glob, chunk, exclude_positive, cand), want)
+
+
+def _kb(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc")
+def test_one_logits_buffer_for_every_chunk():
+    # issue 28 item 7: the chunk x P logits are one buffer written in place (out=, in-place exp), not a
+    # fresh matrix plus its exponentials per chunk: the peak extra memory is about one buffer
+    g = torch.Generator().manual_seed(3)
+    P, chunk = 12000, 1024
+    local, glob = torch.randn(2, P, 16, generator=g), torch.randn(P, 16, generator=g)
+    buffer_kb = chunk * P * 4 / 1024
+    global_local_contrastive_scores(local, glob, chunk)  # warm: the allocator's own arenas
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = _kb("VmRSS")
+    global_local_contrastive_scores(local, glob, chunk)
+    assert _kb("VmHWM") - before < 1.5 * buffer_kb

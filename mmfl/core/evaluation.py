@@ -55,6 +55,7 @@ KINDS = {
     "clients": "each client's own model on its evaluation set, through messages (SOLO): mean and std",
 }
 PERSONAL_ROUTE = "evaluate_personal"  # the clients' route of the personalized evaluation
+PERSONAL_CHUNK = 256  # clients per send of the personalized evaluation's message route (memory bound)
 PERSONAL_PREFIX = "personal/"  # where run.personal_eval reports it for an algorithm that does not declare it
 OWN = "model/"  # a client's own model in its state (the convention of the personalized clients)
 
@@ -118,23 +119,27 @@ def personalized_metrics(ctx: EvalContext, model_of: Callable[[int], nn.Module] 
     on the message route (None: the client's own model, ``model/*`` in its state; with
     ``over_own`` the sent tensors replace only their entries of the client's own model). The server's
     copies are scored here when ``ctx.personal_rows`` is given; otherwise every client gets a
-    :data:`PERSONAL_ROUTE` message and answers with :func:`client_personal_metrics`.
+    :data:`PERSONAL_ROUTE` message and answers with :func:`client_personal_metrics`, sent
+    :data:`PERSONAL_CHUNK` clients at a time (memory bounded by a chunk's messages, not the client
+    count; the same numbers as one send: each client's reply depends on its message only).
     """
     if model_of is not None and ctx.personal_rows is not None:
         return evaluate_devices(model_of, ctx.personal_rows(), ctx.modalities_of, ctx.test, ctx.num_classes,
                                 ctx.batch_size)
-    msgs = {}
-    for cid in range(ctx.num_clients):
-        arrays = state_of_client(cid)
-        msgs[cid] = Message(arrays=dict(arrays or {}), scalars={
-            "seed": int(ctx.seed), "num_classes": int(ctx.num_classes), "own": arrays is None or over_own,
-            "batch_size": int(ctx.batch_size)})
-    replies = ctx.send(PERSONAL_ROUTE, msgs)
     per = []
-    for cid in range(ctx.num_clients):
-        s = replies[cid].scalars if cid in replies else {}
-        per.append({k: s[k] for k in s if k in ("accuracy", "uar", "test_loss", "rows") or k.startswith(PATTERN)}
-                   if s.get("rows", 0) > 0 else None)
+    for lo in range(0, ctx.num_clients, PERSONAL_CHUNK):  # a chunk's messages at a time, not every client's
+        msgs = {}
+        for cid in range(lo, min(lo + PERSONAL_CHUNK, ctx.num_clients)):
+            arrays = state_of_client(cid)
+            msgs[cid] = Message(arrays=dict(arrays or {}), scalars={
+                "seed": int(ctx.seed), "num_classes": int(ctx.num_classes), "own": arrays is None or over_own,
+                "batch_size": int(ctx.batch_size)})
+        replies = ctx.send(PERSONAL_ROUTE, msgs)
+        for cid in sorted(msgs):
+            s = replies[cid].scalars if cid in replies else {}
+            per.append({k: s[k] for k in s if k in ("accuracy", "uar", "test_loss", "rows") or k.startswith(PATTERN)}
+                       if s.get("rows", 0) > 0 else None)
+        del msgs, replies
     return combine_devices(per)
 
 

@@ -35,11 +35,12 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from mmfl.engine import runfiles, runfolder
+from mmfl.engine import pieces, runfiles, runfolder
 from mmfl.engine.state import LazyTensors
 from mmfl.errors import MMFLError
 
 FILES = ("server.safetensors", "clients.safetensors")
+PIECE_FILES = ("server.safetensors", pieces.INDEX)  # the memory store's client state as pieces
 SUMS = "sha256"  # meta.json key: {file name: hex digest}
 META_SUM = "meta_sha256"  # meta.json key: the digest of its other fields (meta_digest)
 
@@ -109,12 +110,28 @@ def _save_tensors(tensors: dict[str, Tensor], path: Path) -> None:
         raise _as_oserror(e, path) from None
 
 
+def _files(sums) -> tuple[str, ...]:
+    """The files a checkpoint whose meta.json records ``sums`` consists of."""
+    return PIECE_FILES if isinstance(sums, dict) and pieces.INDEX in sums else FILES
+
+
 def save(ckpt_root: Path, rnd: int, server: dict[str, Tensor],
-         clients: dict[str, Tensor] | Callable[[str], None], meta: dict, keep: int = 1) -> Path:
-    """``clients``: the client-state tensors, or a function writing them to the path it is
-    given (a disk-backed store streams its changes without holding them in memory).
+         clients, meta: dict, keep: int = 1) -> Path:
+    """``clients``: the client-state tensors, a function writing them to the path it is
+    given, or a store: one with ``write_pieces`` (the memory store) writes its changed clients
+    as pieces (:mod:`mmfl.engine.pieces`), else its ``write_checkpoint`` (a disk-backed store
+    streams its changes without holding them in memory).
     On an error (a full disk) the temporary folder is removed and the older checkpoints
     are left as they were."""
+    if getattr(clients, "incremental", False) and hasattr(clients, "write_pieces"):
+        return _save(ckpt_root, rnd, server, None, meta, keep, clients)
+    if hasattr(clients, "write_checkpoint"):
+        clients = clients.write_checkpoint
+    return _save(ckpt_root, rnd, server, clients, meta, keep, None)
+
+
+def _save(ckpt_root: Path, rnd: int, server: dict[str, Tensor],
+          clients: dict[str, Tensor] | Callable[[str], None] | None, meta: dict, keep: int, store) -> Path:
     runfiles.note(ckpt_root, owned_dir=True)  # what --overwrite may delete (mmfl.engine.runfiles)
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"round_{rnd:05d}"
@@ -124,7 +141,16 @@ def save(ckpt_root: Path, rnd: int, server: dict[str, Tensor],
     try:
         tmp.mkdir()
         _save_tensors(server, tmp / FILES[0])
-        if callable(clients):  # the store writes its own file (the memory store: safetensors' save_file)
+        files = FILES
+        if store is not None:  # only the clients saved since the last checkpoint are written
+            box = pieces.Pieces(ckpt_root)
+            index = store.write_pieces(box)
+            box.sync()
+            with open(tmp / pieces.INDEX, "w") as f:
+                f.write(pieces.index_text(index))
+                f.flush()
+            files = PIECE_FILES
+        elif callable(clients):  # the store writes its own file (the memory store: safetensors' save_file)
             try:
                 clients(str(tmp / FILES[1]))
             except SafetensorError as e:
@@ -136,8 +162,9 @@ def save(ckpt_root: Path, rnd: int, server: dict[str, Tensor],
         else:
             _save_tensors(clients, tmp / FILES[1])
         sums = {}
-        for name in FILES:
-            _check_complete(tmp / name)
+        for name in files:
+            if name.endswith(".safetensors"):
+                _check_complete(tmp / name)
             _fsync(tmp / name)
             sums[name] = sha256(tmp / name)
         full = {**meta, SUMS: sums}
@@ -155,6 +182,7 @@ def save(ckpt_root: Path, rnd: int, server: dict[str, Tensor],
     for old in sorted(ckpt_root.glob("round_?????"))[:-keep]:
         if old != final:
             shutil.rmtree(old, ignore_errors=True)
+    pieces.collect(ckpt_root)  # pieces no kept checkpoint names
     return final
 
 
@@ -176,15 +204,16 @@ def damage(path: Path) -> str | None:
             return "meta.json does not match its own digest (a field edited, added or removed)"
     elif runfiles.is_marked(path.parent.parent):  # a run this mmfl created writes the digest
         return f"meta.json has no {META_SUM} (its digest removed)"
-    if digest is not None and (not isinstance(sums, dict) or any(name not in sums for name in FILES)):
-        lacking = [n for n in FILES if not isinstance(sums, dict) or n not in sums]
+    files = _files(sums)
+    if digest is not None and (not isinstance(sums, dict) or any(name not in sums for name in files)):
+        lacking = [n for n in files if not isinstance(sums, dict) or n not in sums]
         return f"meta.json lacks the sha256 of {', '.join(lacking)}"
     if sums is not None and not isinstance(sums, dict):
         return "meta.json is unreadable (sha256 is not a table)"
     m = re.fullmatch(r"round_(\d{5})", path.name)
     if m and int(m.group(1)) != rnd:
         return f"meta.json's round ({rnd}) is not its folder's ({path.name})"
-    for name in FILES:
+    for name in files:
         p = path / name
         if not p.is_file():
             return f"{name} is missing"
@@ -196,7 +225,7 @@ def damage(path: Path) -> str | None:
                 return f"{name} does not match its sha256 in meta.json"
         except (OSError, SafetensorError) as e:
             return f"{name} is unreadable ({e})"
-    return None
+    return pieces.damage(path) if files is PIECE_FILES else None
 
 
 def resume_point(ckpt_root: Path) -> tuple[Path | None, list[str]]:
@@ -233,8 +262,12 @@ def load(path: Path, lazy_clients: bool = False,
     try:
         meta = json.loads((path / "meta.json").read_text())
         server = load_file(str(path / FILES[0]))
-        cpath = str(path / FILES[1])
-        clients = LazyTensors(cpath) if lazy_clients else load_file(cpath)
+        if (path / pieces.INDEX).is_file() and _files(meta.get(SUMS)) is PIECE_FILES:
+            clients = pieces.PieceTensors(path)
+            clients = clients if lazy_clients else dict(clients)
+        else:
+            cpath = str(path / FILES[1])
+            clients = LazyTensors(cpath) if lazy_clients else load_file(cpath)
     except (OSError, ValueError, SafetensorError) as e:
         raise MMFLError(f"{path}: checkpoint is unreadable ({e})") from None
     meta.pop(SUMS, None), meta.pop(META_SUM, None)

@@ -378,7 +378,7 @@ class Experiment:
             return
         # named by rounds completed, like the metrics rows: round_00003 holds the state after round 3
         checkpoint.save(self.run_dir / "checkpoints", rnd + 1, self.server.state_dict(),
-                        self.store.write_checkpoint, {"round": rnd + 1}, keep=self.cfg.run.keep_checkpoints)
+                        self.store, {"round": rnd + 1}, keep=self.cfg.run.keep_checkpoints)
         self.store.commit()  # a disk store moves the round's changes into its files (see mmfl.engine.state)
 
     def _finish(self) -> dict:

@@ -8,8 +8,9 @@ engine loads before and saves after each message.
 Two stores share one interface (``load``/``save``/``state_dict``/
 ``load_state_dict`` plus ``write_checkpoint``/``commit`` for the round loop):
 
-- :class:`ClientStateStore` keeps every client's state in memory and writes all
-  of it into each checkpoint.
+- :class:`ClientStateStore` keeps every client's state in memory; a checkpoint
+  writes the clients saved since the last one as content-addressed pieces and
+  names the others' unchanged pieces (:mod:`mmfl.engine.pieces`).
 - :class:`DiskClientStateStore` keeps only the current round's changes in a
   journal and the rest in one file per state key with a row per client, read
   and written with ``pread``/``pwrite`` (page cache, not process memory), so
@@ -66,8 +67,11 @@ class ClientStateStore:
     no copy per round) and written to checkpoints from the CPU; a state restored from a
     checkpoint (CPU tensors) is moved onto the device when a client loads it."""
 
+    incremental = True  # checkpoints as pieces (False: the whole store in one file, the format before)
+
     def __init__(self, device: torch.device | None = None):
         self._states: dict[int, dict[str, Tensor]] = {}
+        self._pieces: dict[int, str] = {}  # cid -> sha256 of the piece holding its current state
         self.device = device
 
     def load(self, cid: int) -> dict[str, Tensor]:
@@ -75,6 +79,7 @@ class ClientStateStore:
         return state if self.device is None else to_device(state, self.device)
 
     def save(self, cid: int, state: dict[str, Tensor]) -> None:
+        self._pieces.pop(cid, None)  # changed: the next checkpoint writes its piece
         if state:
             self._states[cid] = {k: v.detach() for k, v in state.items()}
         else:
@@ -91,9 +96,23 @@ class ClientStateStore:
         return {k: t.cpu().contiguous() for k, t in CLIENTS.flatten(self._states).items()}
 
     def load_state_dict(self, flat: Mapping[str, Tensor]) -> None:
+        """``flat``: a checkpoint's client part; pieces (mmfl.engine.pieces.PieceTensors) are
+        remembered, so clients that do not change are not written again."""
         self._states = load_field(CLIENTS, flat, owner="client state")
+        self._pieces = {c: d for c, d in getattr(flat, "pieces", {}).items() if c in self._states}
 
     # --- the round loop's checkpoint protocol
+    def write_pieces(self, box) -> dict[int, str]:
+        """Write a piece (``box.put``, mmfl.engine.pieces.Pieces) for each client saved since the
+        last checkpoint (or whose piece is gone); ``{cid: sha256}`` of every client's piece."""
+        from safetensors.torch import save
+
+        for cid in sorted(self._states):
+            if cid not in self._pieces or not box.has(self._pieces[cid]):
+                state = {k: t.cpu().contiguous() for k, t in self._states[cid].items()}
+                self._pieces[cid] = box.put(save(state))
+        return {cid: self._pieces[cid] for cid in sorted(self._states)}
+
     def write_checkpoint(self, path: str | Path) -> None:
         from safetensors.torch import save_file
 
