@@ -11,17 +11,17 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from mmfl.engine.stages.attack import AttackRecord
+from mmfl.engine.stages.attack_record import AttackRecord
 from mmfl.engine.stages.base import Round, Stage
 from mmfl.engine.stages.checks import Finite, Learning
 from mmfl.engine.stages.clock import TrainTime, WallTime
-from mmfl.engine.stages.dp import DPEpsilon
+from mmfl.engine.stages.dp_epsilon import DPEpsilon
 from mmfl.engine.stages.evaluate import Evaluate
-from mmfl.engine.stages.progress import Progress
+from mmfl.engine.stages.latency import Latency
+from mmfl.engine.stages.progress_bar import Progress
 from mmfl.engine.stages.record import Checkpoint, Metrics
-from mmfl.engine.stages.replies import Dropped, TrainBytes, TrainReplies
-from mmfl.engine.stages.system import Latency
-from mmfl.engine.stages.tracking import Track
+from mmfl.engine.stages.reply_log import Dropped, TrainBytes, TrainReplies
+from mmfl.engine.stages.track import Track
 from mmfl.engine.stages.train import Train
 
 __all__ = ["STAGES", "Round", "Stage", "build_stages", "with_stage"]
