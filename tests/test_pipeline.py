@@ -105,3 +105,16 @@ def test_with_stage_needs_one_anchor_and_the_round_loop_fits_one_screen():
     assert pipeline.with_stage(pipeline.STAGES, Checkpoint, before=Metrics)[at] is Checkpoint
     assert pipeline.with_stage(pipeline.STAGES, Checkpoint, after=Metrics)[at + 1] is Checkpoint
     assert len(inspect.getsource(Experiment._run).splitlines()) <= 25
+
+
+def test_a_rejected_reply_is_counted_once_in_a_round_without_evaluation(tmp_path):
+    """The Dropped stage adds the evaluation's rejected replies only when an evaluation ran: before,
+    a round without one listed training's rejected replies twice (the log is reset only to evaluate)."""
+    exp = Experiment(cfg(tmp_path, "inflate", "attack.kind=\"inflate_examples\"", "attack.fraction=0.5",
+                         "clients_per_round=4", "eval_every=2", "rounds=2"), progress=False)
+    exp.run()
+    got = rows(exp)
+    assert "accuracy" not in got[0] and "accuracy" in got[1]  # round 1 without evaluation, round 2 with
+    for r in got:
+        assert r["replies_rejected"] == len(r["dropped"]) == 2
+        assert sorted(x["client"] for x in r["rejected"]) == r["dropped"]

@@ -33,6 +33,7 @@ class Round:
     train_comm: dict = field(default_factory=dict)  # the training conversation's bytes (before evaluation)
     dropped: list[int] = field(default_factory=list)  # clients dropped so far
     rejected: list = field(default_factory=list)  # replies rejected so far (mmfl.core.replies)
+    evaluated: bool = False  # an evaluation ran this round (the byte log was reset for it)
     extra: dict[str, Any] = field(default_factory=dict)  # what a stage leaves for a later one
 
 

@@ -15,6 +15,7 @@ class Evaluate(Stage):
         if (r.rnd + 1) % run.eval_every and r.rnd + 1 != run.rounds:
             return
         exp.transport.log.reset()
+        r.evaluated = True
         r.row.update(run_evaluations(exp.server, exp.evaluations(), exp.eval_context(r.rnd)))
         ev = exp.transport.log.summary()
         if ev["bytes_down"] or ev["bytes_up"]:

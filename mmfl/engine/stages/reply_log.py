@@ -58,7 +58,8 @@ class Dropped(Stage):
         r.dropped += [c for c in log.dropped if c not in r.dropped]  # + dropped in evaluation
         if r.dropped:
             r.row["dropped"] = r.dropped
-        r.rejected += list(getattr(log, "rejected", ()))  # + rejected in evaluation
+        if r.evaluated:  # + rejected in evaluation (without one, the log still holds training's)
+            r.rejected += list(getattr(log, "rejected", ()))
         if r.rejected:
             r.row["replies_rejected"] = len(r.rejected)
             r.row["rejected"] = r.rejected
