@@ -39,13 +39,13 @@ from mmfl.data.federation import build_federation
 from mmfl.engine import checkpoint, pipeline, runfiles, runfolder
 from mmfl.engine.cohort import cohort_size, sample_cohort
 from mmfl.engine.runfolder import with_new_defaults  # noqa: F401  (its home before)
-from mmfl.engine.dp import LocalDP, check_dpsgd_models
+from mmfl.engine.dp_runtime import LocalDP, check_dpsgd_models
 from mmfl.engine.attack import make_attack
 from mmfl.engine.simulation import SimulationTransport
 from mmfl.engine.stages.base import Round, Stage
 from mmfl.engine.stages.checks import check_finite as _check_finite  # noqa: F401  (its home before)
 from mmfl.engine.tracking import check_installed
-from mmfl.engine.state import DiskClientStateStore, make_store
+from mmfl.engine.state_store import DiskClientStateStore, make_store
 from mmfl.errors import ConfigError, MMFLError
 from mmfl.models.factory import model_factory
 from mmfl.report import load_metrics, summarize
@@ -253,14 +253,14 @@ class Experiment:
     def _checkpoint(self, rnd: int) -> None:
         """After round ``rnd``: a checkpoint every ``checkpoint_every`` rounds and after the last one.
         Between checkpoints a disk store keeps the rounds' changes in its journal; it commits them
-        only once a checkpoint holds them (mmfl.engine.state), so resume replays the newest one."""
+        only once a checkpoint holds them (mmfl.engine.state_store), so resume replays the newest one."""
         done = rnd + 1
         if done % self.cfg.run.checkpoint_every and done != self.cfg.run.rounds:
             return
         # named by rounds completed, like the metrics rows: round_00003 holds the state after round 3
         checkpoint.save(self.run_dir / "checkpoints", rnd + 1, self.server.state_dict(),
                         self.store.write_checkpoint, {"round": rnd + 1}, keep=self.cfg.run.keep_checkpoints)
-        self.store.commit()  # a disk store moves the round's changes into its files (see mmfl.engine.state)
+        self.store.commit()  # a disk store moves the round's changes into its files (see mmfl.engine.state_store)
 
     def _finish(self) -> dict:
         rows = load_metrics(self.run_dir)

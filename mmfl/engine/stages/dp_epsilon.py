@@ -1,10 +1,10 @@
 """``[dp]`` in the round loop: the privacy spent so far (``dp/epsilon``, ``dp/delta``: the
-accountant of :mod:`mmfl.engine.dp`), and the check that the transport can apply local DP."""
+accountant of :mod:`mmfl.engine.dp_runtime`), and the check that the transport can apply local DP."""
 
 from __future__ import annotations
 
 from mmfl.engine.cohort import cohort_size, sample_cohort
-from mmfl.engine.dp import DPAccountant
+from mmfl.engine.dp_runtime import DPAccountant
 from mmfl.engine.stages.base import Round, Stage
 from mmfl.errors import ConfigError
 
