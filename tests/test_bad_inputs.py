@@ -22,7 +22,7 @@ from mmfl.cli import main
 from mmfl.core.message import Message
 from mmfl.core.replies import check_reply, model_schema
 from mmfl.engine import pieces
-from mmfl.engine.state import ClientStateStore
+from mmfl.engine.state_store import ClientStateStore
 
 BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
         "train.local_epochs=1", "train.batch_size=128", "threads=1"]

@@ -1,4 +1,4 @@
-"""Batched clients (mmfl.core.batched, mmfl.engine.batched): equal to sequential training within float
+"""Batched clients (mmfl.core.batched, mmfl.engine.batched_delivery): equal to sequential training within float
 tolerance for FedAvg, FedProx, SCAFFOLD and MOON, with SGD and Adam, with unequal client sizes;
 visible fallback where batching cannot apply; resume-exact."""
 

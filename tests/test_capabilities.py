@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-import mmfl.engine.batched as engine_batched
+import mmfl.engine.batched_delivery as engine_batched
 from mmfl.algorithms import ALGORITHMS
 from mmfl.algorithms.capabilities import DP_MODES, algorithms_with, capabilities
 from mmfl.algorithms.fedavg import FedAvgServer
@@ -82,7 +82,7 @@ class _Stop(Exception):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_batched_fallback_reason_is_the_declared_one(name):
-    """The engine's batch_clients check (engine/batched.py) on a homogeneous federation: a client
+    """The engine's batch_clients check (engine/batched_delivery.py) on a homogeneous federation: a client
     declared not batched falls back with the declared reason; a batched one reaches the model check."""
     spec = ALGORITHMS.get(name).factory
     fed = types.SimpleNamespace(client_sources=None, client_groups=None, client_modalities=None, clients=[])

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from mmfl.config import load_config
 from mmfl.engine.runner import Experiment
-from mmfl.engine.state import DiskClientStateStore
+from mmfl.engine.state_store import DiskClientStateStore
 
 BASE = ["data.name=digits", "partition.num_clients=6", "clients_per_round=3", "model.name=mlp",
         "model.hidden=[16]", "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1",

@@ -20,7 +20,7 @@ import torch
 from mmfl.config import load_config
 from mmfl.engine import checkpoint, pieces
 from mmfl.engine.runner import Experiment
-from mmfl.engine.state import ClientStateStore
+from mmfl.engine.state_store import ClientStateStore
 
 BASE = ["data.name=digits", "partition.num_clients=20", "clients_per_round=2", "model.name=mlp",
         "model.hidden=[16]", "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"",

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import mmfl.engine.batched as engine_batched
+import mmfl.engine.batched_delivery as engine_batched
 from mmfl.config import load_config
 from mmfl.core.batched import MAX_GROUP, stack_size
 from mmfl.core.device import precision_context, resolve_device, to_cpu, to_device, to_fp32
 from mmfl.data.base import ArrayDataset, Federation, DatasetMeta
 from mmfl.engine.runner import Experiment
-from mmfl.engine.state import ClientStateStore, make_store
+from mmfl.engine.state_store import ClientStateStore, make_store
 
 sys.path.insert(0, str(Path(__file__).parent))
 from data_fixtures import write_mnist_dir  # noqa: E402

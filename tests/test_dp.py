@@ -1,4 +1,4 @@
-"""Client-level differential privacy ([dp], mmfl.core.dp, mmfl.engine.dp): clipping, noise scale,
+"""Client-level differential privacy ([dp], mmfl.core.dp, mmfl.engine.dp_runtime): clipping, noise scale,
 central DP without noise = uniform FedAvg, the accountant against Opacus called directly, a
 bit-exact resume, and one-line errors for bad values."""
 

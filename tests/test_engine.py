@@ -16,7 +16,7 @@ from mmfl.config import load_config
 from mmfl.engine import checkpoint
 from mmfl.core.message import Message, scalar_bytes, tensor_bytes
 from mmfl.engine.runner import Experiment, sample_cohort
-from mmfl.engine.state import ClientStateStore
+from mmfl.engine.state_store import ClientStateStore
 from mmfl.errors import ConfigError, MMFLError
 
 BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",

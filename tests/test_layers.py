@@ -199,3 +199,16 @@ def test_every_module_imports_alone_in_a_fresh_interpreter():
               "print('\\n'.join(bad))\nsys.exit(1 if bad else 0)\n")
     proc = subprocess.run([sys.executable, "-c", script, *names], cwd=ROOT.parent, capture_output=True, text=True)
     assert proc.returncode == 0, "modules that fail to import alone:\n" + proc.stdout + proc.stderr[-2000:]
+
+
+def test_one_module_name_per_idea_across_core_and_engine():
+    """Issue 28: ``state``, ``dp`` and ``batched`` were each two modules (core's declared algorithm
+    state, DP math and stacked training; engine's client-state stores, DP runtime and batched
+    delivery). A module name in mmfl/core and mmfl/engine (its stages included) names one idea."""
+    seen: dict[str, list[str]] = {}
+    for layer in ("core", "engine"):
+        for path in sorted((ROOT / layer).rglob("*.py")):
+            if path.name != "__init__.py":
+                seen.setdefault(path.stem, []).append(module_name(path))
+    twice = {stem: mods for stem, mods in seen.items() if len(mods) > 1}
+    assert not twice, f"module names used twice across core and engine: {twice}"

@@ -50,7 +50,7 @@ def test_every_client_of_a_round_trains_with_that_rounds_lr(tmp_path, monkeypatc
 
     monkeypatch.setattr(FedAvgClient, "train", spy)
     if batch:  # the batched path builds its contexts itself
-        from mmfl.engine import batched
+        from mmfl.engine import batched_delivery as batched
 
         orig_stacked = batched.train_stacked
 

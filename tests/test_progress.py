@@ -47,9 +47,9 @@ def _run(tmp_path, monkeypatch, *overrides):
         made.append(Recorder(desc, start, total))
         return made[-1]
 
-    import mmfl.engine.runner as runner
+    import mmfl.engine.stages.progress_bar as progress_bar  # the Progress stage (mmfl.engine.pipeline)
 
-    monkeypatch.setattr(runner, "RunProgress", make)
+    monkeypatch.setattr(progress_bar, "RunProgress", make)
     cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", "name=p", "rounds=2", *overrides])
     Experiment(cfg, progress=True).run()
     return made

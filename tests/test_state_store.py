@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from mmfl.config import load_config
 from mmfl.engine.runner import Experiment
-from mmfl.engine.state import (AUTO_DISK_CLIENTS, ClientStateStore, DiskClientStateStore, LazyTensors,
+from mmfl.engine.state_store import (AUTO_DISK_CLIENTS, ClientStateStore, DiskClientStateStore, LazyTensors,
                                make_store)
 
 

@@ -41,7 +41,7 @@ def measure(incremental: bool, args, out: Path) -> list[dict]:
     from mmfl.config import load_config
     from mmfl.engine import checkpoint
     from mmfl.engine.runner import Experiment
-    from mmfl.engine.state import ClientStateStore
+    from mmfl.engine.state_store import ClientStateStore
 
     rows: list[dict] = []
     save = checkpoint.save

@@ -103,7 +103,7 @@ def store_costs(kind: str, state: dict, clients: int, per_round: int, rounds: in
     import torch
 
     from mmfl.engine import checkpoint
-    from mmfl.engine.state import ClientStateStore, DiskClientStateStore
+    from mmfl.engine.state_store import ClientStateStore, DiskClientStateStore
 
     store = DiskClientStateStore(root / "store") if kind == "disk" else ClientStateStore()
     spent = 0.0

@@ -36,7 +36,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from mmfl.engine import pieces, runfiles, runfolder
-from mmfl.engine.state import LazyTensors
+from mmfl.engine.state_store import LazyTensors
 from mmfl.errors import MMFLError
 
 FILES = ("server.safetensors", "clients.safetensors")

@@ -1,7 +1,7 @@
 """Client state in checkpoints as content-addressed pieces: a checkpoint writes only the clients
 that changed since the last one.
 
-The memory store (:class:`mmfl.engine.state.ClientStateStore`) serializes each client's state
+The memory store (:class:`mmfl.engine.state_store.ClientStateStore`) serializes each client's state
 as one safetensors blob, a *piece*, stored once under ``checkpoints/pieces/<sha256>.safetensors``
 (its name is the sha256 of its bytes). A checkpoint's ``clients.json`` (:data:`INDEX`) maps each
 client id to its piece; the store remembers which piece holds each client's state and writes a

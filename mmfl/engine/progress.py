@@ -3,7 +3,7 @@ clients of each send (clients done / cohort, with tqdm's ETA of the round), plus
 ETA on the rounds bar from the first client on (before round 1 ends, tqdm has no rate).
 
 The transport calls :meth:`RunProgress.begin_send` and :meth:`RunProgress.advance` as clients
-finish (:class:`~mmfl.engine.simulation.SimulationTransport`, and :func:`~mmfl.engine.batched.send_batched`
+finish (:class:`~mmfl.engine.simulation.SimulationTransport`, and :func:`~mmfl.engine.batched_delivery.send_batched`
 per trained group); the runner calls :meth:`begin_round` / :meth:`end_round`. The inner bar is
 drawn only when stderr is a terminal (tqdm's ``disable=None``), and the rounds bar is redrawn
 between rounds only there too, so a log file gets one line per round, not one per client.

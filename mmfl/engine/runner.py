@@ -1,5 +1,6 @@
 """The round loop: build the federation, sample, deliver, evaluate, log,
-checkpoint, resume.
+checkpoint, resume. Each round walks the declared stages of :mod:`mmfl.engine.pipeline`
+(training, evaluation, the row's entries, metrics.jsonl, tracking, the checkpoint).
 
 Run folder ``<output_dir>/<name>/``:
 
@@ -19,39 +20,36 @@ Run folder ``<output_dir>/<name>/``:
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import tomllib
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
-import numpy as np
 import torch
 
 from mmfl.algorithms import ALGORITHMS
 from mmfl.algorithms.base import ServerContext, Transport
-from mmfl.core.device import place_federation, precision_context, resolve_device, to_device
-from mmfl.core.evaluation import PERSONAL_PREFIX, EvalContext, run_evaluations
+from mmfl.core.device import place_federation, resolve_device, to_device
+from mmfl.core.evaluation import PERSONAL_PREFIX, EvalContext
 from mmfl.core.personal import personal_test_indices
-from mmfl.core.replies import check_reply
 from mmfl.core.system import WirelessSystem
 from mmfl.core.training import train_for_run
 from mmfl.data.federation import build_federation
-from mmfl.engine import checkpoint, runfiles, runfolder
-from mmfl.engine.learning_check import LearningCheck, diverged, no_valid_reply
+from mmfl.engine import checkpoint, pipeline, runfiles, runfolder
+from mmfl.engine.cohort import cohort_size, sample_cohort
 from mmfl.engine.runfolder import with_new_defaults  # noqa: F401  (its home before)
-from mmfl.engine.dp import DPAccountant, LocalDP, check_dpsgd_models
-from mmfl.engine.progress import RunProgress
+from mmfl.engine.dp_runtime import LocalDP, check_dpsgd_models
 from mmfl.engine.attack import make_attack
 from mmfl.engine.simulation import SimulationTransport
-from mmfl.engine.tracking import Tracking, check_installed
-from mmfl.engine.state import DiskClientStateStore, make_store
+from mmfl.engine.stages.base import Round, Stage
+from mmfl.engine.stages.checks import check_finite as _check_finite  # noqa: F401  (its home before)
+from mmfl.engine.tracking import check_installed
+from mmfl.engine.state_store import DiskClientStateStore, make_store
 from mmfl.errors import ConfigError, MMFLError
 from mmfl.models.factory import model_factory
 from mmfl.report import load_metrics, summarize
-from mmfl.schema import REPRESENTATION_ATTACKS, ExperimentConfig
-from mmfl.seeds import derive_seed
+from mmfl.schema import ExperimentConfig
 
 
 # settings that change where or how often a run computes, not its result: a resume may change them
@@ -59,34 +57,19 @@ from mmfl.seeds import derive_seed
 RESUME_MAY_CHANGE = ("device", "gpus_per_client", "checkpoint_every", "threads", "on_no_valid_reply")
 
 
-def cohort_size(cfg: ExperimentConfig, num_clients: int) -> int:
-    """The number of clients sampled per round."""
-    return cfg.run.clients_per_round or max(1, int(round(cfg.run.sample_fraction * num_clients)))
-
-
-def sample_cohort(cfg: ExperimentConfig, rnd: int, num_clients: int) -> list[int]:
-    """The clients of round ``rnd``: a seeded draw without replacement."""
-    k = cohort_size(cfg, num_clients)
-    if k > num_clients:
-        raise ConfigError(f"clients_per_round: {k} exceeds the number of clients ({num_clients})")
-    if k == num_clients:
-        return list(range(num_clients))
-    rng = np.random.default_rng(derive_seed(cfg.run.seed, rnd, "cohort"))
-    return sorted(int(c) for c in rng.choice(num_clients, size=k, replace=False))
-
-
 class Experiment:
     """One configured run. ``Experiment(cfg).run()`` does everything."""
 
     def __init__(self, cfg: ExperimentConfig, progress: bool = True,
-                 transport: Callable[["Experiment"], Transport] | None = None):
+                 transport: Callable[["Experiment"], Transport] | None = None,
+                 stages: Sequence[type[Stage]] | None = None):
         """``transport`` builds the transport from this experiment (its spec,
         federation, store, ...); default: the in-process simulation. The round
-        loop is the same for every transport (see :mod:`mmfl.flower`)."""
+        loop is the same for every transport (see :mod:`mmfl.flower`). ``stages``: the
+        round's stages in order (default: :data:`mmfl.engine.pipeline.STAGES`)."""
         self.cfg = cfg
         self.progress = progress
         check_installed(cfg.tracking)  # a missing tracking library: one line before anything runs
-        self.tracking: Tracking | None = None  # [tracking]: opened with the run folder (mmfl.engine.tracking)
         self.spec = ALGORITHMS.get(cfg.algorithm.name).factory
         self.device = resolve_device(cfg.run.device)  # where the run computes (mmfl.core.device)
         self.federation = build_federation(cfg, pooled=self.spec.pooled)
@@ -119,10 +102,6 @@ class Experiment:
             cohort_size=cohort_size(cfg, self.federation.num_clients),
             client_model=lambda cid: self.make_model(fed.modalities_of(cid), fed.group_of(cid), fed.meta_of(cid)),
             device=self.device))
-        self.dp_accountant = None  # [dp]: epsilon per round (mmfl.engine.dp)
-        if cfg.dp is not None:
-            n = self.federation.num_clients
-            self.dp_accountant = DPAccountant(cfg.dp, cohort_size(cfg, n), n, lambda r: sample_cohort(cfg, r, n))
         self.store = make_store(cfg.run.state_store, self.federation.num_clients, cfg.run_dir / "client_state",
                                 self.device)
         if transport is not None:
@@ -138,32 +117,13 @@ class Experiment:
                 batch_clients=cfg.run.batch_clients, privacy=cfg.privacy,
                 local_dp=LocalDP(cfg.dp, cfg.run.seed) if cfg.dp is not None and cfg.dp.mode == "local" else None,
                 attack=cfg.attack, stream=cfg.run.stream_aggregation, dp=cfg.dp, device=self.device)
-        if cfg.dp is not None and cfg.dp.mode == "local" and getattr(self.transport, "local_dp", None) is None:
-            raise ConfigError("dp.mode: local DP is applied by the in-process simulation only; this transport "
-                              "has no client-side randomizer (use dp.mode = \"central\")")
-        # every transport's replies are checked against the server's reply schema (mmfl.core.replies)
-        self.transport.log.check = self.check_reply
-        self.transport.log.on_bad_reply = cfg.run.on_bad_reply
         self.attack = make_attack(cfg.attack, self.federation.num_clients, cfg.run.seed)  # who is malicious
+        # the round's stages (mmfl.engine.pipeline); each may refuse the config now
+        self.stages = pipeline.build_stages(self, pipeline.STAGES if stages is None else stages)
         if cfg.run.stream_aggregation == "on" and self.server.train_accumulator(1) is None:
             print(f"mmfl: note: stream_aggregation = \"on\": {cfg.algorithm.name} with aggregation "
                   f"{getattr(cfg.algorithm.params, 'aggregation', '-')!r} needs the whole list of replies; "
                   "its rounds take the list path", file=sys.stderr, flush=True)
-        if cfg.attack is not None and cfg.attack.kind in REPRESENTATION_ATTACKS \
-                and not getattr(self.server, "representation_replies", False):
-            raise ConfigError(f"attack.kind: {cfg.attack.kind!r} changes exchanged representations; "
-                              f"{cfg.algorithm.name} exchanges model weights (use sign_flip, scale, gaussian, "
-                              "constant, label_flip or inflate_examples)")
-
-    def check_reply(self, route: str, cid: int, reply) -> str | None:
-        """Why client ``cid``'s ``reply`` on ``route`` does not fit the server's schema (None:
-        it fits, or the server declares none for the route); its counts are bounded by the
-        client's training rows."""
-        schema = self.server.reply_schema(route, cid)
-        if schema is None:
-            return None
-        size = len(self.federation.clients[cid]) if 0 <= cid < len(self.federation.clients) else None
-        return check_reply(schema, reply, size)
 
     # --- run folder -----------------------------------------------------
     @property
@@ -243,105 +203,33 @@ class Experiment:
             self._check_dir(resume, overwrite)  # refuse before creating anything (a lock file)
             lock.acquire()
             summary = self._run(resume, overwrite)
-            if self.tracking is not None:
-                self.tracking.close()
+            for stage in reversed(self.stages):
+                stage.close(failed=False)
             return summary
         except OSError as e:  # a full disk, output_dir a file, read-only, ...: one line
             raise runfolder.fs_error(e, self.run_dir) from None
         finally:
-            if self.tracking is not None:
-                self.tracking.close(failed=True)  # an error or an interrupt (no-op after a finished run)
+            for stage in reversed(self.stages):
+                stage.close(failed=True)  # an error or an interrupt (no-op after a finished run)
             lock.release()
 
     def _run(self, resume: bool, overwrite: bool) -> dict:
-        cfg = self.cfg
         start = self._prepare_dir(resume, overwrite)
         label_map = (self.federation.meta.info or {}).get("label_map")
         if label_map:  # the ids a manifest gave its labels (mmfl.data.manifest)
             runfolder.atomic_write(self.run_dir / "labels.json", json.dumps(label_map, indent=2))
         runfiles.record(self.run_dir, "metrics.jsonl")
-        if cfg.tracking is not None:
-            if not cfg.tracking.dir:  # the trackers write inside the run folder (mmfl.engine.tracking)
-                runfiles.record(self.run_dir, "tracking.json", *({"tensorboard": "tb/", "mlflow": "mlruns/"}
-                                                                  .get(b, b + "/") for b in cfg.tracking.backends))
-            else:
-                runfiles.record(self.run_dir, "tracking.json")
-            self.tracking = Tracking(cfg, self.run_dir, start, load_metrics(self.run_dir) if start else [])
-        rounds = range(start, cfg.run.rounds)
-        bar = _progress(rounds, cfg, self.progress)
-        if bar is not None and hasattr(self.transport, "progress"):
-            self.transport.progress = bar  # clients done inside each round
-        metrics_path = self.run_dir / "metrics.jsonl"
-        learning = LearningCheck(self.federation.meta.num_classes, cfg.train.optimizer, cfg.train.lr,
-                                 decaying=cfg.train.lr_schedule != "constant")
-        sim_total = self._sim_time_so_far() if self.system is not None else 0.0
-        for rnd in rounds:
-            t0 = time.perf_counter()
-            if bar is not None:
-                bar.begin_round(rnd)
+        for stage in self.stages:
+            stage.start(start)
+        for rnd in range(start, self.cfg.run.rounds):
             # a pooled (centralized) run has one client whatever clients_per_round says
-            cohort = [0] if self.spec.pooled else sample_cohort(cfg, rnd, self.federation.num_clients)
-            self.transport.begin_round(rnd)
-            row: dict = {"round": rnd + 1, "clients": len(cohort)}
-            with precision_context(self.device, cfg.run.precision):
-                try:
-                    row.update(self.server.round(rnd, cohort, self.transport))
-                except MMFLError as e:  # a centralized run that diverged: "lower train.lr"
-                    raise diverged(e, self.spec.pooled) from None
-                except RuntimeError as e:  # a setting too large for float32 (torch's optimizer step)
-                    if "without overflow" not in str(e):
-                        raise
-                    raise MMFLError(f"round {rnd + 1}: a value overflows float32 in training ({e}); check "
-                                    "train.lr, train.weight_decay and the algorithm's parameters") from None
-            row.update(self.transport.batch_info)  # batched clients, or why not
-            if self.dp_accountant is not None:
-                row.update(self.dp_accountant.metrics(rnd))
-            train_comm = self.transport.log.summary()
-            dropped = list(self.transport.log.dropped)  # before the evaluation resets the log
-            rejected = list(getattr(self.transport.log, "rejected", ()))
-            if dropped and getattr(self.transport.log, "accepted", None) == 0:  # replies came, none was kept
-                row["no_valid_reply"] = no_valid_reply(cfg.run.on_no_valid_reply, rnd, dropped)
-            row["train_time_s"] = time.perf_counter() - t0
-            if (rnd + 1) % cfg.run.eval_every == 0 or rnd + 1 == cfg.run.rounds:
-                self.transport.log.reset()
-                # evaluation in fp32 whatever the precision: the metrics describe the model, not bf16 rounding
-                row.update(run_evaluations(self.server, self.evaluations(), self.eval_context(rnd)))
-                ev = self.transport.log.summary()
-                if ev["bytes_down"] or ev["bytes_up"]:
-                    row["eval_bytes_down"], row["eval_bytes_up"] = ev["bytes_down"], ev["bytes_up"]
-            row.update(train_comm)
-            if self.system is not None:  # the training conversation's bytes only, not evaluation's
-                row.update(self.system.round_latency(rnd, train_comm["bytes_per_client"]))
-                sim_total += row["sim_time_s"]
-                row["sim_time_total_s"] = sim_total
-            dropped += [c for c in self.transport.log.dropped if c not in dropped]  # + dropped in evaluation
-            if dropped:
-                row["dropped"] = dropped
-            rejected += list(getattr(self.transport.log, "rejected", ()))  # + rejected in evaluation
-            if rejected:
-                row["replies_rejected"] = len(rejected)
-                row["rejected"] = rejected
-            if self.attack is not None:
-                row["attack/kind"] = self.attack.kind
-                row["attack/clients"] = [c for c in cohort if self.attack.is_malicious(c)]
-            row["wall_time_s"] = time.perf_counter() - t0
-            _check_finite(row, rnd)
-            learning.update(row)  # one note per run when train_loss sits at ln K or rises (learning_check)
-            # metrics first, then the checkpoint: a crash in between leaves a row
-            # newer than the checkpoint, which resume drops (_truncate_metrics).
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(row) + "\n")
-                f.flush()
-                os.fsync(f.fileno())  # on disk before the checkpoint that says the round is done
-            if self.tracking is not None:  # the same row, before the checkpoint (resume never logs it twice)
-                self.tracking.log(row)
-            self._checkpoint(rnd)
-            if bar is not None:
-                bar.end_round(row)
-        if bar is not None:
-            bar.close()
-        summary = self._finish()
-        return summary
+            cohort = [0] if self.spec.pooled else sample_cohort(self.cfg, rnd, self.federation.num_clients)
+            r = Round(rnd, time.perf_counter(), cohort)
+            for stage in self.stages:
+                stage.begin(r)
+            for stage in self.stages:  # train, evaluate, record the row, checkpoint (mmfl.engine.pipeline)
+                stage.round(r)
+        return self._finish()
 
     # --- evaluation (mmfl.core.evaluation) -------------------------------
     def evaluations(self) -> dict[str, str]:
@@ -362,44 +250,25 @@ class Experiment:
                            num_clients=fed.num_clients, modalities_of=fed.modalities_of,
                            send=self.transport.send, personal_rows=rows)
 
-    def _sim_time_so_far(self) -> float:
-        """Simulated seconds of the rounds already in ``metrics.jsonl`` (a resumed run)."""
-        path = self.run_dir / "metrics.jsonl"
-        if not path.is_file():
-            return 0.0
-        return float(sum(r.get("sim_time_s", 0.0) for r in load_metrics(self.run_dir)))
-
     def _checkpoint(self, rnd: int) -> None:
         """After round ``rnd``: a checkpoint every ``checkpoint_every`` rounds and after the last one.
         Between checkpoints a disk store keeps the rounds' changes in its journal; it commits them
-        only once a checkpoint holds them (mmfl.engine.state), so resume replays the newest one."""
+        only once a checkpoint holds them (mmfl.engine.state_store), so resume replays the newest one."""
         done = rnd + 1
         if done % self.cfg.run.checkpoint_every and done != self.cfg.run.rounds:
             return
         # named by rounds completed, like the metrics rows: round_00003 holds the state after round 3
         checkpoint.save(self.run_dir / "checkpoints", rnd + 1, self.server.state_dict(),
                         self.store, {"round": rnd + 1}, keep=self.cfg.run.keep_checkpoints)
-        self.store.commit()  # a disk store moves the round's changes into its files (see mmfl.engine.state)
+        self.store.commit()  # a disk store moves the round's changes into its files (see mmfl.engine.state_store)
 
     def _finish(self) -> dict:
         rows = load_metrics(self.run_dir)
         summary = summarize(rows, self.cfg)
         runfolder.atomic_write(self.run_dir / "summary.json", json.dumps(summary, indent=2))
-        if self.tracking is not None:
-            self.tracking.finish(summary)
+        for stage in reversed(self.stages):
+            stage.finish(summary)
         # no accuracy.png here (matplotlib's import is 0.5-1 s of a short run): `mmfl report RUN`,
         # `mmfl run --plot` or Result.plot() draw it from metrics.jsonl
         return summary
 
-
-def _progress(rounds, cfg, enabled: bool) -> RunProgress | None:
-    """The run's progress bars (rounds, and clients inside a round: :mod:`mmfl.engine.progress`)."""
-    if not enabled:
-        return None
-    return RunProgress(f"{cfg.run.name} ({cfg.algorithm.name})", rounds.start, cfg.run.rounds)
-
-
-def _check_finite(row: dict, rnd: int) -> None:
-    for k, v in row.items():  # the accuracy and every loss an algorithm reports (train, test, distill, ...)
-        if (k == "accuracy" or k.endswith("loss")) and isinstance(v, float) and not np.isfinite(v):
-            raise MMFLError(f"round {rnd + 1}: {k} is {v}; training diverged (lower train.lr?)")

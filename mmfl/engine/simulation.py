@@ -25,11 +25,11 @@ from mmfl.schema import TrainConfig
 from mmfl.data.base import Federation
 from mmfl.core.device import CPU, fp32_messages
 from mmfl.engine.attack import make_attack
-from mmfl.engine.batched import send_batched
+from mmfl.engine.batched_delivery import send_batched
 from mmfl.engine.client_runtime import ModelPool, run_client
 from mmfl.core.message import Message
 from mmfl.engine.privacy import federation_modalities, make_checker
-from mmfl.engine.state import ClientStateStore
+from mmfl.engine.state_store import ClientStateStore
 from mmfl.errors import MMFLError
 
 log = logging.getLogger("mmfl")
@@ -136,9 +136,9 @@ class SimulationTransport:
         self.make_model = make_model
         self.store = store
         self.on_nonfinite = on_nonfinite
-        self.batch_clients = batch_clients  # train a send's clients together (mmfl.engine.batched)
+        self.batch_clients = batch_clients  # train a send's clients together (mmfl.engine.batched_delivery)
         self.privacy = make_checker(privacy, federation_modalities(federation))  # None: no rules
-        self.local_dp = local_dp  # [dp] mode = "local": mmfl.engine.dp.LocalDP, applied to train replies
+        self.local_dp = local_dp  # [dp] mode = "local": mmfl.engine.dp_runtime.LocalDP, applied to train replies
         self.dp = dp  # [dp] (cfg.dp; None: none): the clients read it (mode "sample": DP-SGD)
         self.batch_info: dict = {}  # this round: clients trained batched, or why not
         self.num_clients = federation.num_clients
