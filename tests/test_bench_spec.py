@@ -39,17 +39,13 @@ def test_a_bad_spec_is_one_config_error(tmp_path):
         TableSpec(p)
 
 
-def test_fedmsplit_grid_renders_what_its_run_py_printed(tmp_path, monkeypatch):
-    """benchmarks/fedmsplit as a grid: its tables over fixture runs equal the old run.py's report."""
-    from mmfl.bench import load_spec
-
-    g = fixture_grid(ROOT / "benchmarks/fedmsplit/grid.toml", tmp_path,
+def test_fedmsplit_spec_renders_what_its_tables_py_wrote(tmp_path, monkeypatch):
+    """benchmarks/fedmsplit/tables.toml (pairs with per-side keys, one shared bootstrap generator)
+    over fixture runs equals the report of the tables.py it replaced."""
+    g = fixture_grid(ROOT / "benchmarks/fedmsplit/grid.toml", tmp_path / "fedmsplit",
                      keys=["global/personal_accuracy", "global/accuracy", "msplit_self_weight"])
     assert len(g.runs()) == 140
-    from mmfl.bench.runner import Bench
-
-    lines = load_spec(g.tables).tables(Bench(g))
-    assert "\n".join(lines) + "\n" == (GOLDEN / "fedmsplit-tables.md").read_text()
+    assert render_lines(g, monkeypatch) == (GOLDEN / "fedmsplit.md").read_text()
 
 
 def test_robust_clean_cost_spec_renders_what_clean_cost_py_wrote(tmp_path, monkeypatch):

@@ -34,7 +34,7 @@ from mmfl.errors import ConfigError
 BLOCK_KEYS = {"text", "kind", "group", "rows", "extra", "header", "cells", "metric", "row", "pairs", "scale",
               "fail_value", "fail_note", "label_a", "label_b", "base", "exclude", "intro", "methods", "rounds",
               "columns", "digits", "missing", "when", "compare", "per_setting", "setting_head", "diff", "a", "b",
-              "metrics", "min_seeds", "per_seed", "per_seed_label"}
+              "metrics", "min_seeds", "per_seed", "per_seed_label", "values", "line", "bootstrap", "seeds_note"}
 
 
 class Fields(string.Formatter):
@@ -69,7 +69,7 @@ class Fields(string.Formatter):
             shown = raw.relative_to(b.grid.root) if raw.is_relative_to(b.grid.root) else raw
             if rest.startswith("settings."):  # the keys of a group's settings, "20 and 30"
                 return " and ".join(b.grid.settings(rest.split(".", 1)[1]))
-            return {"seeds": b.grid.seeds, "name": b.grid.name, "raw_dir": str(shown)}[rest]
+            return {"seeds": b.grid.seeds, "name": b.grid.name, "raw_dir": str(shown), "raw_name": raw.name}[rest]
         if ns == "machine":
             import mmfl.sweep
 
