@@ -34,10 +34,11 @@ def _aggregate(vals: dict, n_expected: int, m: dict) -> str:
     v, d = [m["scale"] * x for x in vals.values() if x is not None], m["digits"]
     if m["agg"] == "mean_stdev":  # sample standard deviation (n - 1)
         return f"{statistics.mean(v):.{d}f} ± {statistics.stdev(v):.{d}f}" if len(v) > 1 else "—"
+    raw, sc = [x for x in vals.values() if x is not None], m["scale"]  # mean of the values, then x scale
     if m["agg"] == "mean_pstd":  # population standard deviation, no seed count
-        return f"{np.mean(v):.{d}f} ± {np.std(v):.{d}f}" if v else "—"
+        return f"{sc * np.mean(raw):.{d}f} ± {sc * np.std(raw):.{d}f}" if raw else "—"
     if m["agg"] == "mean":
-        return f"{np.mean(v):.{d}f}" if v else "—"
+        return f"{sc * np.mean(raw):.{d}f}" if raw else "—"
     raise ConfigError("table spec: metric.agg must be 'seed_cell', 'ms', 'mean_stdev', 'mean_pstd' or 'mean', "
                       f"got {m['agg']!r}")
 
