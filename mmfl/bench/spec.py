@@ -10,7 +10,8 @@ A spec is a list of ``[[blocks]]``, each rendered to lines followed by one empty
   ``"ms"``: mean ± std (n/N)); ``[blocks.row.<key>]`` overrides a row's ``label`` / ``cells`` and
   adds ``more`` (another metric's mean, formatted into the row as ``{more}``);
 - ``kind = "pairs"``: paired differences a − b over seeds (bootstrap CI, ``scipy.stats.ttest_rel``;
-  :func:`mmfl.bench.render.pair_row`), a claim made only from 5 paired seeds;
+  :func:`mmfl.bench.render.pair_row`), a claim made only from 5 paired seeds; or rows of a ``line``
+  template, a side's own metric ``key``, ``bootstrap = "shared"`` (one generator for the block);
 - ``kind = "rounds_to_reach"``: rounds each method's mean curve needs to reach ``base``'s final value;
 - ``kind = "round_rows"``: per method and chosen round, the mean over seeds of metric keys of that row;
 - ``kind = "matrix"`` (settings x methods), ``"per_seed"`` (a column per seed), ``"rounds_per_setting"``.
