@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from bench_spec_fixtures import fixture_grid, render_lines
 
@@ -39,17 +40,13 @@ def test_a_bad_spec_is_one_config_error(tmp_path):
         TableSpec(p)
 
 
-def test_fedmsplit_grid_renders_what_its_run_py_printed(tmp_path, monkeypatch):
-    """benchmarks/fedmsplit as a grid: its tables over fixture runs equal the old run.py's report."""
-    from mmfl.bench import load_spec
-
-    g = fixture_grid(ROOT / "benchmarks/fedmsplit/grid.toml", tmp_path,
+def test_fedmsplit_spec_renders_what_its_tables_py_wrote(tmp_path, monkeypatch):
+    """benchmarks/fedmsplit/tables.toml (pairs with per-side keys, one shared bootstrap generator)
+    over fixture runs equals the report of the tables.py it replaced."""
+    g = fixture_grid(ROOT / "benchmarks/fedmsplit/grid.toml", tmp_path / "fedmsplit",
                      keys=["global/personal_accuracy", "global/accuracy", "msplit_self_weight"])
     assert len(g.runs()) == 140
-    from mmfl.bench.runner import Bench
-
-    lines = load_spec(g.tables).tables(Bench(g))
-    assert "\n".join(lines) + "\n" == (GOLDEN / "fedmsplit-tables.md").read_text()
+    assert render_lines(g, monkeypatch) == (GOLDEN / "fedmsplit.md").read_text()
 
 
 def test_robust_clean_cost_spec_renders_what_clean_cost_py_wrote(tmp_path, monkeypatch):
@@ -119,3 +116,32 @@ def test_a_bad_spec_through_mmfl_bench_is_one_line(tmp_path):
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == ["mmfl: error: table spec: unknown field {nope}"]
+
+
+def test_pairs_line_mode_reports_paired_verdict_and_shared_bootstrap_differs(tmp_path, monkeypatch):
+    """``line`` rows carry :func:`mmfl.sweep.paired_verdict`'s numbers; ``bootstrap = "shared"`` draws
+    the second row's resamples after the first's (so its interval moves, its mean and p do not)."""
+    from mmfl.bench.runner import Bench
+    from mmfl.sweep import paired_verdict
+
+    (tmp_path / "grid.toml").write_text(
+        'name = "x"\nraw_dir = "raw"\nreport = "out.md"\nseeds = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]\n'
+        '[groups.g]\n[groups.g.methods]\na = { set = { rounds = 3 } }\nb = { set = { rounds = 4 } }\n')
+    g = fixture_grid(tmp_path / "grid.toml", tmp_path / "raw", skip_every=10**9, fail=0)
+    b = Bench(g)
+    spec = tmp_path / "t.toml"
+    line = "{mean:.6f} {lo:.6f} {hi:.6f} {p:.6f} {n}{seeds_note}"
+    block = f'[[blocks]]\nkind = "pairs"\ngroup = "g"\nheader = ["x"]\nline = "{line}"\npairs = [["a", "b"], ["b", "a"]]\n'
+    spec.write_text(block)
+    rows = TableSpec(spec).report(b)[2:4]
+    va, vb = (b.vals("g", m) for m in ("a", "b"))
+    v = paired_verdict(va, vb, 100.0)
+    assert rows[0] == f"{v['delta']:.6f} {v['lo']:.6f} {v['hi']:.6f} {v['p']:.6f} 10"
+    spec.write_text(block + 'bootstrap = "shared"\n')
+    shared = TableSpec(spec).report(b)[2:4]
+    assert shared[0] == rows[0]  # the first draw of a fresh generator seeded 0 is paired_verdict's
+    rng = np.random.default_rng(0)
+    for d in (100 * (np.array(va) - vb), 100 * (np.array(vb) - va)):
+        lo, hi = np.quantile(d[rng.integers(0, len(d), (10000, len(d)))].mean(1), [0.025, 0.975])
+    assert shared[1].split()[1:3] == [f"{lo:.6f}", f"{hi:.6f}"]
+    assert shared[1].split()[::3] == rows[1].split()[::3]

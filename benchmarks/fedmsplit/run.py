@@ -1,5 +1,5 @@
 """FedMSplit's graph benchmark: ``mmfl bench benchmarks/fedmsplit/grid.toml`` (grid.toml: the runs;
-tables.py: the report, benchmarks/results/fedmsplit.md; diagnose.py: the seed-0 diagnostics).
+tables.toml: the report, benchmarks/results/fedmsplit.md; diagnose.py: the seed-0 diagnostics).
 
     .venv/bin/python benchmarks/fedmsplit/run.py [--tables-only] [--workers N]
 """

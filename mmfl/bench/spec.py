@@ -10,7 +10,8 @@ A spec is a list of ``[[blocks]]``, each rendered to lines followed by one empty
   ``"ms"``: mean ± std (n/N)); ``[blocks.row.<key>]`` overrides a row's ``label`` / ``cells`` and
   adds ``more`` (another metric's mean, formatted into the row as ``{more}``);
 - ``kind = "pairs"``: paired differences a − b over seeds (bootstrap CI, ``scipy.stats.ttest_rel``;
-  :func:`mmfl.bench.render.pair_row`), a claim made only from 5 paired seeds;
+  :func:`mmfl.bench.render.pair_row`), a claim made only from 5 paired seeds; or rows of a ``line``
+  template, a side's own metric ``key``, ``bootstrap = "shared"`` (one generator for the block);
 - ``kind = "rounds_to_reach"``: rounds each method's mean curve needs to reach ``base``'s final value;
 - ``kind = "round_rows"``: per method and chosen round, the mean over seeds of metric keys of that row;
 - ``kind = "matrix"`` (settings x methods), ``"per_seed"`` (a column per seed), ``"rounds_per_setting"``.
@@ -34,7 +35,7 @@ from mmfl.errors import ConfigError
 BLOCK_KEYS = {"text", "kind", "group", "rows", "extra", "header", "cells", "metric", "row", "pairs", "scale",
               "fail_value", "fail_note", "label_a", "label_b", "base", "exclude", "intro", "methods", "rounds",
               "columns", "digits", "missing", "when", "compare", "per_setting", "setting_head", "diff", "a", "b",
-              "metrics", "min_seeds", "per_seed", "per_seed_label"}
+              "metrics", "min_seeds", "per_seed", "per_seed_label", "values", "line", "bootstrap", "seeds_note"}
 
 
 class Fields(string.Formatter):
@@ -69,7 +70,7 @@ class Fields(string.Formatter):
             shown = raw.relative_to(b.grid.root) if raw.is_relative_to(b.grid.root) else raw
             if rest.startswith("settings."):  # the keys of a group's settings, "20 and 30"
                 return " and ".join(b.grid.settings(rest.split(".", 1)[1]))
-            return {"seeds": b.grid.seeds, "name": b.grid.name, "raw_dir": str(shown)}[rest]
+            return {"seeds": b.grid.seeds, "name": b.grid.name, "raw_dir": str(shown), "raw_name": raw.name}[rest]
         if ns == "machine":
             import mmfl.sweep
 

@@ -31,10 +31,16 @@ def _aggregate(vals: dict, n_expected: int, m: dict) -> str:
         return seed_cell(vals, scale=m["scale"], digits=m["digits"])
     if m["agg"] == "ms":
         return ms([v for v in vals.values() if v is not None], n_expected, m["digits"], m["scale"])
+    v, d = [m["scale"] * x for x in vals.values() if x is not None], m["digits"]
     if m["agg"] == "mean_stdev":  # sample standard deviation (n - 1)
-        v, d = [m["scale"] * x for x in vals.values() if x is not None], m["digits"]
         return f"{statistics.mean(v):.{d}f} ± {statistics.stdev(v):.{d}f}" if len(v) > 1 else "—"
-    raise ConfigError(f"table spec: metric.agg must be 'seed_cell', 'ms' or 'mean_stdev', got {m['agg']!r}")
+    raw, sc = [x for x in vals.values() if x is not None], m["scale"]  # mean of the values, then x scale
+    if m["agg"] == "mean_pstd":  # population standard deviation, no seed count
+        return f"{sc * np.mean(raw):.{d}f} ± {sc * np.std(raw):.{d}f}" if raw else "—"
+    if m["agg"] == "mean":
+        return f"{sc * np.mean(raw):.{d}f}" if raw else "—"
+    raise ConfigError("table spec: metric.agg must be 'seed_cell', 'ms', 'mean_stdev', 'mean_pstd' or 'mean', "
+                      f"got {m['agg']!r}")
 
 
 def _compare(vals: dict, base: dict, m: dict) -> dict:
@@ -58,10 +64,14 @@ def _rows(b, block: dict) -> list[tuple[str, str | None]]:
         out = [(m, None) for m in b.methods(g)]
     elif rows == "settings*methods":
         out = [(m, s) for s in b.grid.settings(g) for m in b.methods(g)]
+    elif rows == "plan":  # every setting x the methods planned in all, then the methods planned in some
+        every = [m for m, e in b.methods(g).items() if not e.settings]
+        out = [(m, s) for s in b.grid.settings(g) for m in every] + \
+            [(m, s) for s in b.grid.settings(g) for m, e in b.methods(g).items() if e.settings and s in e.settings]
     elif isinstance(rows, list):
         out = [(m, None) for m in rows]
     else:
-        raise ConfigError(f"table spec: rows must be 'methods', 'settings*methods' or a list, got {rows!r}")
+        raise ConfigError(f"table spec: rows must be 'methods', 'settings*methods', 'plan' or a list, got {rows!r}")
     return out + [(e, None) for e in block.get("extra", [])]
 
 
@@ -74,6 +84,10 @@ def cells(b, block: dict, f) -> list[str]:
         vals = _by_seed(b, g, method, setting, m)
         local = {"key": method, "label": entry.label, "value": _aggregate(vals, len(b.names(g, method, setting)), m),
                  "setting": b.grid.settings(g)[setting].label if setting else "", "info": entry.info or {}, "more": ""}
+        local["v"] = {}  # ``values = { name = <metric> }``: more aggregates of the row, as {v.name}
+        for k, x in block.get("values", {}).items():
+            mv = _metric({"metric": x})
+            local["v"][k] = _aggregate(_by_seed(b, g, method, setting, mv), len(b.names(g, method, setting)), mv)
         if "compare" in block:
             local.update(_compare(vals, _by_seed(b, g, block["compare"], setting, m), m))
         local["label"] = f.fill(over.get("label", "{label}"), **local)
@@ -85,28 +99,62 @@ def cells(b, block: dict, f) -> list[str]:
     return md_table([f.fill(h) for h in block["header"]], body)
 
 
-def _pair_side(b, g: str, side, setting: str | None, template: str, f) -> tuple[str, str | None, str]:
-    method, label = (side.get("method"), side.get("label")) if isinstance(side, dict) else (side, None)
-    s = side.get("setting", setting) if isinstance(side, dict) else setting
+def _pair_side(b, g: str, side, setting: str | None, template: str, f, m: dict) -> tuple[str, str | None, str, dict]:
+    """A side of a pair: a method key or ``{method, setting, key, label}``; its metric (``key``
+    overrides the block's metric key) and its label (``{key}``, ``{label}``, ``{setting}``, ``{metric}``)."""
+    d = side if isinstance(side, dict) else {"method": side}
+    method, s, mm = d["method"], d.get("setting", setting), {**m, "key": d.get("key", m["key"])}
     local = {"key": method, "label": b.grid.entry(g, method).label,
-             "setting": b.grid.settings(g)[s].label if s else ""}
-    return method, s, label if label is not None else f.fill(template, **local)
+             "setting": b.grid.settings(g)[s].label if s else "", "metric": mm["key"]}
+    return method, s, d["label"] if "label" in d else f.fill(template, **local), mm
 
 
 def pairs(b, block: dict, f) -> list[str]:
+    """Paired differences a − b per pair (and per setting with ``per_setting``): rows of
+    :data:`PAIR_HEAD` (:func:`pair_row`), or, with ``line`` (a row template of ``{setting}``, ``{a}``,
+    ``{b}``, ``{mean}``, ``{lo}``, ``{hi}``, ``{p}``, ``{n}``, ``{seeds_note}``: ``seeds_note`` filled
+    when fewer than the grid's seeds pair up) under ``header``, pairs of 2+ seeds only;
+    ``bootstrap = "shared"``: every row's resamples drawn in table order from one generator (seed 0)."""
     g, m = block["group"], _metric(block)
-    out = list(PAIR_HEAD)
+    line = block.get("line")
+    out = md_table([f.fill(h) for h in block["header"]], []) if line else list(PAIR_HEAD)
+    rng = np.random.default_rng(0) if block.get("bootstrap") == "shared" else None
     every = list(b.grid.settings(g)) if block.get("per_setting") else [None]
     for setting, p in ((s, p) for s in every for p in block["pairs"]):
         a, c = (p["a"], p["b"]) if isinstance(p, dict) else (p[0], p[1])
         setting = setting or (p.get("setting") if isinstance(p, dict) else (p[2] if len(p) > 2 else None))
-        ma, sa, la = _pair_side(b, g, a, setting, block.get("label_a", "{label}"), f)
-        mb, sb, lb = _pair_side(b, g, c, setting, block.get("label_b", "{label}"), f)
+        ma, sa, la, mta = _pair_side(b, g, a, setting, block.get("label_a", "{label}"), f, m)
+        mb, sb, lb, mtb = _pair_side(b, g, c, setting, block.get("label_b", "{label}"), f, m)
         if block.get("per_setting") and not (b.names(g, ma, sa) and b.names(g, mb, sb)):
             continue  # a method not planned in this setting
-        out.append(pair_row(la, lb, _by_seed(b, g, ma, sa, m), _by_seed(b, g, mb, sb, m), scale=m["scale"],
-                            fail_value=block.get("fail_value"), fail_note=block.get("fail_note", "")))
+        va, vb = _by_seed(b, g, ma, sa, mta), _by_seed(b, g, mb, sb, mtb)
+        if not line:
+            out.append(pair_row(la, lb, va, vb, scale=m["scale"],
+                                fail_value=block.get("fail_value"), fail_note=block.get("fail_note", "")))
+        elif (r := _pair_stats(va, vb, m["scale"], rng)) is not None:
+            note = "" if r["n"] == len(b.grid.seeds) else f.fill(block.get("seeds_note", ""), n=r["n"])
+            out.append(f.fill(line, setting=b.grid.settings(g)[setting].label if setting else "", a=la, b=lb,
+                              seeds_note=note, **r))
     return out
+
+
+def _pair_stats(va: dict, vb: dict, scale: float, rng) -> dict | None:
+    """mean, 95% bootstrap CI (10,000 resamples; from ``rng``, else :func:`mmfl.sweep.paired_verdict`'s
+    own generator) and paired t-test p of a − b over the seeds both have; None under 2 seeds."""
+    from scipy.stats import ttest_rel
+
+    from mmfl.sweep import paired_verdict
+
+    seeds = sorted(k for k in va if k in vb and va[k] is not None and vb[k] is not None)
+    if len(seeds) < 2:
+        return None
+    a, c = [va[k] for k in seeds], [vb[k] for k in seeds]
+    if rng is None:
+        v = paired_verdict(a, c, scale)
+        return {"mean": v["delta"], "lo": v["lo"], "hi": v["hi"], "p": v["p"], "n": len(seeds)}
+    d = np.array([scale * (x - y) for x, y in zip(a, c)])
+    lo, hi = np.quantile(d[rng.integers(0, len(d), (10000, len(d)))].mean(1), [0.025, 0.975])
+    return {"mean": d.mean(), "lo": lo, "hi": hi, "p": ttest_rel(a, c).pvalue, "n": len(seeds)}
 
 
 def rounds_to_reach(b, block: dict, f) -> list[str]:
