@@ -41,7 +41,7 @@ from mmfl.data.federation import build_federation
 from mmfl.engine import checkpoint, runfiles, runfolder
 from mmfl.engine.learning_check import LearningCheck, diverged, no_valid_reply
 from mmfl.engine.runfolder import with_new_defaults  # noqa: F401  (its home before)
-from mmfl.engine.dp import DPAccountant, LocalDP, check_dpsgd_models
+from mmfl.engine.dp import DPAccountant, LocalDP, check_dpsgd_models, per_sample_dpsgd
 from mmfl.engine.progress import RunProgress
 from mmfl.engine.attack import make_attack
 from mmfl.engine.simulation import SimulationTransport
@@ -100,7 +100,7 @@ class Experiment:
             kinds = {(fed.modalities_of(c), fed.group_of(c), fed.source_of(c)) for c in range(fed.num_clients)}
             for held, group, src in kinds:
                 self.make_model(held, group, None if src is None else fed.sources[src].meta)
-        if cfg.dp is not None and cfg.dp.mode == "sample":  # DP-SGD needs per-sample gradients of each model
+        if per_sample_dpsgd(cfg):  # DP-SGD needs per-sample gradients of each model
             kinds = {(fed.modalities_of(c), fed.group_of(c), fed.source_of(c)) for c in range(fed.num_clients)}
             check_dpsgd_models([((cfg.model if g is None else cfg.client_models[g].model).name, self.make_model(
                 h if h != tuple(fed.meta.modalities) else None, g, None if s is None else fed.sources[s].meta))
