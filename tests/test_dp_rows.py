@@ -222,6 +222,34 @@ def test_fedcmi_dpsgd_batch_level_epsilon_is_opacus_at_half_the_multiplier(tmp_p
     assert history_epsilon(hist, 1e-5) == pytest.approx(want[0], rel=1e-6)
 
 
+def test_creamfl_dpsgd_batch_level_trains_the_private_task_privately_and_accounts_it(tmp_path):
+    """CreamFL's clients (classification and image-text InfoNCE) under [dp] mode = "sample": their
+    epsilon is Opacus's at (z / 2, q, steps) of their private rows, and the noise reaches the
+    representations they send (two noise seeds, two different replies)."""
+    raw = {"name": "cream", "rounds": 1, "seed": 0, "output_dir": str(tmp_path), "threads": 1,
+           "data": {"name": "mfeat_pair", "public_fraction": 0.2}, "partition": {"name": "iid", "num_clients": 3},
+           "modalities": {"name": "explicit", "holds": [["image", "features"], ["image"], ["features"]]},
+           "model": {"name": "multimodal", "feat_dim": 8, "cnn_channels": [4], "mlp_hidden": [16]},
+           "algorithm": {"name": "creamfl", "server_batch_size": 64}, "dp": {"mode": "sample", "noise_multiplier": 2.0},
+           "train": {"local_epochs": 2, "batch_size": 32, "optimizer": "adam", "lr": 0.001}}
+    exp = Experiment(resolve(raw), progress=False)
+    sent = spied(exp)
+    exp.run()
+    row = load_metrics(tmp_path / "cream")[-1]
+    sizes = [len(exp.federation.clients[c]) for c in range(3)]
+    want = [opacus_epsilon(1.0, sample_rate(n, 32), 2 * steps_per_epoch(n, 32), 1e-5) for n in sizes]
+    assert row["dp/epsilon"] == pytest.approx(max(want), rel=1e-6)
+    assert row["dp/epsilon_mean"] == pytest.approx(sum(want) / 3, rel=1e-6)
+    raw2 = dict(raw, seed=0, name="cream2", dp={"mode": "sample", "noise_multiplier": 0.0})
+    exp2 = Experiment(resolve(raw2), progress=False)
+    sent2 = spied(exp2)
+    exp2.run()
+    reps = {cid: rep.arrays for r, cid, _, rep in sent if r == "train"}
+    reps2 = {cid: rep.arrays for r, cid, _, rep in sent2 if r == "train"}
+    for cid in reps:  # the same batches and public passes: only the private steps' noise differs
+        assert any(not torch.allclose(reps[cid][k], reps2[cid][k], atol=1e-3) for k in reps[cid])
+
+
 @pytest.mark.parametrize("algo,mode,match", [
     ("fedavg", "rows", "does not support dp.mode = \"rows\".*send model parameters"),
     ("creamfl_fedavg", "sample", "does not support sample-level"),

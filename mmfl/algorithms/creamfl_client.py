@@ -98,9 +98,10 @@ class CreamFLClient(TrainingClient):
         dp = private_training(ctx)
         for epoch in range(ctx.train.local_epochs):
             self.on_epoch(epoch)
-            if dp is not None:  # DP-SGD, batch-level clipping (the InfoNCE negatives are the batch's rows)
+            private = dp is not None  # DP-SGD, batch-level clipping (the InfoNCE negatives are the batch's rows)
+            if private:
                 self.private_epoch(model, opt, gen, loss_fn, stats["task"])
-            for inputs, labels in (() if dp is not None else
+            for inputs, labels in (() if private else
                                    ctx.data.batches(ctx.train.batch_size, shuffle=True, generator=gen)):
                 if labels.shape[0] < 2:
                     continue
