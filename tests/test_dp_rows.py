@@ -264,3 +264,30 @@ def test_modes_an_algorithm_does_not_take_are_one_line(algo, mode, match):
         resolve_dp({"mode": mode}, Component(algo, {}))
     assert {"partialfl", "split_learning", "split_learning_u"} <= set(algorithms_with("dp:rows"))
     assert {"fedcmi", "creamfl"} <= set(algorithms_with("dp:sample"))
+
+
+def test_the_audits_row_ground_truth_under_rows_dp_is_the_clients_seeded_schedule(tmp_path):
+    """Noised activations match no clean row, so under [dp] mode = "rows" the audit takes the rows of
+    a split client's first batch from its seeded schedule; where matching is exact (z = 0, C huge,
+    the features' MLP activations) both give the same rows."""
+    from mmfl.algorithms.split_cut import client_forward
+    from mmfl.audit import audit as A
+    from mmfl.audit.replay import replay
+    from mmfl.core.dp_rows import fixed_batchnorm
+
+    raw = split_raw(tmp_path, "split_learning_u", {"mode": "rows", "clip_norm": 1e9, "noise_multiplier": 0.0})
+    raw["train"]["batch_size"] = 32
+    view = replay(resolve(raw), 1)
+    fed = view.federation
+    e = next(x for x in view.exchanges if x.route == "sl_forward" and x.client == 0)
+    begin = next(x for x in view.exchanges if x.route == "sl_begin" and x.client == 0)
+    model = view.make_model(fed.modalities_of(0), fed.group_of(0), fed.meta_of(0))
+    state = model.state_dict()
+    state.update({k: v for k, v in begin.sent.arrays.items() if k in state})
+    model.load_state_dict(state)
+    x, y = fed.clients[0].get()
+    with torch.no_grad(), fixed_batchnorm(model):
+        mine = client_forward(model, x, True)["features"]
+    got = e.reply.arrays["act/features"]
+    nearest = torch.cdist(got.double(), mine.double()).argmin(1)
+    assert torch.equal(A._first_batch_rows(view, e, len(y), None), nearest) and len(nearest) == 32

@@ -48,7 +48,7 @@ def cell(out: Path, seed: int, name: str, config: str, over: list[str], dp: bool
     if REUSE and js.is_file() and (out / slug / "summary.json").is_file():  # finished before: read it back
         summary = json.loads((out / slug / "summary.json").read_text())
         return {"name": name, "dp": json.loads(js.read_text())["dp"] or "off", "audit": json.loads(js.read_text()),
-                "accuracy": summary.get("final_accuracy")}
+                "accuracy": summary.get("final_accuracy"), "epsilon": epsilon_of(out / slug)}
     tried = []
     modes = ["local", "sample", "rows"] if dp else [None]
     if REUSE and (out / slug / "summary.json").is_file() and dp:  # the run finished before: audit it only
