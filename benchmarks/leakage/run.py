@@ -84,7 +84,10 @@ def merge_dp_rows(old: str, rows: list[dict], seed: int) -> str:
     """``old`` (leakage.md) with each DP row of the algorithms in ``rows`` replaced by the new one."""
     new = {r["name"]: line for r, line in zip(rows, table(rows, seed, "").split("\n")[-len(rows) - 1:-1])}
     out = []
+    attacks = next(x for x in table(rows, seed, "").splitlines() if x.startswith("Attacks ("))
     for line in old.splitlines():
+        if line.startswith("Attacks ("):  # the text naming the DP mechanisms
+            line = attacks
         cells = [c.strip() for c in line.split("|")]
         if len(cells) > 3 and cells[1] in new and cells[2] not in ("off", "DP"):
             line = new[cells[1]]
@@ -138,7 +141,11 @@ def table(rows: list[dict], seed: int, cmd: str) -> str:
             "auxiliary mean row, so 0 = nothing beyond the average row), fit on the run's "
             "test split as the server's auxiliary data; membership: loss threshold (Yeom et al. 2018) on the "
             "final model, 0.5 = nothing. DP: local (each reply clipped to norm 1, noise z = 1) where the "
-            "algorithm takes it, else DP-SGD (z = 1, clip 1).\n\n" + "\n".join(lines) + "\n")
+            "algorithm takes it, else DP-SGD (z = 1, clip 1; FedCMI and CreamFL: batch-level clipping), else the "
+            "per-row Gaussian mechanism (`dp.mode = \"rows\"`, z = 1, clip 1: PartialFL, split learning); the DP "
+            "cell gives the run's final epsilon at delta 1e-5 (docs/dp.md). The DP rows of FedCMI, CreamFL, "
+            "PartialFL and split learning: `python benchmarks/leakage/run.py --dp-only --only FedCMI CreamFL "
+            "PartialFL \"split learning\" \"split learning (U-shaped)\"` (seed 0).\n\n" + "\n".join(lines) + "\n")
 
 
 def main() -> int:
