@@ -277,6 +277,10 @@ def resolve_dp(table, algo: Component) -> DPConfig | None:
     dp = build_params("dp", "settings", DPConfig, table)
     spec = ALGORITHMS.get(algo.name).factory
     caps = capabilities(spec)  # declared once (mmfl.algorithms.capabilities)
+    if dp.mode == "rows" and "rows" not in caps.dp_modes:
+        raise ConfigError(f"dp: algorithm '{algo.name}' does not support dp.mode = \"rows\" (the per-row Gaussian "
+                          f"mechanism on the vectors a client sends for each of its rows; {caps.reason('dp:rows')}); "
+                          f"supported: {', '.join(algorithms_with('dp:rows'))}")
     if dp.mode == "sample" and "sample" not in caps.dp_modes:
         raise ConfigError(f"dp: algorithm '{algo.name}' does not support sample-level DP-SGD (mode = \"sample\", "
                           f"per-sample gradients of the FedAvg family's local loss; {caps.reason('dp:sample')}); "

@@ -90,7 +90,7 @@ class AttackConfig:
             raise ConfigError(f"attack.examples: must be an integer, got {self.examples!r}")
 
 
-DPMode = Literal["central", "local", "sample"]
+DPMode = Literal["central", "local", "sample", "rows"]
 
 
 @dataclass
@@ -108,7 +108,8 @@ class DPConfig:
     mode: DPMode = field(default="central", metadata={
         "help": "central: the server clips every update and adds noise to their sum; local: each client "
                 "clips its own update and adds noise to it before sending; sample: DP-SGD in local training "
-                "(per-sample gradient clipping and noise, Opacus)"})
+                "(per-sample gradient clipping and noise, Opacus); rows: each row's vector a client sends (shared "
+                "embeddings, cut activations) clipped and noised (docs/dp.md)"})
     clip_norm: float = field(default=1.0, metadata={
         "help": "C: the L2 norm every update w_k - w^t (central, local) or every sample's gradient (sample) is "
                 "clipped to"})
@@ -120,8 +121,8 @@ class DPConfig:
     def __post_init__(self):
         import math
 
-        if self.mode not in ("central", "local", "sample"):
-            raise ConfigError(f"dp.mode: must be \"central\", \"local\" or \"sample\", got {self.mode!r}")
+        if self.mode not in ("central", "local", "sample", "rows"):
+            raise ConfigError(f"dp.mode: must be \"central\", \"local\", \"sample\" or \"rows\", got {self.mode!r}")
         if isinstance(self.clip_norm, bool) or not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
             raise ConfigError(f"dp.clip_norm: must be a positive number, got {self.clip_norm}")
         if isinstance(self.noise_multiplier, bool) or not (math.isfinite(self.noise_multiplier)

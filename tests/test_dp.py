@@ -146,7 +146,7 @@ def test_noise_changes_the_model_and_different_rounds_draw_different_noise(tmp_p
 
 
 @pytest.mark.parametrize("over,match", [
-    (['dp.mode="dpsgd"'], r"^dp.mode: must be one of \['central', 'local', 'sample'\], got 'dpsgd'$"),
+    (['dp.mode="dpsgd"'], r"^dp.mode: must be one of \['central', 'local', 'sample', 'rows'\], got 'dpsgd'$"),
     (["dp.clip_norm=0"], r"^dp.clip_norm: must be a positive number, got 0"),
     (["dp.clip_norm=-1.5"], r"^dp.clip_norm: must be a positive number, got -1.5$"),
     (["dp.noise_multiplier=-0.1"], r"^dp.noise_multiplier: must be a number >= 0, got -0.1$"),

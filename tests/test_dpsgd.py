@@ -212,9 +212,9 @@ def test_noise_changes_the_model_and_batched_or_streamed_runs_equal_the_sequenti
 
 @pytest.mark.parametrize("over,match", [
     (["algorithm.name=scaffold"], r"^dp: algorithm 'scaffold' does not support sample-level DP-SGD \(mode = "
-                                  r"\"sample\", .*\); supported: .*fedavg, .*fedprox, .*moon$"),
-    (["algorithm.name=fedcmi"], r"^dp: algorithm 'fedcmi' does not support sample-level DP-SGD"),
-    (['dp.mode="dp-sgd"'], r"^dp.mode: must be one of \['central', 'local', 'sample'\], got 'dp-sgd'$"),
+                                  r"\"sample\", .*\); supported: .*fedavg, .*fedprox, .*moon"),
+    (["algorithm.name=mfedavg"], r"^dp: algorithm 'mfedavg' does not support sample-level DP-SGD"),
+    (['dp.mode="dp-sgd"'], r"^dp.mode: must be one of \['central', 'local', 'sample', 'rows'\], got 'dp-sgd'$"),
 ])
 def test_bad_dpsgd_configs_are_one_line(tmp_path, over, match):
     from mmfl.algorithms.capabilities import algorithms_with

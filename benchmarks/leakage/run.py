@@ -4,7 +4,9 @@ without DP, then ``mmfl audit`` on it; writes benchmarks/results/leakage.md.
     .venv/bin/python benchmarks/leakage/run.py [--out DIR] [--seed S] [--workers 2]
 
 DP: ``dp.mode = "local"`` (each reply clipped to norm 1 and noised, z = 1) where the algorithm
-takes it, else DP-SGD (``dp.mode = "sample"``, z = 1, clip 1), else "refused" with mmfl's line.
+takes it, else DP-SGD (``dp.mode = "sample"``, z = 1, clip 1), else the per-row Gaussian mechanism
+(``dp.mode = "rows"``, z = 1, clip 1), else "refused" with mmfl's line. ``--dp-only``: only the DP
+cells, written over the existing table's DP rows of those algorithms.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ CELLS = [  # name, config, overrides
      ["rounds=2", 'algorithm={name="split_learning_u"}']),
 ]
 DP = {"local": ['dp.mode="local"', "dp.clip_norm=1.0", "dp.noise_multiplier=1.0"],
-      "sample": ['dp.mode="sample"', "dp.clip_norm=1.0", "dp.noise_multiplier=1.0"]}
+      "sample": ['dp.mode="sample"', "dp.clip_norm=1.0", "dp.noise_multiplier=1.0"],
+      "rows": ['dp.mode="rows"', "dp.clip_norm=1.0", "dp.noise_multiplier=1.0"]}
 MMFL = [sys.executable, "-m", "mmfl.cli"]
 REUSE = False
 
@@ -45,12 +48,12 @@ def cell(out: Path, seed: int, name: str, config: str, over: list[str], dp: bool
     if REUSE and js.is_file() and (out / slug / "summary.json").is_file():  # finished before: read it back
         summary = json.loads((out / slug / "summary.json").read_text())
         return {"name": name, "dp": json.loads(js.read_text())["dp"] or "off", "audit": json.loads(js.read_text()),
-                "accuracy": summary.get("final_accuracy")}
+                "accuracy": summary.get("final_accuracy"), "epsilon": epsilon_of(out / slug)}
     tried = []
-    modes = ["local", "sample"] if dp else [None]
+    modes = ["local", "sample", "rows"] if dp else [None]
     if REUSE and (out / slug / "summary.json").is_file() and dp:  # the run finished before: audit it only
         cfg = (out / slug / "config.toml").read_text()
-        modes = [m for m in ("local", "sample") if f'mode = "{m}"' in cfg][:1] or [None]
+        modes = [m for m in ("local", "sample", "rows") if f'mode = "{m}"' in cfg][:1] or [None]
     for mode in modes:
         if REUSE and (out / slug / "summary.json").is_file():
             break
@@ -66,7 +69,35 @@ def cell(out: Path, seed: int, name: str, config: str, over: list[str], dp: bool
         return {"name": name, "dp": mode or "off", "why": "audit failed: " + a.stderr.strip()[-300:]}
     summary = json.loads((out / slug / "summary.json").read_text())
     return {"name": name, "dp": mode or "off", "audit": json.loads(js.read_text()),
-            "accuracy": summary.get("final_accuracy", summary.get("final", {}).get("accuracy"))}
+            "accuracy": summary.get("final_accuracy", summary.get("final", {}).get("accuracy")),
+            "epsilon": epsilon_of(out / slug)}
+
+
+def epsilon_of(run: Path) -> float | None:
+    """The run's last ``dp/epsilon`` (None without DP)."""
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    eps = [r["dp/epsilon"] for r in rows if "dp/epsilon" in r]
+    return eps[-1] if eps else None
+
+
+def merge_dp_rows(old: str, rows: list[dict], seed: int) -> str:
+    """``old`` (leakage.md) with each DP row of the algorithms in ``rows`` replaced by the new one."""
+    new = {r["name"]: line for r, line in zip(rows, table(rows, seed, "").split("\n")[-len(rows) - 1:-1])}
+    out = []
+    attacks = next(x for x in table(rows, seed, "").splitlines() if x.startswith("Attacks ("))
+    for line in old.splitlines():
+        if line.startswith("Attacks ("):  # the text naming the DP mechanisms
+            line = attacks
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) > 3 and cells[1] in new and cells[2] not in ("off", "DP"):
+            line = new[cells[1]]
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def dp_eps(r: dict) -> str:
+    """`` (ε = 12.3)`` after a DP cell's mode (the run's last dp/epsilon at delta 1e-5), else ''."""
+    return f" (ε = {r['epsilon']:.3g})" if r.get("epsilon") is not None else ""
 
 
 def fmt(v, pct=False):
@@ -89,7 +120,7 @@ def table(rows: list[dict], seed: int, cmd: str) -> str:
         u, m = a["labels_from_updates"] or {}, a["membership"] or {}
         s = a["shared_rows"] or a["cut_activations"] or {}
         lines.append(
-            f"| {r['name']} | {r['dp']} | {fmt(r['accuracy'], True)} | "
+            f"| {r['name']} | {r['dp']}{dp_eps(r)} | {fmt(r['accuracy'], True)} | "
             + (f"{fmt(u.get('majority_class_hit_rate'), True)} ({fmt(u.get('chance'), True)})" if u else "—")
             + f" | {fmt(u.get('spearman_mean'))} | "
             + (f"{fmt(u.get('inversion_cosine'))} ({fmt(u.get('inversion_chance'))})" if "inversion_cosine" in u
@@ -110,7 +141,11 @@ def table(rows: list[dict], seed: int, cmd: str) -> str:
             "auxiliary mean row, so 0 = nothing beyond the average row), fit on the run's "
             "test split as the server's auxiliary data; membership: loss threshold (Yeom et al. 2018) on the "
             "final model, 0.5 = nothing. DP: local (each reply clipped to norm 1, noise z = 1) where the "
-            "algorithm takes it, else DP-SGD (z = 1, clip 1).\n\n" + "\n".join(lines) + "\n")
+            "algorithm takes it, else DP-SGD (z = 1, clip 1; FedCMI and CreamFL: batch-level clipping), else the "
+            "per-row Gaussian mechanism (`dp.mode = \"rows\"`, z = 1, clip 1: PartialFL, split learning); the DP "
+            "cell gives the run's final epsilon at delta 1e-5 (docs/dp.md). The DP rows of FedCMI, CreamFL, "
+            "PartialFL and split learning: `python benchmarks/leakage/run.py --dp-only --only FedCMI CreamFL "
+            "PartialFL \"split learning\" \"split learning (U-shaped)\"` (seed 0).\n\n" + "\n".join(lines) + "\n")
 
 
 def main() -> int:
@@ -120,20 +155,25 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--only", nargs="*")
     p.add_argument("--reuse", action="store_true", help="read back the cells audited before (their .audit.json)")
+    p.add_argument("--dp-only", action="store_true", help="only the DP cells, merged into the existing table")
     a = p.parse_args()
     global REUSE
     REUSE = a.reuse
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    jobs = [(n, c, o, dp) for n, c, o in CELLS for dp in (False, True) if not a.only or n in a.only]
+    jobs = [(n, c, o, dp) for n, c, o in CELLS for dp in (False, True) if (not a.only or n in a.only)
+            and (dp or not a.dp_only)]
     with ThreadPoolExecutor(a.workers) as ex:
         rows = list(ex.map(lambda j: cell(out, a.seed, *j), jobs))
     for r in rows:
         print(r["name"], r["dp"], "ok" if "audit" in r else r.get("why"), flush=True)
     (out / "rows.json").write_text(json.dumps(rows, indent=1))
     cmd = "python benchmarks/leakage/run.py" + (f" --seed {a.seed}" if a.seed else "")
-    if not a.only:
-        (ROOT / "benchmarks" / "results" / "leakage.md").write_text(table(rows, a.seed, cmd))
+    md = ROOT / "benchmarks" / "results" / "leakage.md"
+    if a.dp_only:
+        md.write_text(merge_dp_rows(md.read_text(), rows, a.seed))
+    elif not a.only:
+        md.write_text(table(rows, a.seed, cmd))
     print(table(rows, a.seed, cmd))
     return 0
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-DP_MODES = ("central", "local", "sample")
+DP_MODES = ("central", "local", "sample", "rows")
 FLAGS = ("batched", "streaming", "secagg", "flower", "personalized_eval", "stateful_clients")
 
 
@@ -28,7 +28,7 @@ class Capabilities:
     streaming: bool  # run.stream_aggregation folds its train replies one at a time (default rule)
     secagg: bool  # [secure_aggregation]: its server needs only the weighted sum of the replies
     flower: bool  # runs on Flower (mmfl flower ...)
-    dp_modes: tuple[str, ...]  # the [dp] modes it accepts: central, local (client-level), sample (DP-SGD)
+    dp_modes: tuple[str, ...]  # the [dp] modes it accepts: central, local (client-level), sample (DP-SGD), rows
     personalized_eval: bool  # its main evaluation is each client's own model on its own test rows
     stateful_clients: bool  # its clients keep state between rounds (ctx.state, checkpointed)
     why_not: tuple[tuple[str, str], ...] = field(default=(), compare=False)
@@ -87,8 +87,16 @@ def _infer(server: type, client: type, pooled: bool) -> Capabilities:
         dp_modes = ("central", "local") + (("sample",) if blocker is None else ())
     else:
         why["dp"] = "it trains on the pooled data" if pooled else server_why
+    # modes a server declares itself (dp_extra_modes): DP-SGD with batch-level clipping (FedCMI, CreamFL),
+    # the per-row Gaussian mechanism on the rows' vectors it receives (PartialFL, split learning); docs/dp.md
+    extra = () if pooled else tuple(getattr(server, "dp_extra_modes", ()))
+    dp_modes = tuple(m for m in DP_MODES if m in dp_modes or m in extra)
     if "sample" not in dp_modes:  # the client's training first, as the refusal line has said
         why["dp:sample"] = "it trains on the pooled data" if pooled else blocker or server_why
+    if "rows" not in dp_modes:
+        why["dp:rows"] = ("it trains on the pooled data" if pooled else "its clients send model parameters, "
+                          "not per-row vectors of their data" if averages or "sample" in dp_modes
+                          else "it declares no per-row release")
     evaluations = getattr(server, "evaluations", {}) or {}
     return Capabilities(batched=batch_why is None, streaming=streaming, secagg=secagg,
                         flower=bool(getattr(server, "flower", True)), dp_modes=dp_modes,

@@ -73,6 +73,7 @@ from torch import Tensor
 
 from mmfl.algorithms.registry import preset, register
 from mmfl.algorithms.base import Server
+from mmfl.algorithms.dp_ledger import LEDGER_FIELDS, EpsilonLedger
 from mmfl.algorithms.creamfl_client import CreamFLClient
 from mmfl.algorithms.creamfl_terms import (CONSENSUS, GLOBAL, REP, masked_mse, pair_loss, pair_modalities, present_of,
                                            public_reps, reps_of,
@@ -203,9 +204,14 @@ class CreamFLParams:
 # ----------------------------------------------------------------------------- server
 
 
-class CreamFLServer(Server):
-    # the public epoch's and the distillation's persistent Adam (saved once when shared), FedMD's consensus
-    state_fields = {"opt": optimizer(), "opt_kd": optimizer(), "consensus": tensors()}
+class CreamFLServer(EpsilonLedger, Server):
+    # the public epoch's and the distillation's persistent Adam (saved once when shared), FedMD's consensus;
+    # [dp] mode = "sample": each client's epsilon (EpsilonLedger)
+    state_fields = {"opt": optimizer(), "opt_kd": optimizer(), "consensus": tensors(), **LEDGER_FIELDS}
+    # [dp] mode = "sample": DP-SGD of the private task with batch-level clipping (the image-text clients'
+    # InfoNCE takes its negatives from the batch; mmfl.core.dp_rows); the public-set passes are public data
+    dp_extra_modes = ("sample",)
+    dp_sample_unit = "batch"
     """Server of the representation-exchange family (CreamFL, reamFL, FedMD, FedET, FedGEMS)."""
     runs_on = "public"
 
@@ -296,6 +302,10 @@ class CreamFLServer(Server):
             if v is not None:
                 metrics[key] = v
         metrics["clients_replied"] = len(replies)
+        if self.ctx.dp is not None:
+            for cid in sorted(replies):
+                self.note_dpsgd_epsilon(cid, replies[cid])
+            metrics.update(self.dpsgd_metrics())
         return metrics
 
     def aggregation_rule(self) -> str:

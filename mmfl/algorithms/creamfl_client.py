@@ -5,17 +5,29 @@ the upload of its public-set representations."""
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from mmfl.algorithms.base import TrainingClient
+from mmfl.core.dp_rows import fixed_batchnorm, private_step
+from mmfl.core.dpsgd import history_epsilon, poisson_batches, record_steps, sample_rate, steps_per_epoch
 from mmfl.core.message import Message
-from mmfl.core.state import read, write
+from mmfl.core.state import read, tensor, write
 from mmfl.core.training import (load_into, make_optimizer, shuffled_batches, state_of)
 from mmfl.errors import ConfigError
+from mmfl.seeds import derive_seed
 
 from mmfl.algorithms.creamfl_terms import (CONSENSUS, GLOBAL, MODEL, REP, inter_loss, intra_loss, masked_mse,
                                            pair_loss, present_of, public_reps, reps_of, select_public, zero_loss)
 from mmfl.algorithms.multimodal import masked_ce
+
+
+DPSGD_HISTORY = "dpsgd/history"  # client state: its RDP accountant's history (z / 2, q, steps), [dp] mode = "sample"
+
+
+def private_training(ctx):
+    """The run's ``[dp]`` when it is DP-SGD (mode "sample"), else None."""
+    return ctx.dp if ctx.dp is not None and ctx.dp.mode == "sample" else None
 
 
 def at(mask: Tensor | None, rows: Tensor) -> Tensor | None:
@@ -83,9 +95,14 @@ class CreamFLClient(TrainingClient):
                 masked_mse(z[m], target[m][rows], at(has[m], rows))  # rows lacking m: no target, no term
                 for m in z if m in target))
         loss_fn = self.loss_fn(msg)
+        dp = private_training(ctx)
         for epoch in range(ctx.train.local_epochs):
             self.on_epoch(epoch)
-            for inputs, labels in ctx.data.batches(ctx.train.batch_size, shuffle=True, generator=gen):
+            private = dp is not None  # DP-SGD, batch-level clipping (the InfoNCE negatives are the batch's rows)
+            if private:
+                self.private_epoch(model, opt, gen, loss_fn, stats["task"])
+            for inputs, labels in (() if private else
+                                   ctx.data.batches(ctx.train.batch_size, shuffle=True, generator=gen)):
                 if labels.shape[0] < 2:
                     continue
                 loss = loss_fn(model, inputs, labels)
@@ -103,6 +120,28 @@ class CreamFLClient(TrainingClient):
         self.after_train(model, msg, stats)
         return self.finish(model, msg, stats)
 
+    def private_epoch(self, model, opt, gen, loss_fn, stat) -> None:
+        """``[dp] mode = "sample"``: one epoch of the private task as DP-SGD with batch-level clipping
+        (``ceil(n / B)`` Poisson batches at q = min(1, B / n), each batch's mean-loss gradient clipped to
+        C plus N(0, (z C)^2), :func:`mmfl.core.dp_rows.private_step`); the accountant takes (z / 2, q,
+        steps). The public-set passes read public data only and stay as they are."""
+        dp, data = self.ctx.dp, self.ctx.data
+        n, b = len(data), self.ctx.train.batch_size
+        q, steps = sample_rate(n, b), steps_per_epoch(n, b)
+        noise = self.__dict__.setdefault("_dp_noise", torch.Generator(device="cpu").manual_seed(
+            derive_seed(self.ctx.seed, "dpsgd-noise")))
+        params = [p for p in model.parameters() if p.requires_grad]
+        with fixed_batchnorm(model):
+            for rows in poisson_batches(n, q, steps, gen):
+                loss = None
+                if rows.numel() >= 2:  # a contrastive pair loss needs two rows; else the step is noise alone
+                    loss = loss_fn(model, *data.get(rows.to(data.labels.device)))
+                    stat[0] += loss.detach().double()
+                    stat[1] += 1
+                private_step(opt, params, loss, dp.clip_norm, dp.noise_multiplier, noise)
+        history = record_steps(read(self.ctx.state, DPSGD_HISTORY, tensor()), dp.noise_multiplier / 2, q, steps)
+        write(self.ctx.state, DPSGD_HISTORY, history, tensor())
+
     def after_train(self, model: nn.Module, msg: Message, stats: dict) -> None:
         """The client keeps its own model between rounds."""
         write(self.ctx.state, MODEL, state_of(model))
@@ -117,6 +156,9 @@ class CreamFLClient(TrainingClient):
                    "task_loss": mean["task"]}
         if stats["lcr"][1]:
             scalars["lcr_loss"] = mean["lcr"]
+        dp = private_training(self.ctx)
+        if dp is not None and dp.noise_multiplier > 0:  # this client's epsilon so far (its accountant)
+            scalars["dp/epsilon"] = history_epsilon(read(self.ctx.state, DPSGD_HISTORY, tensor()), dp.delta)
         return Message(arrays=out, scalars=scalars)
 
     def lcr(self, z: dict[str, Tensor], rows: Tensor, glob: dict[str, Tensor], prev: dict[str, Tensor],

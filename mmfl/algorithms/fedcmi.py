@@ -37,9 +37,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmfl.algorithms.registry import register
-from mmfl.algorithms.fedavg import MODULE_WEIGHT
+from mmfl.algorithms.fedavg import DPSGD_HISTORY, MODULE_WEIGHT
 from mmfl.algorithms.multimodal import MultimodalClient, MultimodalServer, masked_ce, proximal
+from mmfl.core.dp_rows import batch_dpsgd_train
+from mmfl.core.dpsgd import history_epsilon, record_steps
+from mmfl.core.state import read, tensor, write
 from mmfl.core.training import load_into, model_tensors
+from mmfl.seeds import derive_seed
 from mmfl.errors import ConfigError
 
 INFIL = "infil."
@@ -122,6 +126,11 @@ def response_distillation(teacher_logits: Tensor, student_logits: Tensor, t_teac
 
 
 class FedCMIServer(MultimodalServer):
+    # [dp] mode = "sample": DP-SGD with batch-level clipping (eq. 4's rho and eq. 5's teacher choice are over the
+    # batch, so a sample's gradient depends on the batch; mmfl.core.dp_rows); the server reports the clients' epsilons
+    dp_extra_modes = ("sample",)
+    dp_sample_unit = "batch"
+
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
         self.private = (INFIL,) if params.projector == "two" else ()  # the IP never travels
@@ -159,8 +168,31 @@ class FedCMIClient(MultimodalClient):
             return
         self.teacher = load_into(self.ctx.model("teacher"), {k: v.detach() for k, v in model_tensors(model).items()})
         self.teacher.eval()  # the global model as received (frozen copy, authors' code)
-        if p.class_temperature and self.ctx.rnd >= p.cta_from_round:
+        if p.class_temperature and self.ctx.rnd >= p.cta_from_round and not self.private_training():
+            # (under DP-SGD eq. 8-9's ratios over all the client's rows would couple every step: T for every class)
             self.t_class, self.weak = self._class_temperatures(model)
+
+    def private_training(self) -> bool:
+        return self.ctx.dp is not None and self.ctx.dp.mode == "sample"
+
+    def train(self, msg):
+        """Without [dp]: TrainingClient's loop. ``[dp] mode = "sample"``: DP-SGD with batch-level clipping
+        (:func:`mmfl.core.dp_rows.batch_dpsgd_train`) on the same loss (eq. 7), class-wise temperatures
+        off; the client's accountant takes (z / 2, q, steps) and its epsilon goes in the reply."""
+        if not self.private_training():
+            return super().train(msg)
+        dp = self.ctx.dp
+        model = self.load_model(msg)
+        self.begin(model, msg)
+        noise = torch.Generator(device="cpu").manual_seed(derive_seed(self.ctx.seed, "dpsgd-noise"))
+        stats = batch_dpsgd_train(model, self.ctx.data, self.ctx.train, dp.clip_norm, dp.noise_multiplier,
+                                  self.ctx.generator(), noise, self.loss_fn(msg))
+        history = record_steps(read(self.ctx.state, DPSGD_HISTORY, tensor()), dp.noise_multiplier / 2,
+                               stats["sample_rate"], stats["steps"])  # sensitivity 2C: multiplier z / 2
+        write(self.ctx.state, DPSGD_HISTORY, history, tensor())
+        if dp.noise_multiplier > 0:
+            stats["dp/epsilon"] = history_epsilon(history, dp.delta)
+        return self.finish(model, msg, stats)
 
     @torch.no_grad()
     def _class_temperatures(self, model) -> tuple[Tensor, str]:
@@ -238,6 +270,8 @@ class FedCMIClient(MultimodalClient):
         if self.teachers:
             for m in list(self.ctx.modalities)[:2]:
                 out[f"cmi_teacher/{m}"] = self.teachers.count(m) / len(self.teachers)
+        if "dp/epsilon" in stats:  # [dp] mode = "sample": this client's epsilon so far
+            out["dp/epsilon"] = stats["dp/epsilon"]
         return out
 
 

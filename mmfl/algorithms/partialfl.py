@@ -37,6 +37,7 @@ upload nothing of S.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from contextlib import nullcontext
 from typing import Literal
 
 import numpy as np
@@ -48,9 +49,12 @@ from mmfl.algorithms.registry import preset, register
 from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.fedavg import weighted_mean_scalar
 from mmfl.algorithms.creamfl_terms import present_of
+from mmfl.algorithms.dp_ledger import (LEDGER_FIELDS, EpsilonLedger, count_releases, release_model, release_rows,
+                                       rows_dp, with_epsilon)
 from mmfl.algorithms.multimodal import masked_ce, only_held
 from mmfl.core import optim
 from mmfl.core.aggregation import aggregate
+from mmfl.core.dp_rows import fixed_batchnorm
 from mmfl.core.message import Message
 from mmfl.core.replies import ReplySchema
 from mmfl.core.state import module, optimizer, per_client, read, scalar, tensor, write
@@ -152,11 +156,15 @@ def require_model(model: nn.Module, variant: str) -> None:
 # ----------------------------------------------------------------------------- server
 
 
-class PartialFLServer(Server):
+class PartialFLServer(EpsilonLedger, Server):
     trains_modality_heads = True  # F_g's probes (PartialFLClient.train)
     runs_on = "shareable"
-    # F_s and its Adam state (align only; None otherwise), the uploaded shareable data
-    state_fields = {"fs": module(), "fs_opt": optimizer(), "xs": per_client(tensor()), "uploaded": scalar()}
+    # F_s and its Adam state (align only; None otherwise), the uploaded shareable data, [dp]'s epsilons
+    state_fields = {"fs": module(), "fs_opt": optimizer(), "xs": per_client(tensor()), "uploaded": scalar(),
+                    **LEDGER_FIELDS}
+    # [dp] mode = "rows": x/S and z'_T through the per-row Gaussian mechanism, F_g's update through local DP's
+    # randomizer (mmfl.algorithms.dp_ledger); each client accounts its releases and sends its epsilon
+    dp_extra_modes = ("rows",)
 
     def extra_reply_arrays(self) -> ReplySchema:
         """A reply also carries ``zprime``, the local embeddings of the client's rows ([rows, d])."""
@@ -223,6 +231,10 @@ class PartialFLServer(Server):
             if v is not None:
                 metrics[key] = v
         metrics["clients_replied"] = len(replies)
+        if self.ctx.dp is not None:
+            for cid in sorted(replies):
+                self.note_dpsgd_epsilon(cid, replies[cid])
+            metrics.update(self.dpsgd_metrics())
         return metrics
 
     def train_server(self, x: Tensor, zprime: Tensor, rnd: int, cid: int, lengths: Tensor | None = None) -> float:
@@ -264,6 +276,12 @@ class PartialFLClient(Client):
         has = feats.get(PRESENT + s)  # rows lacking S are not sent: the server's z_T, z'_T cover the others
         pick = (lambda t: t) if has is None else (lambda t: t[has.to(torch.bool).reshape(-1)])
         arrays = {X + s: pick(feats[s]).contiguous()}
+        if rows_dp(self.ctx) is not None:  # [dp] mode = "rows": each row clipped and noised (once)
+            if not arrays[X + s].is_floating_point():
+                raise ConfigError(f"dp.mode: \"rows\" noises each row's vector, but the shareable modality {s!r} "
+                                  f"is {arrays[X + s].dtype} (token ids); use a frozen-embedding data set or no [dp]")
+            arrays[X + s] = release_rows(self.ctx, arrays[X + s], "upload")
+            return with_epsilon(Message(arrays=arrays), count_releases(self.ctx, 1))
         if LENGTH + s in feats:  # a padded sequence: its valid lengths go with it
             arrays[X + LENGTH + s] = pick(feats[LENGTH + s]).contiguous()
         return Message(arrays=arrays)
@@ -301,6 +319,8 @@ class PartialFLClient(Client):
         gmodel.train()
         if lmodel is not None:
             lmodel.train()
+        frozen = fixed_batchnorm(gmodel) if rows_dp(ctx) is not None else nullcontext()
+        frozen.__enter__()  # [dp] mode = "rows": F_g's BatchNorm statistics stay as received (released as they came)
         for rows in shuffled_batches(n, ctx.train.batch_size, gen, ctx.train.local_epochs):
             inputs, labels = ctx.data.get(rows)
             # eq. 3: F_g, CE + beta * L^{T->A} (eq. 1) against the server's z_T
@@ -337,6 +357,7 @@ class PartialFLClient(Client):
                 lopt.step()
                 stats["local"][0] += loss_l.detach().double()
                 stats["local"][1] += 1
+        frozen.__exit__(None, None, None)
         own = state_of(gmodel)
         arrays = {k: own[k] for k in keys}
         mean = {k: float(v[0]) / max(v[1], 1) for k, v in stats.items()}
@@ -352,6 +373,12 @@ class PartialFLClient(Client):
             scalars["local_loss"] = mean["local"]
             if stats["align"][1]:
                 scalars["align_loss"] = mean["align"]
+        if rows_dp(ctx) is not None:  # [dp] mode = "rows": F_g's update (local DP) and each z'_T row
+            arrays.update(release_model(ctx, {k: arrays[k] for k in keys}, {k: msg.arrays[k] for k in keys}, "model",
+                                        {n for n, _ in gmodel.named_parameters()}))
+            if ZPRIME in arrays:
+                arrays[ZPRIME] = release_rows(ctx, arrays[ZPRIME], ZPRIME)
+            return with_epsilon(Message(arrays=arrays, scalars=scalars), count_releases(ctx, 1 + (ZPRIME in arrays)))
         return Message(arrays=arrays, scalars=scalars)
 
 

@@ -63,6 +63,7 @@ each parameter on its own, so two optimizers over the two halves equal one.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -70,8 +71,11 @@ from torch import Tensor, nn
 
 from mmfl.algorithms.registry import preset, register
 from mmfl.algorithms.base import Client, Server
+from mmfl.algorithms.dp_ledger import (LEDGER_FIELDS, EpsilonLedger, count_releases, release_model, release_rows,
+                                       rows_dp, with_epsilon)
 from mmfl.algorithms.multimodal import require_multimodal_model
 from mmfl.data.base import PRESENT
+from mmfl.core.dp_rows import fixed_batchnorm
 from mmfl.core.message import Message
 from mmfl.core.state import optimizer, read, write
 from mmfl.core.training import (make_optimizer, model_tensors, seed_torch,
@@ -86,6 +90,8 @@ REP, ZREP, GRAD_REP = "rep", "z/", "grad_rep"  # U-shaped: fusion output down, p
 STATE = "sl/"  # client state during a session: weights, optimizer, batch order, current batch
 W, OPT = STATE + "w/", STATE + "opt/"
 ORDER, BATCH, SEED = STATE + "order", STATE + "batch", STATE + "seed"
+W0 = STATE + "w0/"  # [dp] mode = "rows": the client-side weights the session started from
+ACT_RELEASE = "act/"  # the noise seed's tag of a modality's activations
 TAIL_GRAD = STATE + "g/"  # U-shaped: the tail's gradients, from sl_tail until the step in sl_backward
 
 
@@ -125,10 +131,14 @@ class RoundMeter:
         return reply
 
 
-class SplitServer(Server):
+class SplitServer(EpsilonLedger, Server):
     trains_modality_heads = True  # server_loss's probes (algorithm.probe)
     runs_on = "pair"
-    state_fields = {"opt": optimizer()}  # the persistent server optimizer (None: a fresh one per session)
+    # the persistent server optimizer (None: a fresh one per session); [dp]'s epsilons (EpsilonLedger)
+    state_fields = {"opt": optimizer(), **LEDGER_FIELDS}
+    # [dp] mode = "rows": each cut activation row (and U-shaped's grad_rep row) through the per-row Gaussian
+    # mechanism, the client-side weights of sl_end through local DP's randomizer (mmfl.algorithms.dp_ledger)
+    dp_extra_modes = ("rows",)
     def __init__(self, params: SplitParams, ctx):
         super().__init__(params, ctx)
         require_multimodal_model(self.model, "split_learning")
@@ -203,6 +213,7 @@ class SplitServer(Server):
                "messages": meter.messages, "bytes_per_epoch": meter.bytes / epochs}
         if losses:
             out["train_loss"] = float(sum(losses) / len(losses))
+        out.update(self.dpsgd_metrics())  # [dp]: the clients' epsilons ({} without)
         return out
 
     def session(self, rnd, cid, transport, meter: RoundMeter, losses: list[float]) -> int | None:
@@ -235,6 +246,7 @@ class SplitServer(Server):
             return None
         if sorted(end.arrays) != sorted(keys):
             raise RuntimeError(f"client {cid} uploaded {sorted(end.arrays)}, expected {sorted(keys)}")
+        self.note_dpsgd_epsilon(cid, end)
         with torch.no_grad():
             for k in keys:
                 own[k].copy_(end.arrays[k])
@@ -273,6 +285,10 @@ class SplitClient(Client):
         e, s, stop = batch_schedule(order.shape[1], self.ctx.train.batch_size, order.shape[0])[i]
         return self.ctx.data.get(order[e, s:stop].to(self.ctx.data.labels.device))
 
+    def _frozen(self, model):
+        """[dp] mode = "rows": BatchNorm fixed (its statistics stay as received, released as they came)."""
+        return fixed_batchnorm(model) if rows_dp(self.ctx) is not None else nullcontext()
+
     def _clear(self) -> None:
         write(self.ctx.state, STATE, None)
 
@@ -289,6 +305,8 @@ class SplitClient(Client):
         self.ctx.state[ORDER] = torch.stack([torch.randperm(n, generator=g, device="cpu")  # CPU: the same
                                              for _ in range(self.ctx.train.local_epochs)]).to(self.ctx.device)
         nb = len(batch_schedule(n, self.ctx.train.batch_size, self.ctx.train.local_epochs))
+        if rows_dp(self.ctx) is not None:  # [dp] mode = "rows": the weights sl_end's randomizer starts from
+            self.ctx.state.update({W0 + k: msg.arrays[k].detach().clone() for k in keys})
         return Message(scalars={"num_batches": nb, "num_examples": n})
 
     def sl_forward(self, msg: Message) -> Message:
@@ -299,9 +317,12 @@ class SplitClient(Client):
         self.ctx.state[SEED] = torch.tensor(self.ctx.seed, device=self.ctx.device)
         with torch.no_grad():
             seed_torch(self.ctx.seed)  # the recompute in sl_backward draws the same dropout
-            acts = client_forward(model, inputs, self.u)
+            with self._frozen(model):
+                acts = client_forward(model, inputs, self.u)
         # the BatchNorm statistics this forward changed in the pooled model are not kept: the
         # recompute in sl_backward updates them, once
+        if rows_dp(self.ctx) is not None:  # [dp] mode = "rows": each row's activation clipped and noised
+            acts = {m: release_rows(self.ctx, a, ACT_RELEASE + m) for m, a in acts.items()}
         return activation_message(acts, inputs, labels, send_labels=not self.u)
 
     def sl_tail(self, msg: Message) -> Message:
@@ -329,7 +350,10 @@ class SplitClient(Client):
         loss.backward()
         self.ctx.state.update({TAIL_GRAD + n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
                                for n, p in tail.items()})
-        return Message(arrays={GRAD_REP: rep.grad.detach()}, scalars={"loss": float(loss.detach())})
+        grad = rep.grad.detach()
+        if rows_dp(self.ctx) is not None:  # [dp] mode = "rows": each row's gradient (it carries the label)
+            grad = release_rows(self.ctx, grad, GRAD_REP)
+        return Message(arrays={GRAD_REP: grad}, scalars={"loss": float(loss.detach())})
 
     def sl_backward(self, msg: Message) -> Message:
         inputs, _ = self._batch(int(self.ctx.state[BATCH]))
@@ -338,7 +362,8 @@ class SplitClient(Client):
         for p in params.values():
             p.grad = None
         seed_torch(int(self.ctx.state[SEED]))
-        acts = client_forward(model, inputs, self.u)
+        with self._frozen(model):
+            acts = client_forward(model, inputs, self.u)
         outs, grads = [], []
         for m, a in acts.items():
             outs.append(rows_of(a, inputs.get(PRESENT + m)))
@@ -358,8 +383,15 @@ class SplitClient(Client):
     def sl_end(self, msg: Message) -> Message:
         _, keys = self._model()
         arrays = {k: self.ctx.state[W + k] for k in keys}
+        eps = None
+        if rows_dp(self.ctx) is not None:  # [dp] mode = "rows": the weights by local DP's randomizer; count
+            model, _ = self._model()
+            arrays = release_model(self.ctx, arrays, {k: self.ctx.state[W0 + k] for k in keys}, "weights",
+                                   {n for n, _ in model.named_parameters()})
+            e = self.ctx.train.local_epochs  # per epoch each row once per modality it holds (+ U: its grad_rep)
+            eps = count_releases(self.ctx, e * (len(self.ctx.modalities) + self.u) + 1)
         self._clear()
-        return Message(arrays=arrays)
+        return with_epsilon(Message(arrays=arrays), eps)
 
 
 register("split_learning", SplitParams, SplitServer, SplitClient,

@@ -61,6 +61,7 @@ class WeightSharingServer(CreamFLServer):
     architecture; the held encoders and projectors are averaged module-wise (by sample
     count; FedIoT: image-text clients x ``iot_weight``); the server's model *is* the
     average (it does not train). Heads stay on the clients (their classes differ)."""
+    dp_extra_modes = ()  # [dp] not declared for the weight-sharing baselines (not measured)
     runs_on = "pair"
 
     representation_replies = False

@@ -20,6 +20,8 @@ labels to fit a distribution probe on; docs/security.md says so).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import json
 from pathlib import Path
 
@@ -95,6 +97,7 @@ def activation_attacks(view: ServerView) -> dict | None:
     """Split learning: the first ``act/<m>`` batch of each client, with the client-side weights the
     server sent it in ``sl_begin`` (exactly the weights of that batch)."""
     from mmfl.algorithms.split_cut import client_forward
+    from mmfl.core.dp_rows import fixed_batchnorm
 
     fed = view.federation
     test_x, test_y = fed.test.get()
@@ -115,8 +118,9 @@ def activation_attacks(view: ServerView) -> dict | None:
             if isinstance(mod, torch.nn.Dropout):
                 mod.eval()
         u = bool(getattr(view.config.algorithm.params, "u_shaped", False))
+        dp_rows = getattr(view.config, "dp", None) is not None and view.config.dp.mode == "rows"
         x, y = fed.clients[e.client].get()
-        with torch.no_grad():
+        with torch.no_grad(), (fixed_batchnorm(model) if dp_rows else nullcontext()):  # as the client ran it
             aux = client_forward(model, {k: v for k, v in test_x.items()}, u)
             mine = client_forward(model, x, u)
         for key, got in e.reply.arrays.items():
@@ -126,9 +130,24 @@ def activation_attacks(view: ServerView) -> dict | None:
             # the auditor's ground truth: which of the client's rows each activation is
             d = torch.cdist(got.double().reshape(len(got), -1).cpu(), mine[m].double().reshape(len(mine[m]), -1).cpu())
             rows = d.argmin(1).to(y.device)
+            if dp_rows:  # noised rows match no clean one: the rows of the client's seeded schedule instead
+                rows = _first_batch_rows(view, e, len(y), e.reply.arrays.get("present/" + m)).to(y.device)
             res.append(probe_rows(_flat(aux[m]), _flat(test_x[m]), test_y.cpu().numpy(), _flat(got),
                                   _flat(x[m][rows]), y[rows].cpu().numpy()))
     return _mean(res) if res else None
+
+
+def _first_batch_rows(view: ServerView, e, n: int, present) -> torch.Tensor:
+    """The rows of client ``e.client``'s first batch in round ``e.round`` (the auditor's ground truth,
+    for activations under ``[dp] mode = "rows"``, whose noise defeats nearest-row matching): its seeded
+    schedule as ``SplitClient.sl_begin`` draws it (the first ``randperm`` of the generator seeded by
+    the sl_begin message, its first message of the round: ``derive_seed(seed, round, client,
+    "sl_begin", 0)``), the first ``batch_size`` positions, the rows holding the modality (``present``)."""
+    from mmfl.seeds import derive_seed
+
+    g = torch.Generator(device="cpu").manual_seed(derive_seed(view.config.run.seed, e.round, e.client, "sl_begin", 0))
+    rows = torch.randperm(n, generator=g, device="cpu")[:view.config.train.batch_size]
+    return rows if present is None else rows[present.to(torch.bool).reshape(-1).cpu()]
 
 
 def membership(run_dir: Path, view: ServerView, max_rows: int = 2000) -> dict | None:

@@ -56,7 +56,7 @@ class DPAccountant:
     def metrics(self, rnd: int) -> dict[str, float]:
         """The row entries after round ``rnd`` (0-based) has finished."""
         dp = self.dp
-        if dp.mode == "sample":  # each client's own accountant: the server reports them (FedAvgServer)
+        if dp.mode in ("sample", "rows"):  # each client's own accountant: the server reports them
             return {}
         if dp.mode == "central":
             eps = central_epsilon(self.q, dp.noise_multiplier, rnd + 1, dp.delta)
@@ -67,6 +67,17 @@ class DPAccountant:
                 self._counted += 1
             eps = local_epsilon(dp.noise_multiplier, max(self._counts.values(), default=0), dp.delta)
         return {"dp/epsilon": eps, "dp/delta": dp.delta}
+
+
+def per_sample_dpsgd(cfg) -> bool:
+    """Whether ``cfg`` runs DP-SGD with per-sample clipping (its models must allow per-sample
+    gradients): ``[dp] mode = "sample"`` and an algorithm whose server does not declare
+    ``dp_sample_unit = "batch"`` (FedCMI, CreamFL: batch-level clipping, mmfl.core.dp_rows)."""
+    from mmfl.algorithms.registry import ALGORITHMS
+
+    if cfg.dp is None or cfg.dp.mode != "sample":
+        return False
+    return getattr(ALGORITHMS.get(cfg.algorithm.name).factory.server, "dp_sample_unit", "sample") == "sample"
 
 
 def check_dpsgd_models(models: list[tuple[str, nn.Module]]) -> None:

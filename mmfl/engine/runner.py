@@ -39,7 +39,7 @@ from mmfl.data.federation import build_federation
 from mmfl.engine import checkpoint, pipeline, runfiles, runfolder
 from mmfl.engine.cohort import cohort_size, sample_cohort
 from mmfl.engine.runfolder import with_new_defaults  # noqa: F401  (its home before)
-from mmfl.engine.dp_runtime import LocalDP, check_dpsgd_models
+from mmfl.engine.dp_runtime import LocalDP, check_dpsgd_models, per_sample_dpsgd
 from mmfl.engine.attack import make_attack
 from mmfl.engine.simulation import SimulationTransport
 from mmfl.engine.stages.base import Round, Stage
@@ -83,7 +83,7 @@ class Experiment:
             kinds = {(fed.modalities_of(c), fed.group_of(c), fed.source_of(c)) for c in range(fed.num_clients)}
             for held, group, src in kinds:
                 self.make_model(held, group, None if src is None else fed.sources[src].meta)
-        if cfg.dp is not None and cfg.dp.mode == "sample":  # DP-SGD needs per-sample gradients of each model
+        if per_sample_dpsgd(cfg):  # DP-SGD needs per-sample gradients of each model
             kinds = {(fed.modalities_of(c), fed.group_of(c), fed.source_of(c)) for c in range(fed.num_clients)}
             check_dpsgd_models([((cfg.model if g is None else cfg.client_models[g].model).name, self.make_model(
                 h if h != tuple(fed.meta.modalities) else None, g, None if s is None else fed.sources[s].meta))
