@@ -16,23 +16,9 @@ from conftest import patience
 import torch
 
 from mmfl.cli import main
-from mmfl.config import load_config
 from mmfl.engine import checkpoint, runfolder
 from mmfl.engine.runner import Experiment
 from mmfl.errors import MMFLError
-
-BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1"]
-
-
-def make_cfg(tmp_path, name, *overrides, rounds=2):
-    return load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}", *overrides])
-
-
-def run_exp(tmp_path, name, *overrides, rounds=2, resume=False, overwrite=False) -> Experiment:
-    exp = Experiment(make_cfg(tmp_path, name, *overrides, rounds=rounds), progress=False)
-    exp.run(resume=resume, overwrite=overwrite)
-    return exp
 
 
 def rows_of(run_dir) -> list[dict]:
@@ -130,6 +116,8 @@ def test_disk_store_refuses_to_go_back(tmp_path):
 
 HOLD = """
 import fcntl, os, sys
+
+from helpers import DIGITS as BASE, config as make_cfg, run as run_exp
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
 fcntl.flock(fd, fcntl.LOCK_EX)
 os.ftruncate(fd, 0); os.pwrite(fd, f"{os.getpid()}\\n".encode(), 0)
