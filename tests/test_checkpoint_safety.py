@@ -20,6 +20,8 @@ from mmfl.engine import checkpoint, runfolder
 from mmfl.engine.runner import Experiment
 from mmfl.errors import MMFLError
 
+from helpers import DIGITS as BASE, config as make_cfg, run as run_exp
+
 
 def rows_of(run_dir) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if not k.endswith("_time_s")}
@@ -116,8 +118,6 @@ def test_disk_store_refuses_to_go_back(tmp_path):
 
 HOLD = """
 import fcntl, os, sys
-
-from helpers import DIGITS as BASE, config as make_cfg, run as run_exp
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
 fcntl.flock(fd, fcntl.LOCK_EX)
 os.ftruncate(fd, 0); os.pwrite(fd, f"{os.getpid()}\\n".encode(), 0)

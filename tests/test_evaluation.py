@@ -7,13 +7,13 @@ without changing its other metrics; FedFomo / FedMSplit / pFedWireless run on Fl
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 
-from mmfl.config import load_config
 from mmfl.core.evaluation import PERSONAL_ROUTE, run_evaluations
 from mmfl.engine.runner import Experiment
+
+from helpers import config, rows
 
 BASE = ["data.name=mfeat", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
         "train.local_epochs=1", "train.batch_size=64", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1", "rounds=2"]
@@ -25,11 +25,7 @@ PERSONAL_KEYS = ("accuracy", "accuracy_std", "uar", "test_loss", "client_accurac
 
 
 def cfg_of(tmp_path, name, *over, base=BASE):
-    return load_config(None, [*base, f"output_dir={tmp_path}", f"name={name}", *over])
-
-
-def rows(run_dir) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return config(tmp_path, name, *over, base=base, rounds=None)
 
 
 @pytest.mark.parametrize("algo,base", [("fedfomo", MULTIMODAL), ("fedamp", BASE), ("fedmsplit", MULTIMODAL),

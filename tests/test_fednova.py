@@ -16,14 +16,16 @@ from mmfl.config import load_config
 from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
 
+from helpers import config
+
+
 BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
         'partition.name="dirichlet"', "partition.beta=0.5",  # unequal client sizes: unequal steps
         "train.local_epochs=1", "train.batch_size=32", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1"]
 
 
 def run(tmp_path, name, *overrides, rounds=1):
-    cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}", *overrides])
-    exp = Experiment(cfg, progress=False)
+    exp = Experiment(config(tmp_path, name, *overrides, base=BASE, rounds=rounds), progress=False)
     start = {k: v.clone() for k, v in exp.server.model.state_dict().items()}
     exp.run()
     return exp, start
