@@ -12,6 +12,7 @@ import torch
 
 from mmfl.algorithms.fedavg import FedAvgServer
 from mmfl.algorithms.fednova import FedNovaServer, normalizer, nova_step
+import mmfl.algorithms.capabilities as capabilities_module
 from mmfl.config import load_config
 from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
@@ -49,7 +50,7 @@ def test_nova_step_on_hand_numbers():
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_a_real_round_is_the_papers_update_by_hand(tmp_path, monkeypatch, momentum):
+def test_a_real_round_is_the_papers_update_by_hand(tmp_path, monkeypatch, request, momentum):
     seen = {}
     original = FedNovaServer.aggregate_train
 
@@ -58,6 +59,9 @@ def test_a_real_round_is_the_papers_update_by_hand(tmp_path, monkeypatch, moment
         return original(self, rnd, replies)
 
     monkeypatch.setattr(FedNovaServer, "aggregate_train", record)
+    # the patch is an override in the class's own dict: capabilities inferred while it is there
+    # (FedNova not streaming) must not outlive the test in the process-wide caches
+    request.addfinalizer(lambda: (capabilities_module._cached.cache_clear(), capabilities_module.server_streams.cache_clear()))
     exp, x0 = run(tmp_path, f"nova{momentum}", "algorithm.name=fednova", "stream_aggregation=off",
                   f"train.momentum={momentum}")
     cids = sorted(seen)
