@@ -116,6 +116,7 @@ def test_personalized_algorithms_run_on_the_flower_transport(tmp_path, algo):
     same_personal_metrics(rows(cfg.run_dir), rows(sim.run_dir))
 
 
+@pytest.mark.slow
 def test_loopback_fedfomo_runs_on_real_flower_processes(tmp_path_factory):
     # a SuperLink and three SuperNodes on 127.0.0.1; FedFomo evaluates per device: the
     # server's copy of each client's model goes to that client's SuperNode, which scores it
