@@ -282,7 +282,6 @@ def loopback_runs(deployment, tmp_path_factory):
     return tmp, {name: finished(deployment, ids[name], cfg) for name, cfg in cfgs.items()}
 
 
-@pytest.mark.flwr_range
 @pytest.mark.slow
 def test_loopback_fedavg_equals_simulator(loopback_runs):
     tmp, runs = loopback_runs
