@@ -221,7 +221,7 @@ def _fork_pytest(copy: Path, args: list[str], timeout: float, procs: set) -> tup
     return rc, b"".join(chunks).decode(errors="replace")
 
 
-FORK = False  # set by run(): one mutation at a time on a platform with fork
+FORK = False  # set by run(fork=True) (the script): one mutation at a time on a platform with fork
 
 
 def run_pytest(copy: Path, tests: list[str], stop_first: bool, timeout: float, procs: set) -> tuple[int, str, float]:
@@ -262,9 +262,12 @@ def mutate(base: Path, dest: Path, e: dict) -> None:
     f.write_text(f.read_text().replace(e["find"], e["replace"], 1))
 
 
-def run(entries: list[dict], jobs: int, timeout: float) -> int:
+def run(entries: list[dict], jobs: int, timeout: float, fork: bool = False) -> int:
+    """``fork``: fork the test processes (main() asks for it when run as a script; a caller that
+    imported mmfl, such as a test calling run() in process, must not fork: the copy's mmfl)."""
     global FORK
-    FORK = jobs == 1 and hasattr(os, "fork") and os.environ.get("MMFL_MUTANTS_FORK", "1") != "0"
+    FORK = (fork and jobs == 1 and hasattr(os, "fork") and "mmfl" not in sys.modules
+            and os.environ.get("MMFL_MUTANTS_FORK", "1") != "0")
     if FORK:
         import importlib
         for name in WARM:
@@ -390,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     if not entries:
         print("mutants: error: no mutation selected", file=sys.stderr)
         return 2
-    return run(entries, a.jobs, a.timeout)
+    return run(entries, a.jobs, a.timeout, fork=True)
 
 
 if __name__ == "__main__":
