@@ -18,7 +18,9 @@ How: the repository's files (``git ls-files``: tracked and untracked-not-ignored
 into a temporary folder; the selected tests run there once unmutated (each must pass, or its
 entry is broken); then each mutation gets its own copy of that folder with ``find`` replaced,
 and its tests run there with ``-x`` (each pytest process first asserts that ``mmfl`` is
-imported from that copy, not from the editable install). A mutation whose tests all pass
+imported from that copy, not from the editable install; one mutation at a time, each test
+process is forked from the runner after it imported torch once: MMFL_MUTANTS_FORK=0 starts a
+fresh interpreter instead). A mutation whose tests all pass
 SURVIVED. The working tree is never written. Exit 0: every mutation killed; 1: one survived
 (or a test errored); 2: the list is invalid.
 
@@ -153,12 +155,84 @@ def env_for(copy: Path) -> dict[str, str]:
     return env
 
 
+# Each pytest process spends most of its start importing torch (about 1.7 s of CPU of ~3 s);
+# with one mutation at a time the runner imports torch, numpy and pytest once and forks each
+# test process from itself (mmfl is never imported here, so the child imports the copy's).
+# MMFL_MUTANTS_FORK=0, --jobs > 1 or a platform without fork: a fresh interpreter per process.
+WARM = ("torch", "numpy", "safetensors", "pytest")
+
+
+def _fork_pytest(copy: Path, args: list[str], timeout: float, procs: set) -> tuple[int, str]:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the test process: its own session, output to the pipe, the copy's mmfl
+        code = 1
+        try:
+            os.setsid()
+            os.close(r)
+            os.dup2(w, 1)
+            os.dup2(w, 2)
+            os.chdir(copy)
+            env = env_for(copy)
+            os.environ.clear()
+            os.environ.update(env)
+            sys.argv = ["pytest", *args]
+            sys.path[0] = ""  # as for ``python -c``: the working directory (the copy) first
+            exec(compile(GUARD, "<mutants guard>", "exec"), {"__name__": "__main__"})
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:  # noqa: BLE001 - reported in the output, exit 3 (an error, not a kill)
+            import traceback
+            traceback.print_exc()
+            code = 3
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(w)
+    proc = type("Forked", (), {"pid": pid})()  # in procs like a Popen: its own session, ended by killpg
+    procs.add(proc)
+    chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(r, 65536), b"")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                rc = os.waitstatus_to_exitcode(status)
+                break
+            if time.monotonic() > deadline:
+                os.killpg(pid, 9)
+                os.waitpid(pid, 0)
+                rc = -1
+                break
+            time.sleep(0.05)
+    except BaseException:  # Ctrl-C while waiting: end the test process's session here
+        os.killpg(pid, 9)
+        os.waitpid(pid, 0)
+        raise
+    finally:
+        procs.discard(proc)
+    reader.join(timeout=10)
+    os.close(r)
+    return rc, b"".join(chunks).decode(errors="replace")
+
+
+FORK = False  # set by run(fork=True) (the script): one mutation at a time on a platform with fork
+
+
 def run_pytest(copy: Path, tests: list[str], stop_first: bool, timeout: float, procs: set) -> tuple[int, str, float]:
     """``(exit code, output, seconds)`` of the tests in ``copy`` (exit -1: timed out)."""
     cmd = [sys.executable, "-c", GUARD, *PYTEST_ARGS, *(["-x"] if stop_first else []), *tests]
     t0 = time.perf_counter()
     if STOP.is_set():  # interrupted: start nothing new
         return -2, "", 0.0
+    if FORK:
+        rc, out = _fork_pytest(copy, cmd[3:], timeout, procs)
+        return rc, out, time.perf_counter() - t0
     p = subprocess.Popen(cmd, cwd=copy, env=env_for(copy), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True, start_new_session=True)
     procs.add(p)
@@ -188,7 +262,19 @@ def mutate(base: Path, dest: Path, e: dict) -> None:
     f.write_text(f.read_text().replace(e["find"], e["replace"], 1))
 
 
-def run(entries: list[dict], jobs: int, timeout: float) -> int:
+def run(entries: list[dict], jobs: int, timeout: float, fork: bool = False) -> int:
+    """``fork``: fork the test processes (main() asks for it when run as a script; a caller that
+    imported mmfl, such as a test calling run() in process, must not fork: the copy's mmfl)."""
+    global FORK
+    FORK = (fork and jobs == 1 and hasattr(os, "fork") and "mmfl" not in sys.modules
+            and os.environ.get("MMFL_MUTANTS_FORK", "1") != "0")
+    if FORK:
+        import importlib
+        for name in WARM:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass
     procs: set = set()
     tmp = Path(tempfile.mkdtemp(prefix="mmfl-mutants-"))
     try:
@@ -307,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     if not entries:
         print("mutants: error: no mutation selected", file=sys.stderr)
         return 2
-    return run(entries, a.jobs, a.timeout)
+    return run(entries, a.jobs, a.timeout, fork=True)
 
 
 if __name__ == "__main__":

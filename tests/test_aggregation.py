@@ -10,8 +10,9 @@ import torch
 
 from mmfl.config import load_config
 from mmfl.core.aggregation import AGGREGATION_RULES, aggregate
-from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
+
+from helpers import run
 
 
 def _updates():
@@ -55,11 +56,8 @@ def test_unknown_rule_is_a_config_error_naming_the_field(tmp_path):
     assert {"weighted_mean", "mean", "iot"} <= set(AGGREGATION_RULES.names())
 
 
-def _run(tmp_path, name, *over):
-    exp = Experiment(load_config(None, ["rounds=2", "threads=1", f"output_dir={tmp_path}", f"name={name}",
-                                        "partition.num_clients=4", *over]), progress=False)
-    exp.run()
-    return exp.server.model.state_dict()
+def _run(tmp_path, name, *over):  # the default config (digits, the default model), 4 clients, 2 rounds
+    return run(tmp_path, name, *over, base=("threads=1", "partition.num_clients=4"), rounds=2).server.model.state_dict()
 
 
 def test_fedavg_with_the_rule_named_explicitly_equals_the_default(tmp_path):

@@ -16,29 +16,14 @@ from mmfl.algorithms.fedavg import weighted_average, weighted_mean_scalar
 from mmfl.algorithms.fedprox import proximal_term
 from mmfl.algorithms.moon import l2_representation_loss, model_contrastive_loss
 from mmfl.algorithms.scaffold import C, DC, control_variate_update, param_names
-from mmfl.config import load_config
 from mmfl.data import DATASETS
 from mmfl.core.message import Message
 from mmfl.engine.runner import Experiment
 
+from helpers import config as make_cfg, rows as rows_of, run as run_exp
+
 # Tiny and fast: sklearn digits (1,437 train / 360 test), 3 clients, a 16-unit MLP,
 # one local epoch of large batches, one torch thread.
-BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1"]
-
-
-def make_cfg(tmp_path, name, *overrides, rounds=2):
-    return load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}", *overrides])
-
-
-def run_exp(tmp_path, name, *overrides, rounds=2) -> Experiment:
-    exp = Experiment(make_cfg(tmp_path, name, *overrides, rounds=rounds), progress=False)
-    exp.run()
-    return exp
-
-
-def rows_of(exp: Experiment) -> list[dict]:
-    return [json.loads(line) for line in (exp.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def assert_same_model(a: nn.Module, b: nn.Module, atol: float = 1e-7):

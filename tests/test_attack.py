@@ -5,7 +5,6 @@ logged, or fails the run with one line; never a traceback."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
@@ -21,15 +20,11 @@ from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError, MMFLError
 from mmfl.schema import AttackConfig
 
-BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1"]
+from helpers import DIGITS as BASE, rows, run
 
 
 def run_exp(tmp_path, name, *over, rounds=2) -> list[dict]:
-    cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}", *over])
-    exp = Experiment(cfg, progress=False)
-    exp.run()
-    return [json.loads(line) for line in (exp.run_dir / "metrics.jsonl").read_text().splitlines()]
+    return rows(run(tmp_path, name, *over, rounds=rounds))
 
 
 # ----------------------------------------------------------------------------- the attacks by hand

@@ -4,15 +4,16 @@ disk store's journal holds the changes of every round since its last commit, onc
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from mmfl.config import load_config
 from mmfl.engine.runner import Experiment
 from mmfl.engine.state_store import DiskClientStateStore
+
+from helpers import config, rows, timeless as timeless_rows
+
 
 BASE = ["data.name=digits", "partition.num_clients=6", "clients_per_round=3", "model.name=mlp",
         "model.hidden=[16]", "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1",
@@ -20,13 +21,11 @@ BASE = ["data.name=digits", "partition.num_clients=6", "clients_per_round=3", "m
 
 
 def make(tmp_path, name, *over, rounds=5):
-    cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}", *over])
-    return Experiment(cfg, progress=False)
+    return Experiment(config(tmp_path, name, *over, base=BASE, rounds=rounds), progress=False)
 
 
 def timeless(exp):
-    rows = [json.loads(x) for x in (exp.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rows]
+    return timeless_rows(rows(exp))
 
 
 def same_state(a: dict, b: dict) -> bool:

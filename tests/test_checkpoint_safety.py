@@ -16,23 +16,11 @@ from conftest import patience
 import torch
 
 from mmfl.cli import main
-from mmfl.config import load_config
 from mmfl.engine import checkpoint, runfolder
 from mmfl.engine.runner import Experiment
 from mmfl.errors import MMFLError
 
-BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1"]
-
-
-def make_cfg(tmp_path, name, *overrides, rounds=2):
-    return load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}", *overrides])
-
-
-def run_exp(tmp_path, name, *overrides, rounds=2, resume=False, overwrite=False) -> Experiment:
-    exp = Experiment(make_cfg(tmp_path, name, *overrides, rounds=rounds), progress=False)
-    exp.run(resume=resume, overwrite=overwrite)
-    return exp
+from helpers import DIGITS as BASE, config as make_cfg, run as run_exp
 
 
 def rows_of(run_dir) -> list[dict]:

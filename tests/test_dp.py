@@ -4,7 +4,6 @@ bit-exact resume, and one-line errors for bad values."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -18,20 +17,17 @@ from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
 from mmfl.report import compare
 
-BASE = ["data.name=digits", "partition.num_clients=4", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1", "clients_per_round=3"]
+from helpers import DIGITS, rows, run, timeless
+
+BASE = [*DIGITS, "partition.num_clients=4", "clients_per_round=3"]
 
 
 def run_exp(tmp_path, name, *over, rounds=2, resume=False) -> Experiment:
-    cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}", *over])
-    exp = Experiment(cfg, progress=False)
-    exp.run(resume=resume)
-    return exp
+    return run(tmp_path, name, *over, base=BASE, rounds=rounds, resume=resume)
 
 
 def rows_of(exp) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if not k.endswith("_time_s")}
-            for line in (exp.run_dir / "metrics.jsonl").read_text().splitlines()]
+    return timeless(rows(exp))
 
 
 def _updates(n=5, seed=0, scale=None):

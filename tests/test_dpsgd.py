@@ -4,7 +4,6 @@ epsilon matches Opacus's accountant stepped directly; a bit-exact resume; one-li
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -21,21 +20,17 @@ from mmfl.errors import ConfigError
 from mmfl.report import compare
 from mmfl.schema import TrainConfig
 
-BASE = ["data.name=digits", "partition.num_clients=4", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1", "clients_per_round=3",
-        "dp.mode=sample"]
+from helpers import DIGITS, rows, run, timeless
+
+BASE = [*DIGITS, "partition.num_clients=4", "clients_per_round=3", "dp.mode=sample"]
 
 
 def run_exp(tmp_path, name, *over, rounds=2, resume=False) -> Experiment:
-    cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}", *over])
-    exp = Experiment(cfg, progress=False)
-    exp.run(resume=resume)
-    return exp
+    return run(tmp_path, name, *over, base=BASE, rounds=rounds, resume=resume)
 
 
 def rows_of(exp) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if not k.endswith("_time_s")}
-            for line in (exp.run_dir / "metrics.jsonl").read_text().splitlines()]
+    return timeless(rows(exp))
 
 
 class Tiny(nn.Module):

@@ -12,33 +12,13 @@ import torch
 import mmfl.algorithms as algorithms
 from mmfl.algorithms import ALGORITHMS
 from mmfl.algorithms.fedavg import FedAvgClient, FedAvgServer
-from mmfl.config import load_config
 from mmfl.engine import checkpoint
 from mmfl.core.message import Message, scalar_bytes, tensor_bytes
 from mmfl.engine.runner import Experiment, sample_cohort
 from mmfl.engine.state_store import ClientStateStore
 from mmfl.errors import ConfigError, MMFLError
 
-BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1"]
-
-
-def make_cfg(tmp_path, name, *overrides, rounds=2):
-    return load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}", *overrides])
-
-
-def run_exp(tmp_path, name, *overrides, rounds=2, resume=False) -> Experiment:
-    exp = Experiment(make_cfg(tmp_path, name, *overrides, rounds=rounds), progress=False)
-    exp.run(resume=resume)
-    return exp
-
-
-def read_rows(run_dir) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def timeless(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rows]
+from helpers import config as make_cfg, rows as read_rows, run as run_exp, timeless
 
 
 # ----------------------------------------------------------------------------- bytes

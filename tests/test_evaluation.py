@@ -7,14 +7,14 @@ without changing its other metrics; FedFomo / FedMSplit / pFedWireless run on Fl
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 
-from mmfl.config import load_config
 from mmfl.core import evaluation
 from mmfl.core.evaluation import PERSONAL_ROUTE, run_evaluations
 from mmfl.engine.runner import Experiment
+
+from helpers import config, rows
 
 BASE = ["data.name=mfeat", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
         "train.local_epochs=1", "train.batch_size=64", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1", "rounds=2"]
@@ -26,11 +26,7 @@ PERSONAL_KEYS = ("accuracy", "accuracy_std", "uar", "test_loss", "client_accurac
 
 
 def cfg_of(tmp_path, name, *over, base=BASE):
-    return load_config(None, [*base, f"output_dir={tmp_path}", f"name={name}", *over])
-
-
-def rows(run_dir) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return config(tmp_path, name, *over, base=base, rounds=None)
 
 
 @pytest.mark.parametrize("algo,base", [("fedfomo", MULTIMODAL), ("fedamp", BASE), ("fedmsplit", MULTIMODAL),
@@ -144,6 +140,7 @@ def test_personalized_algorithms_run_on_the_flower_transport(tmp_path, algo):
     same_personal_metrics(rows(cfg.run_dir), rows(sim.run_dir))
 
 
+@pytest.mark.slow
 def test_loopback_fedfomo_runs_on_real_flower_processes(tmp_path_factory):
     # a SuperLink and three SuperNodes on 127.0.0.1; FedFomo evaluates per device: the
     # server's copy of each client's model goes to that client's SuperNode, which scores it

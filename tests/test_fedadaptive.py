@@ -16,13 +16,15 @@ from mmfl.config import load_config
 from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
 
+from helpers import config
+
+
 BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
         "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1"]
 
 
 def run(tmp_path, name, *overrides, rounds=1, resume=False):
-    cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}", *overrides])
-    exp = Experiment(cfg, progress=False)
+    exp = Experiment(config(tmp_path, name, *overrides, base=BASE, rounds=rounds), progress=False)
     start = {k: v.clone() for k, v in exp.server.model.state_dict().items()}
     exp.run(resume=resume)
     return exp, start

@@ -11,18 +11,9 @@ import torch
 
 from mmfl.algorithms.fedavgm import momentum_step
 from mmfl.config import load_config
-from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
 
-BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1"]
-
-
-def run(tmp_path, name, *overrides, rounds=2, resume=False):
-    cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}", *overrides])
-    exp = Experiment(cfg, progress=False)
-    exp.run(resume=resume)
-    return exp
+from helpers import run
 
 
 def test_momentum_step_hand_numbers():

@@ -17,19 +17,15 @@ from mmfl.algorithms.feddyn import GRAD, FedDynClient, FedDynParams, FedDynServe
 from mmfl.config import TrainConfig, load_config
 from mmfl.data.base import ArrayDataset, DatasetMeta
 from mmfl.core.state import read
-from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
 
-BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
-        "train.optimizer=\"sgd\"", "train.local_epochs=1", "train.batch_size=128", "train.lr=0.05", "threads=1", "algorithm.name=feddyn",
-        "algorithm.alpha=0.1"]
+from helpers import DIGITS, run as run_digits
+
+BASE = [*DIGITS, "algorithm.name=feddyn", "algorithm.alpha=0.1"]
 
 
 def run(tmp_path, name, *overrides, rounds=2, resume=False):
-    cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}", *overrides])
-    exp = Experiment(cfg, progress=False)
-    exp.run(resume=resume)
-    return exp
+    return run_digits(tmp_path, name, *overrides, base=BASE, rounds=rounds, resume=resume)
 
 
 def test_regularizer_and_its_gradient_hand_numbers():

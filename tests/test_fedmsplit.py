@@ -14,13 +14,16 @@ from mmfl.algorithms.base import ServerContext
 from mmfl.algorithms.fedmsplit import (GRAPH_PREFIX, STATE_PREFIX, FedMSplitParams, FedMSplitServer,
                                        attention_matrix, edge_gradient, normalized_step)
 from mmfl.algorithms.multimodal import only_held
-from mmfl.config import TrainConfig, load_config
+from mmfl.config import TrainConfig
 from mmfl.data.base import DatasetMeta
 from mmfl.core.message import Message
 from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
 from mmfl.models.multimodal import MultimodalModel, module_of
 from mmfl.report import load_metrics
+
+from helpers import MFEAT_D as BASE, run
+
 
 META = DatasetMeta("tiny", 3, {"a": (4,), "b": (3,)})
 
@@ -216,16 +219,8 @@ def test_config_errors_name_the_field():
 # ============================================================================= end to end
 
 # mfeat views pix + fou, 4 clients, FedCMI's case D (Dirichlet + half the clients unimodal).
-BASE = ["data.name=mfeat", 'data.views=["pix", "fou"]', 'case="D"', "partition.num_clients=4",
-        "model.name=multimodal", "model.feat_dim=16", "model.mlp_hidden=[16]", "train.local_epochs=1",
-        "train.batch_size=64", "threads=1", "clients_per_round=3"]
-
-
 def run_exp(tmp_path, name, *over, rounds=2, resume=False) -> Experiment:
-    cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}", *over])
-    exp = Experiment(cfg, progress=False)
-    exp.run(resume=resume)
-    return exp
+    return run(tmp_path, name, *over, base=BASE, rounds=rounds, resume=resume)
 
 
 def test_fedmsplit_end_to_end_personalized_evaluation_and_resume(tmp_path):

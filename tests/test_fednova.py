@@ -12,9 +12,13 @@ import torch
 
 from mmfl.algorithms.fedavg import FedAvgServer
 from mmfl.algorithms.fednova import FedNovaServer, normalizer, nova_step
+import mmfl.algorithms.capabilities as capabilities_module
 from mmfl.config import load_config
 from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
+
+from helpers import config
+
 
 BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
         'partition.name="dirichlet"', "partition.beta=0.5",  # unequal client sizes: unequal steps
@@ -22,8 +26,7 @@ BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.
 
 
 def run(tmp_path, name, *overrides, rounds=1):
-    cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}", *overrides])
-    exp = Experiment(cfg, progress=False)
+    exp = Experiment(config(tmp_path, name, *overrides, base=BASE, rounds=rounds), progress=False)
     start = {k: v.clone() for k, v in exp.server.model.state_dict().items()}
     exp.run()
     return exp, start
@@ -47,7 +50,7 @@ def test_nova_step_on_hand_numbers():
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_a_real_round_is_the_papers_update_by_hand(tmp_path, monkeypatch, momentum):
+def test_a_real_round_is_the_papers_update_by_hand(tmp_path, monkeypatch, request, momentum):
     seen = {}
     original = FedNovaServer.aggregate_train
 
@@ -56,6 +59,9 @@ def test_a_real_round_is_the_papers_update_by_hand(tmp_path, monkeypatch, moment
         return original(self, rnd, replies)
 
     monkeypatch.setattr(FedNovaServer, "aggregate_train", record)
+    # the patch is an override in the class's own dict: capabilities inferred while it is there
+    # (FedNova not streaming) must not outlive the test in the process-wide caches
+    request.addfinalizer(lambda: (capabilities_module._cached.cache_clear(), capabilities_module.server_streams.cache_clear()))
     exp, x0 = run(tmp_path, f"nova{momentum}", "algorithm.name=fednova", "stream_aggregation=off",
                   f"train.momentum={momentum}")
     cids = sorted(seen)

@@ -91,6 +91,7 @@ def assert_same_run(flower_dir: Path, sim_dir: Path) -> None:
 
 # ----------------------------------------------------------------------------- records
 
+@pytest.mark.flwr_range
 def test_message_records_round_trip_exactly():
     arrays = {"w": torch.randn(3, 4), "i": torch.arange(5), "h": torch.randn(2, dtype=torch.float16),
               "bf": torch.randn(3, dtype=torch.bfloat16), "scalar": torch.tensor(2.5, dtype=torch.float64),
@@ -172,6 +173,7 @@ def grid_run(tmp_path, name, node_configs, *over, dead=(), unavailable=(), base=
     return cfg.run_dir
 
 
+@pytest.mark.flwr_range
 @pytest.mark.parametrize("algo", ["moon", "local"])
 def test_transport_with_state_and_several_clients_per_node_equals_simulator(tmp_path, algo):
     # two nodes host three clients (partition-id k of 2: clients c % 2 == k); MOON keeps its
@@ -280,6 +282,7 @@ def loopback_runs(deployment, tmp_path_factory):
     return tmp, {name: finished(deployment, ids[name], cfg) for name, cfg in cfgs.items()}
 
 
+@pytest.mark.slow
 def test_loopback_fedavg_equals_simulator(loopback_runs):
     tmp, runs = loopback_runs
     run = runs["fedavg"]
@@ -288,12 +291,14 @@ def test_loopback_fedavg_equals_simulator(loopback_runs):
     assert_same_run(run, simulator_run(tmp, "fedavg"))
 
 
+@pytest.mark.slow
 def test_loopback_scaffold_client_state_equals_simulator(loopback_runs):
     # SCAFFOLD's control variates live in each SuperNode's context.state between rounds
     tmp, runs = loopback_runs
     assert_same_run(runs["scaffold"], simulator_run(tmp, "scaffold", "algorithm.name=scaffold"))
 
 
+@pytest.mark.slow
 def test_loopback_fedcmi_unimodal_clients_equals_simulator(loopback_runs):
     # case D: clients holding one modality build a model with only that modality's modules,
     # and each client's private infiltration projectors (never uploaded) live in its SuperNode's
@@ -307,6 +312,7 @@ def test_loopback_fedcmi_unimodal_clients_equals_simulator(loopback_runs):
     assert_same_run(runs["fedcmi"], sim)
 
 
+@pytest.mark.slow
 def test_run_status_through_flwr_ls_equals_the_in_process_answer(deployment, loopback_runs, monkeypatch):
     # mmfl/flower/_flwr_private.py asks the Control API in process; where a Flower release moved
     # that client it falls back to `flwr ls --run-id N --format json`, which must read the same
@@ -325,6 +331,7 @@ def test_run_status_through_flwr_ls_equals_the_in_process_answer(deployment, loo
         [("finished", "completed")]
 
 
+@pytest.mark.slow
 def test_loopback_killed_supernode_is_dropped(deployment, loopback_runs, tmp_path):
     # after the runs above (it kills a node of the shared deployment): SuperNode 2 (client 2)
     # answers the run's hello, then is killed (SIGTERM: it leaves the federation) before it
@@ -350,6 +357,8 @@ def test_loopback_killed_supernode_is_dropped(deployment, loopback_runs, tmp_pat
     assert r1["train_time_s"] < cfg.run.reply_timeout / 2
 
 
+@pytest.mark.flwr_range
+@pytest.mark.slow
 def test_ray_simulation_equals_simulator(tmp_path, capsys):
     # four clients on two virtual SuperNodes (clients c % 2 == k on node k), via the CLI
     over = ["partition.num_clients=4", "algorithm.name=moon", f"output_dir={tmp_path / 'ray'}", "name=ray"]
@@ -361,6 +370,7 @@ def test_ray_simulation_equals_simulator(tmp_path, capsys):
     assert_same_run(tmp_path / "ray" / "ray", simulator_run(tmp_path, "ray", *over[:2]))
 
 
+@pytest.mark.flwr_range
 def test_flower_cli_errors_are_one_line(tmp_path, capsys):
     cfg = Path(__file__).with_name("flower_tiny.toml")
     assert cli_main(["flower", "submit", str(cfg)]) == 2

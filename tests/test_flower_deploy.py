@@ -107,6 +107,7 @@ def flwr_json(args: list[str], home: Path, env: dict) -> dict:
     return json.loads(out[out.index("{"):])
 
 
+@pytest.mark.slow
 def test_documented_deployment_works_verbatim_and_keeps_outsiders_out(tmp_path):
     blocks = doc_blocks()
     assert tag(blocks[0]).startswith("# [settings]") and len(blocks) == 9

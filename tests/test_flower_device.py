@@ -152,6 +152,7 @@ def test_simulate_gpus_per_client_without_a_gpu_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "gpu").exists()  # refused before Ray or the run folder
 
 
+@pytest.mark.slow
 def test_ray_simulation_device_cpu_no_gpus_equals_simulator(tmp_path, capsys):
     # the one real-process test here: Ray actors with num_gpus = 0 (--gpus-per-client 0 overrides
     # the config's 0.5) and device = "cpu" end with the same metrics and model as the simulator

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.flwr_range  # all of it runs again on the lower end of the flwr range (.ci/run)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Flower's public API (https://flower.ai/docs/framework/ref-api/flwr.html): the Message API

@@ -146,6 +146,7 @@ def loopback_runs(manifest_root, tmp_path_factory):
         dep.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", LOOPBACK)
 def test_loopback_deployment_equals_simulator(case, loopback_runs, manifest_root):
     tmp, runs = loopback_runs
@@ -153,6 +154,7 @@ def test_loopback_deployment_equals_simulator(case, loopback_runs, manifest_root
     assert_patterns(case, got)
 
 
+@pytest.mark.slow
 def test_report_shows_the_pattern_columns_of_a_flower_run(loopback_runs, capsys):
     _, runs = loopback_runs
     run = runs["fedmsplit"]  # personalized: the patterns pooled from the SuperNodes' replies
@@ -167,6 +169,7 @@ def test_report_shows_the_pattern_columns_of_a_flower_run(loopback_runs, capsys)
         assert cells[f"acc {name}"] == f"{100 * last[f'pattern/{name}/accuracy']:.2f}%"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", RAY)
 def test_ray_simulation_equals_simulator(case, manifest_root, tmp_path, capsys):
     cfg = config_of(case, manifest_root, tmp_path / "ray")

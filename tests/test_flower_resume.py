@@ -109,6 +109,7 @@ def test_a_fresh_run_never_reads_an_older_runs_node_state(tmp_path):
     assert_same_run(cfg.run_dir, simulator_run(tmp_path, "resumed", *SCAFFOLD, "rounds=2"))
 
 
+@pytest.mark.slow
 def test_loopback_scaffold_resumed_by_a_new_deployment_equals_simulator(tmp_path):
     # real processes: 2 rounds on one SuperLink + 3 SuperNodes, all stopped; a new SuperLink and
     # new SuperNodes (same state-dir) resume the run folder with rounds = 3

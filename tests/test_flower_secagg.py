@@ -245,6 +245,7 @@ def grid_run(tmp_path, name, node_configs, *over, base=BASE, resume=False):
 THREE = {10 + k: {"partition-id": k, "num-partitions": 3} for k in range(3)}
 
 
+@pytest.mark.flwr_range
 def test_secagg_in_process_hides_updates_and_equals_plain_mean_within_bound(tmp_path):
     cfg, received = grid_run(tmp_path, "fedavg", THREE)
     for (err, bound) in check_rounds(cfg, cfg.run_dir, received):
@@ -316,6 +317,8 @@ def test_secagg_multimodal_weight_averaging_needs_every_module_everywhere(tmp_pa
 
 # ----------------------------------------------------------------------------- real processes
 
+@pytest.mark.flwr_range
+@pytest.mark.slow
 def test_loopback_secagg_server_never_sees_an_update(tmp_path):
     """flower-superlink + 3 flower-supernode on 127.0.0.1; the ServerApp (a flwr-serverapp process
     the SuperLink starts) records every message it receives (MMFL_FLOWER_TAP)."""

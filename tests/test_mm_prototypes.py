@@ -14,7 +14,7 @@ from mmfl.algorithms.base import ServerContext
 from mmfl.algorithms.prototypes import (PROTO, PROTO_COUNT, STATE, FedPMRParams, MFedProtoClient,
                                         MFedProtoParams, MFedProtoServer, aggregate_prototypes, class_means,
                                         fedproto_term, pmr_terms)
-from mmfl.config import TrainConfig, load_config
+from mmfl.config import TrainConfig
 from mmfl.data.base import PRESENT, ArrayDataset, DatasetMeta
 from mmfl.core.message import Message
 from mmfl.engine.runner import Experiment
@@ -22,6 +22,8 @@ from mmfl.core.training import state_of
 from mmfl.errors import ConfigError
 from mmfl.report import load_metrics
 from mmfl.models.multimodal import MultimodalModel
+
+from helpers import run as run_with
 
 META = DatasetMeta("tiny", 3, {"a": (4,), "b": (3,)})
 
@@ -184,10 +186,7 @@ BASE = ["data.name=mfeat", 'data.views=["pix", "fou"]', "case=D", "modalities.mi
 
 
 def run(tmp_path, name, *over, rounds=2, resume=False) -> Experiment:
-    cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}", *over])
-    exp = Experiment(cfg, progress=False)
-    exp.run(resume=resume)
-    return exp
+    return run_with(tmp_path, name, *over, base=BASE, rounds=rounds, resume=resume)
 
 
 def timeless(rs):

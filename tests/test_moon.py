@@ -5,7 +5,6 @@ previous models stay frozen in eval mode, and the representation probe's numbers
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -16,15 +15,14 @@ from mmfl.config import load_config
 from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
 
-BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1", "rounds=3",
-        "algorithm.name=moon"]
+from helpers import DIGITS, rows, run
+
+BASE = [*DIGITS, "rounds=3", "algorithm.name=moon"]
 
 
 def run_rows(tmp_path, name, *over):
-    exp = Experiment(load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", *over]), progress=False)
-    exp.run()
-    return exp, [json.loads(x) for x in (exp.run_dir / "metrics.jsonl").read_text().splitlines()]
+    exp = run(tmp_path, name, *over, base=BASE, rounds=None)
+    return exp, rows(exp)
 
 
 def test_representation_probe_hand_values():

@@ -85,6 +85,7 @@ def test_a_mutation_no_test_catches_survives_and_fails_the_runner(capsys):
     assert "| equivalent | SURVIVED |" in out and "not killed: equivalent" in out
 
 
+@pytest.mark.slow
 def test_the_fast_subset_kills_every_mutation():
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "mutants.py"), "--fast"], cwd=ROOT,
                        capture_output=True, text=True, timeout=1200)

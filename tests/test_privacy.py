@@ -18,6 +18,8 @@ from mmfl.engine.runner import Experiment
 from mmfl.engine.simulation import SimulationTransport
 from mmfl.errors import ConfigError, MMFLError
 
+from helpers import config
+
 C = 10  # classes
 
 
@@ -230,7 +232,7 @@ TINY = ["data.name=mfeat_pair", "partition.num_clients=2", "partition.name=iid",
 
 
 def tiny_config(tmp_path, name, *over, base=TINY):
-    return load_config(None, [*base, f"output_dir={tmp_path}", f"name={name}", *over])
+    return config(tmp_path, name, *over, base=base, rounds=None)
 
 
 def simulation_with_privacy(e: Experiment) -> SimulationTransport:

@@ -252,6 +252,7 @@ def _demo_accuracy(tmp_path, name, *over):
     return [json.loads(line)["accuracy"] for line in (exp.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_one_sign_flipping_client_of_ten_is_survived_by_robust_rules(tmp_path):
     """The demo (real mfeat digits, 10 clients, all in every round) with one client sending
     ``g - 10 (w - g)``: FedAvg's weighted mean is dragged to chance within 5 rounds (the issue

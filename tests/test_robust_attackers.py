@@ -6,13 +6,13 @@ finishes the run; a rule short of replies lowers f with one warning line per rou
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
-from mmfl.config import load_config
 from mmfl.engine.runner import Experiment
+
+from helpers import config, rows as read_rows
+
 
 BASE = ["data.name=digits", "partition.num_clients=10", "model.name=mlp", "model.hidden=[16]",
         "train.local_epochs=1", "train.batch_size=128", "threads=1", "rounds=2",
@@ -35,13 +35,12 @@ def lowered(rule: str, attackers: int) -> str | None:
 @pytest.mark.parametrize("attackers", [1, 3, 5])
 @pytest.mark.parametrize("rule", RULES)
 def test_invalid_reply_attackers_never_stop_a_rule(tmp_path, capsys, rule, attackers):
-    cfg = load_config(None, [*BASE, f"algorithm.aggregation={rule}", *PARAMS.get(rule, []),
-                             f"attack.fraction={attackers / 10}", f"output_dir={tmp_path}", f"name={rule}"])
-    exp = Experiment(cfg, progress=False)
+    exp = Experiment(config(tmp_path, rule, f"algorithm.aggregation={rule}", *PARAMS.get(rule, []),
+                            f"attack.fraction={attackers / 10}", base=BASE, rounds=None), progress=False)
     capsys.readouterr()
     exp.run()  # no error: the run finishes
     err = capsys.readouterr().err.splitlines()
-    rows = [json.loads(line) for line in (exp.run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_rows(exp)
     assert [r["round"] for r in rows] == [1, 2]
     assert all(r["replies_rejected"] == attackers and r["clients_replied"] == 10 - attackers for r in rows)
     assert all(torch.isfinite(v).all() for v in exp.server.model.state_dict().values() if v.is_floating_point())

@@ -4,16 +4,15 @@ checkpoint protocol, and runs that equal memory-store runs bit for bit."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from mmfl.config import load_config
-from mmfl.engine.runner import Experiment
 from mmfl.engine.state_store import (AUTO_DISK_CLIENTS, ClientStateStore, DiskClientStateStore, LazyTensors,
                                make_store)
+
+from helpers import rows, run as run_with, timeless as timeless_rows
 
 
 def states():
@@ -93,15 +92,11 @@ BASE = ["data.name=digits", "partition.num_clients=6", "clients_per_round=3", "m
 
 
 def run(tmp_path, name, *over, rounds, resume=False):
-    cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}", *over])
-    exp = Experiment(cfg, progress=False)
-    exp.run(resume=resume)
-    return exp
+    return run_with(tmp_path, name, *over, base=BASE, rounds=rounds, resume=resume)
 
 
 def timeless(exp):
-    rows = [json.loads(x) for x in (exp.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rows]
+    return timeless_rows(rows(exp))
 
 
 @pytest.mark.parametrize("algo", ["scaffold", "moon"])

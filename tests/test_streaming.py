@@ -5,7 +5,6 @@ alive; streamed runs resume bit for bit."""
 
 from __future__ import annotations
 
-import json
 import weakref
 
 import pytest
@@ -16,8 +15,10 @@ from mmfl.config import load_config
 from mmfl.core.aggregation import AGGREGATION_RULES, aggregate
 from mmfl.core.dp import central_dp_mean
 from mmfl.core.streaming import CentralDPFold, foldable, make_fold
-from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
+
+from helpers import rows, run
+
 
 BASE = ["data.name=digits", "partition.num_clients=4", "model.name=mlp", "model.hidden=[16]",
         "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1"]
@@ -110,11 +111,8 @@ def test_streamed_central_dp_is_bit_exact():
 # ----------------------------------------------------------------------------- the engine
 
 def _run(tmp_path, name, *over, rounds=2, resume=False, base=BASE):
-    cfg = load_config(None, [*base, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}", *over])
-    exp = Experiment(cfg, progress=False)
-    exp.run(resume=resume)
-    rows = [json.loads(x) for x in (exp.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return exp, rows
+    exp = run(tmp_path, name, *over, base=base, rounds=rounds, resume=resume)
+    return exp, rows(exp)
 
 
 def _plain(rows):

@@ -219,6 +219,7 @@ def _server(image_dim: int, text_dim: int):
     return multimodal(MultimodalParams(feat_dim=16, mlp_hidden=[32]), meta).eval()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("encoders", ["frozen", "finetune"])
 def test_finetuning_the_head_learns_what_the_image_determines(tmp_path, encoders):
     from mmfl.algorithms.creamfl_terms import reps_of
