@@ -25,6 +25,7 @@ except ImportError:  # run as the package tests.*
     from tests.test_flower import BASE, assert_same_run, simulator_run
 
 
+@pytest.mark.flwr_range
 def test_new_writes_a_flower_app_that_flwr_build_bundles(tmp_path, capsys):
     argv = ["flower", "new", str(tmp_path / "mfeat-fedavg"), str(Path(__file__).with_name("flower_tiny.toml")),
             "--publisher", "someone", *[x for o in BASE for x in ("--set", o)]]
@@ -66,6 +67,7 @@ def test_mmfl_set_overrides_the_app_config_for_one_run(tmp_path):
     assert run_config_text({CONFIG_KEY: cfg.to_toml(), SET_KEY: ""}) == cfg.to_toml()
 
 
+@pytest.mark.slow
 def test_plain_flwr_run_of_the_app_equals_the_simulator(tmp_path):
     """`flwr run DIR` on a simulation SuperLink, with only `mmfl-set` on the command line: the
     same metrics and final model as the in-process simulator with those values."""
