@@ -183,7 +183,7 @@ def table2(b) -> list[str]:
              f"(`mmfl vqa RUN --emoji`, frozen server encoders, a fused-product MLP head fine-tuned on the train "
              f"split's questions; see `docs/vqa.md`: the questions are templated over real emoji images, so the "
              f"numbers are not comparable with VQA v2's); mean ± std over seeds {seeds}.", "",
-             *md_table(["method", "VQA accuracy", "paper (Table 2: VQA v2 accuracy, %)"], [
+             *md_table(["method", "VQA accuracy", "paper (Table 2: VQA v2.0 accuracy over its 3,000 most frequent answers, %)"], [
                  *[[e.label, ms(list(by[m].values()), len(seeds)), e.info.get("paper_vqa", "—")]
                    for m, e in g.methods.items() if by[m]],
                  *[[f"reference: {e.label}", ms(list(by[x].values()), len(seeds)), "—"]
@@ -218,7 +218,7 @@ def table3(b) -> list[str]:
             lines += [f"### {st}: R@1_sum (four terms, as Table 1) and i2t + t2i R@1 on one gallery, mean ± std "
                       f"over seeds {seeds}", "",
                       *md_table(["components", "run overrides", "R@1_sum", "R@1 i2t+t2i (one gallery)",
-                                 "paper R@1_sum (Table 3, MS-COCO 1K + 5K)"], rows), ""]
+                                 "paper R@1_sum (Table 3, MS-COCO: 1K i2t + 1K t2i + 5K i2t + 5K t2i R@1, as Table 1)"], rows), ""]
     return lines or ["Not run in this regeneration (no finished Table 3 run beyond Table 1's).", ""]
 
 
