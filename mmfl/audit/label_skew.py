@@ -18,7 +18,7 @@ being the label histogram and a regressor instead of a classifier:
 2. *Meta-model.* Row for row the representations are of the same public samples, so the
    flattened, centred ``R_k`` are comparable features: a ridge regression
    ``h ~ W vec(R)`` (ridge penalty by leave-one-out, ``RidgeCV``) fit on the shadows.
-3. *Attack.* ``h_hat = normalise(max(0, W vec(R_client)))`` for each client's first reply
+3. *Attack.* ``h_hat = proj_simplex(W vec(R_client))`` (Duchi et al. 2008) for each client's first reply
    (the round it first trains: its state is empty, as the shadows').
 
 Scored per client against its true histogram ``h``: the total variation distance
@@ -60,17 +60,22 @@ def features(reply_arrays: dict, keys: list[str]) -> np.ndarray:
     return np.concatenate([reply_arrays[k].detach().double().cpu().reshape(-1).numpy() for k in keys])
 
 
+def simplex(v: np.ndarray) -> np.ndarray:
+    """The Euclidean projection of ``v`` onto the probability simplex (Duchi et al. 2008, fig. 1)."""
+    u = np.sort(v)[::-1]
+    css = np.cumsum(u)
+    rho = np.nonzero(u * np.arange(1, len(v) + 1) > css - 1)[0][-1]
+    return np.maximum(v - (css[rho] - 1) / (rho + 1), 0)
+
+
 def fit_and_predict(shadow_x: np.ndarray, shadow_h: np.ndarray, target_x: np.ndarray) -> np.ndarray:
-    """Ridge meta-model (penalty by leave-one-out) from shadow features to histograms; the
-    targets' predicted histograms, clipped at 0 and normalised (uniform where all are 0)."""
+    """Ridge meta-model (features standardised, penalty by leave-one-out) from shadow features to
+    histograms; the targets' predicted histograms, projected onto the simplex."""
     from sklearn.linear_model import RidgeCV
 
     mu, sd = shadow_x.mean(0), shadow_x.std(0) + 1e-8
     reg = RidgeCV(alphas=np.logspace(-2, 6, 17)).fit((shadow_x - mu) / sd, shadow_h)
-    pred = np.clip(reg.predict((np.atleast_2d(target_x) - mu) / sd), 0, None)
-    s = pred.sum(1, keepdims=True)
-    c = shadow_h.shape[1]
-    return np.where(s > 0, pred / np.where(s > 0, s, 1), 1.0 / c)
+    return np.stack([simplex(p) for p in reg.predict((np.atleast_2d(target_x) - mu) / sd)])
 
 
 def score(pred: np.ndarray, counts: np.ndarray) -> dict:
