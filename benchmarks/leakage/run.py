@@ -113,6 +113,47 @@ def table(rows: list[dict], seed: int, cmd: str) -> str:
             "algorithm takes it, else DP-SGD (z = 1, clip 1).\n\n" + "\n".join(lines) + "\n")
 
 
+def reps_block(rows: list[dict], seed: int, cmd: str) -> str | None:
+    """CreamFL: what its public-set representations reveal of each client's label histogram
+    (``mmfl audit``'s shadow-client attack, mmfl/audit/label_skew.py), per client."""
+    got = [r for r in rows if "audit" in r and r["audit"].get("public_representations")]
+    if not got:
+        return None
+    lines = ["| algorithm | DP | client | modalities | round | true top-class share | TV (uniform) | "
+             "top class hit (chance) |\n|---|---|---|---|---|---|---|---|"]
+    for r in got:
+        rep = r["audit"]["public_representations"]
+        for cid, c in rep["per_client"].items():
+            lines.append(f"| {r['name']} | {r['dp']} | {cid} | {'+'.join(c['modalities'])} | {c['round'] + 1} | "
+                         f"{c['true_top_share']:.2f} | {c['tv']:.3f} ({c['tv_uniform']:.3f}) | "
+                         f"{'yes' if c['top_hit'] else 'no'} ({100 * c['top_chance']:.0f}%) |")
+        lines.append(f"| {r['name']} | {r['dp']} | mean of {rep['clients']} | | | | {rep['tv_mean']:.3f} "
+                     f"({rep['tv_uniform_mean']:.3f}) | {100 * rep['top_hit_rate']:.0f}% "
+                     f"({100 * rep['top_chance']:.0f}%) |")
+    return ("<!-- reps -->\n## CreamFL: the label distribution from public-set representations\n\n"
+            f"Command: `{cmd}` (seed {seed}). Each client's first reply (``rep/<m>``, the round it first "
+            "trains) against shadow clients the server runs itself: the client's own code, architecture, round "
+            "and message on auxiliary rows (the test split of the client's data set) drawn with known label "
+            "histograms (Dirichlet, beta log-uniform in [0.05, 20]), a ridge meta-model from the flattened "
+            "representations to the histogram, projected onto the simplex (property inference with shadow "
+            "models: Ateniese et al. 2015, Ganju et al. 2018; docs/security.md). TV = total variation distance "
+            "to the client's true histogram, next to the uniform histogram's (the no-information baseline); "
+            "top class hit = the predicted majority class is the client's, chance 1/C.\n\n"
+            + "\n".join(lines) + "\n<!-- /reps -->\n")
+
+
+def write_block(text: str, start: str, end: str) -> None:
+    """Replace the block ``start``...``end`` of leakage.md with ``text`` (appended when absent)."""
+    path = ROOT / "benchmarks" / "results" / "leakage.md"
+    doc = path.read_text()
+    if start in doc:
+        pre, _, rest = doc.partition(start)
+        doc = pre + text + rest.partition(end + "\n")[2]
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + text
+    path.write_text(doc)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=str(ROOT / "runs" / "leakage"))
@@ -120,6 +161,8 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--only", nargs="*")
     p.add_argument("--reuse", action="store_true", help="read back the cells audited before (their .audit.json)")
+    p.add_argument("--write-reps", action="store_true",
+                   help="with --only: write the CreamFL representation block into leakage.md")
     a = p.parse_args()
     global REUSE
     REUSE = a.reuse
@@ -135,6 +178,10 @@ def main() -> int:
     if not a.only:
         (ROOT / "benchmarks" / "results" / "leakage.md").write_text(table(rows, a.seed, cmd))
     print(table(rows, a.seed, cmd))
+    reps = reps_block(rows, a.seed, cmd + (" --only " + " ".join(map(repr, a.only)) if a.only else ""))
+    if reps and (not a.only or a.write_reps):
+        write_block(reps, "<!-- reps -->", "<!-- /reps -->")
+        print(reps)
     return 0
 
 

@@ -9,8 +9,9 @@ being the label histogram and a regressor instead of a classifier:
 1. *Shadow clients.* The server knows everything of a client's round but its private data:
    the algorithm and its parameters, the client's architecture (``[[client_models]]``), the
    initial weights, the message it sent (the global representations) and the reply's
-   ``num_examples``. For ``shadows`` label histograms ``h_k ~ Dir(beta_k)`` (``beta_k``
-   log-uniform in [0.05, 20]: from one class to balanced) it draws ``num_examples`` rows of
+   ``num_examples``. For ``shadows`` label histograms ``h_k`` (one single-class histogram per
+   class, the rest ``~ Dir(beta_k)``, ``beta_k`` log-uniform in [0.05, 20]: from one class to
+   balanced) it draws ``num_examples`` rows of
    its **auxiliary data** (the run's test split of the client's data set, as the other probes
    of ``mmfl audit``) with those proportions and runs the *client's own code* on them
    (:func:`mmfl.engine.client_runtime.run_client`, same round, same message, empty state):
@@ -34,10 +35,12 @@ REP = "rep/"
 
 
 def shadow_histograms(num_classes: int, shadows: int, rng: np.random.Generator) -> np.ndarray:
-    """``[shadows, C]`` label histograms from one class to balanced (``Dir(beta)``, ``beta``
-    log-uniform in [0.05, 20])."""
-    beta = np.exp(rng.uniform(np.log(0.05), np.log(20.0), size=shadows))
-    return np.stack([rng.dirichlet(np.full(num_classes, b)) for b in beta])
+    """``[shadows, C]`` label histograms from one class to balanced: one single-class histogram
+    per class first (the corners of the simplex, where ``shadows >= 2 C``), then ``Dir(beta)``,
+    ``beta`` log-uniform in [0.05, 20]."""
+    corners = np.eye(num_classes) if shadows >= 2 * num_classes else np.zeros((0, num_classes))
+    beta = np.exp(rng.uniform(np.log(0.05), np.log(20.0), size=shadows - len(corners)))
+    return np.concatenate([corners, np.stack([rng.dirichlet(np.full(num_classes, b)) for b in beta])])
 
 
 def sample_rows(labels: np.ndarray, hist: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
