@@ -131,8 +131,8 @@ def representation_attack(view, shadows: int = 32, seed: int = 0) -> dict | None
                 data=data, test_data=None, meta=meta, train=tr.train, seed=tr.seed, state={},
                 model_pool=tr._model, init_model=tr.make_model, holds=holds, group=group, source=source,
                 public=fed.public, dp=tr.dp, device=tr.device)
-            if getattr(tr, "local_dp", None) is not None:  # the client's randomizer, as its real reply had
-                reply = tr.local_dp(rnd, cids[0], e0.sent, reply)
+            if getattr(tr, "local_dp", None) is not None:  # the client's randomizer, as its real reply had, with
+                reply = tr.local_dp(rnd, 1_000_000 + k, e0.sent, reply)  # noise of its own (not the client's)
             xs.append(features(reply.arrays, keys))
             hists[k] = np.bincount(ys[rows], minlength=c) / len(rows)  # the histogram it really trained on
         targets = np.stack([features(first[cid].reply.arrays, keys) for cid in cids])
