@@ -31,6 +31,9 @@ CELLS = [  # name, config, overrides
 DP = {"local": ['dp.mode="local"', "dp.clip_norm=1.0", "dp.noise_multiplier=1.0"],
       "sample": ['dp.mode="sample"', "dp.clip_norm=1.0", "dp.noise_multiplier=1.0"]}
 MMFL = [sys.executable, "-m", "mmfl.cli"]
+# the audit's arguments where not "--rounds 2": CreamFL's replies hold no model update; its representation
+# attack reads each client's first reply, so one replayed round (6 of 8 clients) halves its shadow clients
+AUDIT = {"CreamFL": ["--rounds", "1"]}
 REUSE = False
 
 
@@ -61,7 +64,8 @@ def cell(out: Path, seed: int, name: str, config: str, over: list[str], dp: bool
         tried.append(f"{mode}: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
     else:
         return {"name": name, "dp": "refused", "why": "; ".join(tried)}
-    a = subprocess.run([*MMFL, "audit", str(out / slug), "--rounds", "2", "--json", str(js)], cwd=ROOT, capture_output=True, text=True)
+    a = subprocess.run([*MMFL, "audit", str(out / slug), *AUDIT.get(name, ["--rounds", "2"]), "--json", str(js)],
+                       cwd=ROOT, capture_output=True, text=True)
     if a.returncode != 0:
         return {"name": name, "dp": mode or "off", "why": "audit failed: " + a.stderr.strip()[-300:]}
     summary = json.loads((out / slug / "summary.json").read_text())
@@ -131,8 +135,8 @@ def reps_block(rows: list[dict], seed: int, cmd: str) -> str | None:
                      f"({rep['tv_uniform_mean']:.3f}) | {100 * rep['top_hit_rate']:.0f}% "
                      f"({100 * rep['top_chance']:.0f}%) |")
     return ("<!-- reps -->\n## CreamFL: the label distribution from public-set representations\n\n"
-            f"Command: `{cmd}` (seed {seed}). Each client's first reply (``rep/<m>``, the round it first "
-            "trains) against shadow clients the server runs itself: the client's own code, architecture, round "
+            f"Command: `{cmd}` (seed {seed}; the audit `mmfl audit RUN --rounds 1`). Each client's first reply "
+            "(`rep/<m>`, in the replayed round 1: the clients of its cohort) against shadow clients the server runs itself: the client's own code, architecture, round "
             "and message on auxiliary rows (the test split of the client's data set) drawn with known label "
             "histograms (Dirichlet, beta log-uniform in [0.05, 20]), a ridge meta-model from the flattened "
             "representations to the histogram, projected onto the simplex (property inference with shadow "
