@@ -22,6 +22,10 @@ CELLS = [  # name, config, overrides
     ("MOON", "mmfl/configs/demo.toml", ["rounds=5", "algorithm.name=moon"]),
     ("FedCMI", "mmfl/configs/fedcmi.toml", ["rounds=3"]),
     ("CreamFL", "mmfl/configs/creamfl_mfeat.toml", ["rounds=3"]),
+    ("CreamFL (4 image clients, Dirichlet 0.1)", "mmfl/configs/creamfl_mfeat.toml",  # the label skew of its
+     ["rounds=1", "client_data=[]", 'partition={name="dirichlet",beta=0.1,num_clients=4}',  # MNIST clients, on
+      'modalities={name="explicit",holds=[["image"],["image"],["image"],["image"]]}',  # mfeat, small: what the
+      "algorithm.public_size=300", "train.local_epochs=1"]),  # representation attack costs on a shared machine
     ("PartialFL", "mmfl/configs/partialfl_digits.toml", ["rounds=5"]),
     ("split learning", "mmfl/configs/partialfl_digits.toml",
      ["rounds=2", 'algorithm={name="split_learning"}', 'privacy.labels="shareable"']),
@@ -33,7 +37,7 @@ DP = {"local": ['dp.mode="local"', "dp.clip_norm=1.0", "dp.noise_multiplier=1.0"
 MMFL = [sys.executable, "-m", "mmfl.cli"]
 # the audit's arguments where not "--rounds 2": CreamFL's replies hold no model update; its representation
 # attack reads each client's first reply, so one replayed round (6 of 8 clients) halves its shadow clients
-AUDIT = {"CreamFL": ["--rounds", "1"]}
+AUDIT = {"CreamFL": ["--rounds", "1"], "CreamFL (4 image clients, Dirichlet 0.1)": ["--rounds", "1"]}
 REUSE = False
 
 

@@ -87,6 +87,7 @@ def main() -> int:
     p.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2, 3, 4])
     p.add_argument("--only", nargs="*", default=["FedAvg", "MOON"])
     p.add_argument("--no-dp", action="store_true", help="the cells without DP only")
+    p.add_argument("--done-only", action="store_true", help="only the cells already audited (no new runs)")
     p.add_argument("--write", action="store_true", help="write the block into benchmarks/results/leakage.md")
     a = p.parse_args()
     leak.REUSE = True
@@ -98,6 +99,9 @@ def main() -> int:
             if name not in a.only:
                 continue
             for dp in (False,) if a.no_dp else (False, True):
+                slug = name.lower().replace(" ", "_").replace("(", "").replace(")", "").replace("-", "_")
+                if a.done_only and not (out / f"{slug}{'_dp' if dp else ''}.audit.json").is_file():
+                    continue  # not run yet for this seed: the row says how many seeds it has
                 r = leak.cell(out, seed, name, config, over, dp)
                 print(seed, name, r["dp"], "ok" if "audit" in r else r.get("why"), flush=True)
                 rows.setdefault((name, r["dp"]), []).append(r)
