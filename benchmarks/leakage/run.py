@@ -23,7 +23,7 @@ CELLS = [  # name, config, overrides
     ("FedCMI", "mmfl/configs/fedcmi.toml", ["rounds=3"]),
     ("CreamFL", "mmfl/configs/creamfl_mfeat.toml", ["rounds=3"]),
     ("CreamFL (4 image clients, Dirichlet 0.1)", "mmfl/configs/creamfl_mfeat.toml",  # the label skew of its
-     ["rounds=1", "client_data=[]", 'partition={name="dirichlet",beta=0.1,num_clients=4}',  # MNIST clients, on
+     ["rounds=1", "clients_per_round=4", "client_data=[]", 'partition={name="dirichlet",beta=0.1,num_clients=4}',  # MNIST clients, on
       'modalities={name="explicit",holds=[["image"],["image"],["image"],["image"]]}',  # mfeat, small: what the
       "algorithm.public_size=300", "train.local_epochs=1"]),  # representation attack costs on a shared machine
     ("PartialFL", "mmfl/configs/partialfl_digits.toml", ["rounds=5"]),
