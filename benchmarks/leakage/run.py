@@ -121,14 +121,19 @@ def table(rows: list[dict], seed: int, cmd: str) -> str:
             "algorithm takes it, else DP-SGD (z = 1, clip 1).\n\n" + "\n".join(lines) + "\n")
 
 
-def reps_block(rows: list[dict], seed: int, cmd: str) -> str | None:
+def reps_block(rows: list[dict], seed: int, cmd: str, old: str = "") -> str | None:
     """CreamFL: what its public-set representations reveal of each client's label histogram
-    (``mmfl audit``'s shadow-client attack, mmfl/audit/label_skew.py), per client."""
+    (``mmfl audit``'s shadow-client attack, mmfl/audit/label_skew.py), per client. ``old``: the
+    block as leakage.md has it; the rows and commands of cells not run now are kept."""
     got = [r for r in rows if "audit" in r and r["audit"].get("public_representations")]
     if not got:
         return None
+    names = {r["name"] for r in got}
+    keep = [ln for ln in old.splitlines() if ln.startswith("| ") and not ln.startswith("| algorithm")
+            and ln.split(" | ")[0][2:] not in names]
+    cmds = [ln for ln in old.splitlines() if ln.startswith("- ") and ln[2:].split(":")[0] not in names]
     lines = ["| algorithm | DP | client | modalities | round | true top-class share | TV (uniform) | "
-             "top class hit (chance) |\n|---|---|---|---|---|---|---|---|"]
+             "top class hit (chance) |\n|---|---|---|---|---|---|---|---|", *keep]
     for r in got:
         rep = r["audit"]["public_representations"]
         for cid, c in rep["per_client"].items():
@@ -138,16 +143,18 @@ def reps_block(rows: list[dict], seed: int, cmd: str) -> str | None:
         lines.append(f"| {r['name']} | {r['dp']} | mean of {rep['clients']} | | | | {rep['tv_mean']:.3f} "
                      f"({rep['tv_uniform_mean']:.3f}) | {100 * rep['top_hit_rate']:.0f}% "
                      f"({100 * rep['top_chance']:.0f}%) |")
+        cmds.append(f"- {r['name']}: `{cmd}` (seed {seed}; {rep['shadows']} shadow clients per client structure)")
     return ("<!-- reps -->\n## CreamFL: the label distribution from public-set representations\n\n"
-            f"Command: `{cmd}` (seed {seed}; the audit `mmfl audit RUN --rounds 1`). Each client's first reply "
-            "(`rep/<m>`, in the replayed round 1: the clients of its cohort) against shadow clients the server runs itself: the client's own code, architecture, round "
-            "and message on auxiliary rows (the test split of the client's data set) drawn with known label "
-            "histograms (Dirichlet, beta log-uniform in [0.05, 20]), a ridge meta-model from the flattened "
-            "representations to the histogram, projected onto the simplex (property inference with shadow "
-            "models: Ateniese et al. 2015, Ganju et al. 2018; docs/security.md). TV = total variation distance "
-            "to the client's true histogram, next to the uniform histogram's (the no-information baseline); "
-            "top class hit = the predicted majority class is the client's, chance 1/C.\n\n"
-            + "\n".join(lines) + "\n<!-- /reps -->\n")
+            "Each client's first reply (`rep/<m>`; the audit replays round 1, `mmfl audit RUN --rounds 1`: the "
+            "clients of its cohort) against shadow clients the server runs itself: the client's own code, "
+            "architecture, round and message on auxiliary rows (the test split of the client's data set) drawn "
+            "with known label histograms (one per class, the rest Dirichlet with beta log-uniform in [0.05, 20]), "
+            "a ridge meta-model from the flattened representations to the histogram, projected onto the simplex "
+            "(property inference with shadow models: Ateniese et al. 2015, Ganju et al. 2018; docs/security.md). "
+            "TV = total variation distance to the client's true histogram, next to the uniform histogram's (the "
+            "no-information baseline); top class hit = the predicted majority class is the client's, chance "
+            "1/C. One run per cell (measurements, not orderings). Commands:\n\n"
+            + "\n".join(cmds) + "\n\n" + "\n".join(lines) + "\n<!-- /reps -->\n")
 
 
 def write_block(text: str, start: str, end: str) -> None:
@@ -186,7 +193,9 @@ def main() -> int:
     if not a.only:
         (ROOT / "benchmarks" / "results" / "leakage.md").write_text(table(rows, a.seed, cmd))
     print(table(rows, a.seed, cmd))
-    reps = reps_block(rows, a.seed, cmd + (" --only " + " ".join(map(repr, a.only)) if a.only else ""))
+    doc = (ROOT / "benchmarks" / "results" / "leakage.md").read_text()
+    reps = reps_block(rows, a.seed, cmd + (" --only " + " ".join(map(repr, a.only)) + " --write-reps" if a.only else ""),
+                      doc.partition("<!-- reps -->")[2].partition("<!-- /reps -->")[0])
     if reps and (not a.only or a.write_reps):
         write_block(reps, "<!-- reps -->", "<!-- /reps -->")
         print(reps)
