@@ -75,7 +75,8 @@ def block(rows: dict[tuple[str, str], list[dict]], seeds: list[int], cmd: str) -
         lines.append(f"| {name} | {dp} | {len(rs)} | " + " | ".join(cols) + " |")
     return ("<!-- seeds -->\n## Over seeds: mean [95 % bootstrap CI over the seeds]\n\n"
             f"Command: `{cmd}` (seeds {', '.join(map(str, seeds))} where a cell's row says 5; a row with fewer "
-            "seeds was too slow for the shared machine and says how many; the table above is seed 0 alone). "
+            "seeds was too slow for the shared machine and says how many, and a cell the command names but this "
+            "table lacks was not run there; the table above is seed 0 alone). "
             "The same runs and audits as the table above, per seed; a CI spans the spread of the seeds "
             "(the partition, the initial model and the batches change with the seed).\n\n"
             + "\n".join(lines) + "\n<!-- /seeds -->\n")
