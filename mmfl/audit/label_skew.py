@@ -2,9 +2,11 @@
 label distribution: a shadow-model property-inference attack.
 
 The method is the shadow-model meta-classifier of property inference (Ateniese et al. 2015,
-"Hacking smart machines with smarter ones", sec. 3; Ganju et al. 2018, CCS, sec. 3; in
-federated learning with auxiliary data Melis et al. 2019, S&P, sec. V), with the property
-being the label histogram and a regressor instead of a classifier:
+"Hacking smart machines with smarter ones"; Ganju et al. 2018, "Property inference attacks on
+fully connected neural networks using permutation invariant representations", CCS; in
+federated learning with auxiliary data, Melis et al. 2019, "Exploiting unintended feature
+leakage in collaborative learning", S&P), with the property being the label histogram and a
+regressor instead of a classifier:
 
 1. *Shadow clients.* The server knows everything of a client's round but its private data:
    the algorithm and its parameters, the client's architecture (``[[client_models]]``), the
@@ -19,7 +21,8 @@ being the label histogram and a regressor instead of a classifier:
 2. *Meta-model.* Row for row the representations are of the same public samples, so the
    flattened, centred ``R_k`` are comparable features: a ridge regression
    ``h ~ W vec(R)`` (ridge penalty by leave-one-out, ``RidgeCV``) fit on the shadows.
-3. *Attack.* ``h_hat = proj_simplex(W vec(R_client))`` (Duchi et al. 2008) for each client's first reply
+3. *Attack.* ``h_hat = proj_simplex(W vec(R_client))`` (Duchi et al. 2008, "Efficient projections
+   onto the l1-ball", fig. 1) for each client's first reply
    (the round it first trains: its state is empty, as the shadows').
 
 Scored per client against its true histogram ``h``: the total variation distance
