@@ -67,7 +67,9 @@ def block(rows: dict[tuple[str, str], list[dict]], seeds: list[int], cmd: str) -
         cols = []
         for title, get, pct in METRICS:
             vals = [v for v in (get(r) for r in rs) if v is not None]
-            col = cellstr(vals, pct)
+            bad = sum(1 for v in vals if not np.isfinite(v))  # an inversion that diverged under DP noise
+            vals = [v for v in vals if np.isfinite(v)]
+            col = cellstr(vals, pct) + (f" ({bad} seed{'s' * (bad > 1)} non-finite, left out)" if bad else "")
             if title.endswith("(uniform)") and vals:
                 uni = [(r["audit"].get("public_representations") or {}).get("tv_uniform_mean") for r in rs]
                 col += f" ({np.mean([u for u in uni if u is not None]):.3f})"
