@@ -70,7 +70,10 @@ def update_attacks(view: ServerView, invert: int = 2, steps: int = 300) -> dict 
     out = {"clients": len(hits), "majority_class_hit_rate": float(np.mean(hits)), "chance": 1.0 / c,
            "spearman_mean": float(np.nanmean(rhos))}
     if inv:
-        out["inversion_cosine"] = float(np.mean([a for a, _ in inv]))
+        ok = [a for a, _ in inv if np.isfinite(a)]  # an inversion can diverge (a noised update): counted apart
+        out["inversion_cosine"] = float(np.mean(ok)) if ok else float("nan")
+        if len(ok) < len(inv):
+            out["inversion_diverged"] = len(inv) - len(ok)
         out["inversion_chance"] = float(np.mean([b for _, b in inv]))
     return out
 
