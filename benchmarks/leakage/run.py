@@ -190,8 +190,12 @@ def main() -> int:
         print(r["name"], r["dp"], "ok" if "audit" in r else r.get("why"), flush=True)
     (out / "rows.json").write_text(json.dumps(rows, indent=1))
     cmd = "python benchmarks/leakage/run.py" + (f" --seed {a.seed}" if a.seed else "")
-    if not a.only:
-        (ROOT / "benchmarks" / "results" / "leakage.md").write_text(table(rows, a.seed, cmd))
+    if not a.only:  # the table anew; the blocks of seeds.py and of the representation attack are kept
+        path = ROOT / "benchmarks" / "results" / "leakage.md"
+        old = path.read_text() if path.is_file() else ""
+        keep = "".join(m + old.partition(m)[2].partition(e)[0] + e + "\n" for m, e in
+                       (("<!-- reps -->", "<!-- /reps -->"), ("<!-- seeds -->", "<!-- /seeds -->")) if m in old)
+        path.write_text(table(rows, a.seed, cmd) + ("\n" + keep if keep else ""))
     print(table(rows, a.seed, cmd))
     doc = (ROOT / "benchmarks" / "results" / "leakage.md").read_text()
     reps = reps_block(rows, a.seed, cmd + (" --only " + " ".join(map(repr, a.only)) + " --write-reps" if a.only else ""),
