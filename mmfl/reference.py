@@ -242,6 +242,7 @@ def run_references(cfg, progress: bool = True) -> dict:
     summary = {"caveat": CAVEAT, "family": fam, "metric": key, "metric_label": label,
                "federated": {"method": f"{cfg.algorithm.name} ({kind})", "metric": key}, "rows": rows}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    runfiles.seal(cfg.run_dir)  # what reference/ holds now is the run's, file by file (--overwrite)
     return summary
 
 

@@ -117,3 +117,52 @@ def test_flower_overwrite_refuses_a_users_folder_before_flower_starts(cfg, capsy
         rc, err = cli(["flower", cmd, *args], capsys)
         assert rc == 2 and len(err.splitlines()) == 1 and "not a run folder of this mmfl" in err, err
         assert tree(d) == ["config.toml", "notes.md"]
+
+
+def test_a_users_files_inside_the_folders_mmfl_writes_refuse_and_stay(cfg, capsys):
+    """A folder mmfl writes (checkpoints/, the tracker's tb/) is no licence for what is in it: a
+    user's notes, a user's experiment folder and a nested file put there after the run each make
+    --overwrite refuse, with one line naming them, nothing deleted; the tracker's own files
+    (written by TensorBoard, not by mmfl) are listed and replaced."""
+    assert cli(argv(cfg, "r", "--track", "tensorboard"), capsys)[0] == 0
+    d = cfg / "r"
+    listing = set((d / runfiles.LISTING).read_text().splitlines())
+    assert any(p.startswith("tb/") and not p.endswith("/") for p in listing)  # TensorBoard's event file, by name
+    assert any(p.startswith("checkpoints/round_") and not p.endswith("/") for p in listing)
+    ckpt = sorted((d / "checkpoints").glob("round_?????"))[-1].relative_to(d).as_posix()
+    strays = [("checkpoints/notes.md", "checkpoints/notes.md"),  # in the order of the (sorted) walk
+              ("checkpoints/experiment/config.toml", "checkpoints/experiment/"),
+              ("checkpoints/experiment/notes.md", "checkpoints/experiment/"),
+              (f"{ckpt}/deep/er/mine.txt", f"{ckpt}/deep/"),
+              ("tb/notes.md", "tb/notes.md")]
+    for stray, _ in strays:
+        (d / stray).parent.mkdir(parents=True, exist_ok=True)
+        (d / stray).write_text(EXPERIMENT if stray.endswith(".toml") else "mine")
+    for stray, named in strays:
+        before = {p: (d / p).read_bytes() for p in tree(d) if (d / p).is_file()}
+        rc, err = cli(argv(cfg, "r", "--overwrite"), capsys)
+        assert rc == 2 and len(err.splitlines()) == 1 and f"{d}: {named} was not written by this run" in err, err
+        assert {p: (d / p).read_bytes() for p in tree(d) if (d / p).is_file()} == before  # nothing deleted
+        (d / stray).unlink()
+        if not any((d / stray).parent.iterdir()):
+            for up in [(d / stray).parent, *(d / stray).parent.parents]:
+                if up == d or any(up.iterdir()):
+                    break
+                up.rmdir()
+    rc, err = cli(argv(cfg, "r", "--overwrite"), capsys)
+    assert rc == 0, err
+
+
+def test_clear_deletes_only_listed_files_and_only_emptied_folders(tmp_path):
+    """clear() itself (after the check, a file may still appear): listed files go, a folder goes
+    only once empty, and an unlisted file at any depth stays with the folders holding it."""
+    d = tmp_path / "run"
+    d.mkdir()
+    runfiles.start(d)
+    runfiles.record(d, "a.txt", "ck/", "ck/r1/m.bin", "tb/", "tb/ev")
+    for rel in ("a.txt", "ck/r1/m.bin", "tb/ev", "ck/r1/late.txt", "ck/user/deep/x.md"):
+        (d / rel).parent.mkdir(parents=True, exist_ok=True)
+        (d / rel).write_text(rel)
+    assert runfiles.first_unlisted(d) == "ck/user/"  # a folder is named before the files below it
+    runfiles.clear(d)
+    assert tree(d) == ["ck", "ck/r1", "ck/r1/late.txt", "ck/user", "ck/user/deep", "ck/user/deep/x.md"]

@@ -24,6 +24,10 @@ CELLS = [  # name, config, overrides
     ("MOON", "mmfl/configs/demo.toml", ["rounds=5", "algorithm.name=moon"]),
     ("FedCMI", "mmfl/configs/fedcmi.toml", ["rounds=3"]),
     ("CreamFL", "mmfl/configs/creamfl_mfeat.toml", ["rounds=3"]),
+    ("CreamFL (4 image clients, Dirichlet 0.1)", "mmfl/configs/creamfl_mfeat.toml",  # the label skew of its
+     ["rounds=1", "clients_per_round=4", "client_data=[]", 'partition={name="dirichlet",beta=0.1,num_clients=4}',  # MNIST clients, on
+      'modalities={name="explicit",holds=[["image"],["image"],["image"],["image"]]}',  # mfeat, small: what the
+      "algorithm.public_size=300", "train.local_epochs=1"]),  # representation attack costs on a shared machine
     ("PartialFL", "mmfl/configs/partialfl_digits.toml", ["rounds=5"]),
     ("split learning", "mmfl/configs/partialfl_digits.toml",
      ["rounds=2", 'algorithm={name="split_learning"}', 'privacy.labels="shareable"']),
@@ -34,6 +38,9 @@ DP = {"local": ['dp.mode="local"', "dp.clip_norm=1.0", "dp.noise_multiplier=1.0"
       "sample": ['dp.mode="sample"', "dp.clip_norm=1.0", "dp.noise_multiplier=1.0"],
       "rows": ['dp.mode="rows"', "dp.clip_norm=1.0", "dp.noise_multiplier=1.0"]}
 MMFL = [sys.executable, "-m", "mmfl.cli"]
+# the audit's arguments where not "--rounds 2": CreamFL's replies hold no model update; its representation
+# attack reads each client's first reply, so one replayed round (6 of 8 clients) halves its shadow clients
+AUDIT = {"CreamFL": ["--rounds", "1"], "CreamFL (4 image clients, Dirichlet 0.1)": ["--rounds", "1"]}
 REUSE = False
 
 
@@ -64,7 +71,8 @@ def cell(out: Path, seed: int, name: str, config: str, over: list[str], dp: bool
         tried.append(f"{mode}: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
     else:
         return {"name": name, "dp": "refused", "why": "; ".join(tried)}
-    a = subprocess.run([*MMFL, "audit", str(out / slug), "--rounds", "2", "--json", str(js)], cwd=ROOT, capture_output=True, text=True)
+    a = subprocess.run([*MMFL, "audit", str(out / slug), *AUDIT.get(name, ["--rounds", "2"]), "--json", str(js)],
+                       cwd=ROOT, capture_output=True, text=True)
     if a.returncode != 0:
         return {"name": name, "dp": mode or "off", "why": "audit failed: " + a.stderr.strip()[-300:]}
     summary = json.loads((out / slug / "summary.json").read_text())
@@ -148,6 +156,54 @@ def table(rows: list[dict], seed: int, cmd: str) -> str:
             "PartialFL \"split learning\" \"split learning (U-shaped)\"` (seed 0).\n\n" + "\n".join(lines) + "\n")
 
 
+def reps_block(rows: list[dict], seed: int, cmd: str, old: str = "") -> str | None:
+    """CreamFL: what its public-set representations reveal of each client's label histogram
+    (``mmfl audit``'s shadow-client attack, mmfl/audit/label_skew.py), per client. ``old``: the
+    block as leakage.md has it; the rows and commands of cells not run now are kept."""
+    got = [r for r in rows if "audit" in r and r["audit"].get("public_representations")]
+    if not got:
+        return None
+    names = {r["name"] for r in got}
+    keep = [ln for ln in old.splitlines() if ln.startswith("| ") and not ln.startswith("| algorithm")
+            and ln.split(" | ")[0][2:] not in names]
+    cmds = [ln for ln in old.splitlines() if ln.startswith("- ") and ln[2:].split(":")[0] not in names]
+    lines = ["| algorithm | DP | client | modalities | round | true top-class share | TV (uniform) | "
+             "top class hit (chance) |\n|---|---|---|---|---|---|---|---|", *keep]
+    for r in got:
+        rep = r["audit"]["public_representations"]
+        for cid, c in rep["per_client"].items():
+            lines.append(f"| {r['name']} | {r['dp']} | {cid} | {'+'.join(c['modalities'])} | {c['round'] + 1} | "
+                         f"{c['true_top_share']:.2f} | {c['tv']:.3f} ({c['tv_uniform']:.3f}) | "
+                         f"{'yes' if c['top_hit'] else 'no'} ({100 * c['top_chance']:.0f}%) |")
+        lines.append(f"| {r['name']} | {r['dp']} | mean of {rep['clients']} | | | | {rep['tv_mean']:.3f} "
+                     f"({rep['tv_uniform_mean']:.3f}) | {100 * rep['top_hit_rate']:.0f}% "
+                     f"({100 * rep['top_chance']:.0f}%) |")
+        cmds.append(f"- {r['name']}: `{cmd}` (seed {seed}; {rep['shadows']} shadow clients per client structure)")
+    return ("<!-- reps -->\n## CreamFL: the label distribution from public-set representations\n\n"
+            "Each client's first reply (`rep/<m>`; the audit replays round 1, `mmfl audit RUN --rounds 1`: the "
+            "clients of its cohort) against shadow clients the server runs itself: the client's own code, "
+            "architecture, round and message on auxiliary rows (the test split of the client's data set) drawn "
+            "with known label histograms (one per class, the rest Dirichlet with beta log-uniform in [0.05, 20]), "
+            "a ridge meta-model from the flattened representations to the histogram, projected onto the simplex "
+            "(property inference with shadow models: Ateniese et al. 2015, Ganju et al. 2018; docs/security.md). "
+            "TV = total variation distance to the client's true histogram, next to the uniform histogram's (the "
+            "no-information baseline); top class hit = the predicted majority class is the client's, chance "
+            "1/C. One run per cell (measurements, not orderings). Commands:\n\n"
+            + "\n".join(cmds) + "\n\n" + "\n".join(lines) + "\n<!-- /reps -->\n")
+
+
+def write_block(text: str, start: str, end: str) -> None:
+    """Replace the block ``start``...``end`` of leakage.md with ``text`` (appended when absent)."""
+    path = ROOT / "benchmarks" / "results" / "leakage.md"
+    doc = path.read_text()
+    if start in doc:
+        pre, _, rest = doc.partition(start)
+        doc = pre + text + rest.partition(end + "\n")[2]
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + text
+    path.write_text(doc)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=str(ROOT / "runs" / "leakage"))
@@ -156,6 +212,8 @@ def main() -> int:
     p.add_argument("--only", nargs="*")
     p.add_argument("--reuse", action="store_true", help="read back the cells audited before (their .audit.json)")
     p.add_argument("--dp-only", action="store_true", help="only the DP cells, merged into the existing table")
+    p.add_argument("--write-reps", action="store_true",
+                   help="with --only: write the CreamFL representation block into leakage.md")
     a = p.parse_args()
     global REUSE
     REUSE = a.reuse
@@ -169,12 +227,21 @@ def main() -> int:
         print(r["name"], r["dp"], "ok" if "audit" in r else r.get("why"), flush=True)
     (out / "rows.json").write_text(json.dumps(rows, indent=1))
     cmd = "python benchmarks/leakage/run.py" + (f" --seed {a.seed}" if a.seed else "")
-    md = ROOT / "benchmarks" / "results" / "leakage.md"
-    if a.dp_only:
-        md.write_text(merge_dp_rows(md.read_text(), rows, a.seed))
-    elif not a.only:
-        md.write_text(table(rows, a.seed, cmd))
+    path = ROOT / "benchmarks" / "results" / "leakage.md"
+    if a.dp_only:  # merged into the existing table; the other blocks stay as they are
+        path.write_text(merge_dp_rows(path.read_text(), rows, a.seed))
+    elif not a.only:  # the table anew; the blocks of seeds.py and of the representation attack are kept
+        old = path.read_text() if path.is_file() else ""
+        keep = "".join(m + old.partition(m)[2].partition(e)[0] + e + "\n" for m, e in
+                       (("<!-- reps -->", "<!-- /reps -->"), ("<!-- seeds -->", "<!-- /seeds -->")) if m in old)
+        path.write_text(table(rows, a.seed, cmd) + ("\n" + keep if keep else ""))
     print(table(rows, a.seed, cmd))
+    doc = (ROOT / "benchmarks" / "results" / "leakage.md").read_text()
+    reps = reps_block(rows, a.seed, cmd + (" --only " + " ".join(map(repr, a.only)) + " --write-reps" if a.only else ""),
+                      doc.partition("<!-- reps -->")[2].partition("<!-- /reps -->")[0])
+    if reps and (not a.only or a.write_reps):
+        write_block(reps, "<!-- reps -->", "<!-- /reps -->")
+        print(reps)
     return 0
 
 

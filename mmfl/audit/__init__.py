@@ -12,4 +12,7 @@ def add_audit_parser(sub) -> None:
     p.add_argument("--rounds", type=int, default=1, help="rounds of the server's view to replay (default 1)")
     p.add_argument("--invert", type=int, default=2, help="clients whose update is inverted (default 2; 0: none)")
     p.add_argument("--steps", type=int, default=300, help="optimizer steps of each inversion (default 300)")
+    p.add_argument("--shadows", type=int, default=32,
+                   help="shadow clients per client structure for the label-distribution attack on public-set "
+                        "representations (CreamFL; default 32; 0: none)")
     p.add_argument("--json", help="also write the numbers to this JSON file")

@@ -14,8 +14,10 @@ and the attacks of :mod:`mmfl.audit.attacks` run on it, each where it applies:
   input (split), fit on the run's **test split as the server's auxiliary data**;
 - **membership** of training rows in the final model (loss threshold).
 
-CreamFL-style public-set representations are not attacked here (the public set carries no
-labels to fit a distribution probe on; docs/security.md says so).
+- **public-set representations** (CreamFL's ``rep/<m>``): each client's private label
+  histogram inferred by shadow clients the server runs on its auxiliary data with known label
+  skews and a ridge meta-model (:mod:`mmfl.audit.label_skew`): total variation distance and
+  top-class hit per client, next to the uniform histogram's and chance.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ import torch
 
 from mmfl.audit.attacks import (bias_update, invert_update, label_inference, membership_auc, nearest_cosine,
                                 per_sample_loss, probe_rows)
+from mmfl.audit.label_skew import representation_attack
 from mmfl.audit.replay import ServerView, replay
 from mmfl.errors import MMFLError
+from mmfl.seeds import derive_seed
 
 
 def _flat(x: torch.Tensor) -> np.ndarray:
@@ -68,7 +72,10 @@ def update_attacks(view: ServerView, invert: int = 2, steps: int = 300) -> dict 
     out = {"clients": len(hits), "majority_class_hit_rate": float(np.mean(hits)), "chance": 1.0 / c,
            "spearman_mean": float(np.nanmean(rhos))}
     if inv:
-        out["inversion_cosine"] = float(np.mean([a for a, _ in inv]))
+        ok = [a for a, _ in inv if np.isfinite(a)]  # an inversion can diverge (a noised update): counted apart
+        out["inversion_cosine"] = float(np.mean(ok)) if ok else float("nan")
+        if len(ok) < len(inv):
+            out["inversion_diverged"] = len(inv) - len(ok)
         out["inversion_chance"] = float(np.mean([b for _, b in inv]))
     return out
 
@@ -176,7 +183,7 @@ def _mean(rows: list[dict]) -> dict:
     return {"samples": len(rows), **{k: float(np.mean([r[k] for r in rows if k in r])) for k in keys}}
 
 
-def audit(run_dir: str | Path, rounds: int = 1, invert: int = 2, steps: int = 300) -> dict:
+def audit(run_dir: str | Path, rounds: int = 1, invert: int = 2, steps: int = 300, shadows: int = 32) -> dict:
     """The audit of a finished run folder (see the module's docstring)."""
     from mmfl.config import load_config
 
@@ -191,6 +198,8 @@ def audit(run_dir: str | Path, rounds: int = 1, invert: int = 2, steps: int = 30
             "labels_from_updates": update_attacks(view, invert, steps),
             "shared_rows": shared_row_attacks(view),
             "cut_activations": activation_attacks(view),
+            "public_representations": representation_attack(
+                view, shadows, seed=derive_seed(cfg.run.seed, "audit", "shadows")),
             "membership": membership(run_dir, view)}
 
 
@@ -213,6 +222,11 @@ def lines(result: dict) -> list[str]:
             if "reconstruction_cosine" in s:
                 t += f", reconstruction cosine {s['reconstruction_cosine']:.3f} (centred on the auxiliary mean: 0 = none)"
             out.append(t)
+    r = result.get("public_representations")
+    if r:
+        out.append(f"  public-set representations: label histogram of {r['clients']} clients from {r['shadows']} "
+                   f"shadow clients, total variation {r['tv_mean']:.3f} (uniform {r['tv_uniform_mean']:.3f}), "
+                   f"top class {100 * r['top_hit_rate']:.0f}% (chance {100 * r['top_chance']:.0f}%)")
     m = result["membership"]
     if m:
         out.append(f"  membership (loss threshold): AUC {m['auc']:.3f}, advantage {m['advantage']:.3f}")
@@ -220,7 +234,7 @@ def lines(result: dict) -> list[str]:
 
 
 def cmd_audit(args) -> int:
-    result = audit(args.run, rounds=args.rounds, invert=args.invert, steps=args.steps)
+    result = audit(args.run, rounds=args.rounds, invert=args.invert, steps=args.steps, shadows=args.shadows)
     print("\n".join(lines(result)))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

@@ -34,6 +34,7 @@ class ServerView:
     federation: object
     make_model: object
     exchanges: list[Exchange] = field(default_factory=list)
+    transport: object = None  # the replay's simulation transport (shadow clients run on its spec and models)
 
     def train_replies(self, rnd: int = 0) -> list[Exchange]:
         return [e for e in self.exchanges if e.route == "train" and e.round == rnd]
@@ -76,7 +77,7 @@ def replay(cfg, rounds: int = 1) -> ServerView:
     with tempfile.TemporaryDirectory(prefix="mmfl-audit-") as tmp:
         c.run.output_dir = tmp
         exp = Experiment(c, progress=False)
-        view = ServerView(cfg, exp.federation, exp.make_model)
+        view = ServerView(cfg, exp.federation, exp.make_model, transport=exp.transport)
         _recording(view, exp.transport, max(1, int(rounds)))
         try:
             exp.run()

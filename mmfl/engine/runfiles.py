@@ -6,14 +6,20 @@
   ``--overwrite`` refuses it with one line and deletes nothing.
 - ``.mmfl-files`` (:data:`LISTING`): every path the run wrote, relative to the folder, one a
   line, appended *before* the file is written (a crash leaves a listed path that may be
-  absent, never an unlisted mmfl file). A line ending in ``/`` is a folder mmfl owns whole
-  (``checkpoints/``, ``client_state/``, the trackers' folders, ``reference/``, Flower's
-  ``node_state/``). ``X.tmp`` beside a listed ``X`` is mmfl's half-written copy of it.
+  absent). A line ending in ``/`` is a folder mmfl created and writes into (``checkpoints/``,
+  ``client_state/``, the trackers' folders, ``reference/``, Flower's ``node_state/``). A folder
+  is not a licence for its contents: the files in it are listed one by one too, by
+  :func:`seal` (a walk of the listed folders, appending what is there), which runs whenever
+  mmfl records a write (:func:`note`: every ``atomic_write`` of the run folder, the checkpoint's
+  ``LATEST``, the trackers' ``tracking.json`` after each round and at their close). A file a
+  user puts into such a folder *while the run is running* is therefore taken as the run's; one
+  put there afterwards is not. ``X.tmp`` beside a listed ``X`` is mmfl's half-written copy of it.
 
-:func:`check_overwrite` refuses (one line naming the first file mmfl did not list) before
-anything is deleted; :func:`clear` then deletes the listed files, the owned folders and the
-folders that held them once empty. Writers record through :func:`record` (a run folder and
-names) or :func:`note` (a path: the nearest run folder above it, if any).
+:func:`check_overwrite` refuses (one line naming the first file or folder mmfl did not list,
+at any depth) before anything is deleted; :func:`clear` then deletes the listed files only,
+and the listed folders and the folders that held listed files only once they are empty.
+Writers record through :func:`record` (a run folder and names) or :func:`note` (a path: the
+nearest run folder above it, if any).
 """
 
 from __future__ import annotations
@@ -21,7 +27,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import shutil
 import uuid
 from pathlib import Path
 
@@ -85,7 +90,7 @@ def record(run_dir: Path, *names: str) -> None:
     if not is_marked(run_dir):
         return
     have = listed(run_dir)
-    new = [n for n in names if n not in have and not _owned(n, have)]
+    new = list(dict.fromkeys(n for n in names if n not in have))
     if not new:
         return
     with open(run_dir / LISTING, "a") as f:
@@ -94,25 +99,53 @@ def record(run_dir: Path, *names: str) -> None:
 
 
 def note(path: Path, owned_dir: bool = False, depth: int = 4) -> None:
-    """Record ``path`` in the nearest run folder above it (within ``depth`` levels), if any."""
+    """Record ``path`` in the nearest run folder above it (within ``depth`` levels), if any, and
+    :func:`seal` that folder (what mmfl's folders hold by now is the run's)."""
     path = Path(path).absolute()
     for parent in list(path.parents)[:depth]:
         if (parent / MARKER).is_file():
             rel = path.relative_to(parent).as_posix()
             record(parent, rel + "/" if owned_dir else rel)
+            seal(parent)
             return
 
 
-def _owned(rel: str, have: set[str]) -> bool:
-    """Whether ``rel`` lies in a folder the listing owns whole."""
-    parts = rel.rstrip("/").split("/")
-    return any("/".join(parts[:i]) + "/" in have for i in range(1, len(parts)))
+def seal(run_dir: Path) -> None:
+    """List every file and folder now inside the folders the listing names (``dir/``), one by
+    one: what mmfl and the libraries it drives (checkpoints, client state, TensorBoard, MLflow)
+    wrote there so far. Nothing happens in an unmarked folder."""
+    run_dir = Path(run_dir)
+    if not is_marked(run_dir):
+        return
+    have = listed(run_dir)
+    found = []
+    for rel in sorted(p for p in have if p.endswith("/")):
+        top = run_dir / rel
+        if top.is_symlink() or not top.is_dir():
+            continue
+        for root, dirs, files in os.walk(top):
+            pre = Path(root).relative_to(run_dir).as_posix() + "/"
+            dirs.sort()
+            found += [pre + d + ("" if os.path.islink(os.path.join(root, d)) else "/") for d in dirs]
+            found += [pre + f for f in sorted(files)]
+    found = [f for f in found if f not in have]
+    if found:
+        record(run_dir, *found)
 
 
 def _allowed(rel: str, have: set[str]) -> bool:
-    if rel in OWN or rel in have or _owned(rel, have):
+    if rel in OWN or rel in have:
         return True
     return rel.endswith(".tmp") and rel[:-4] in have  # mmfl's half-written copy of a listed file
+
+
+def _tmp_dir(rel: str, have: set[str], parents: set[str]) -> bool:
+    """``X.tmp``: mmfl's half-written copy of folder ``X`` (a crash inside a checkpoint's save), in
+    a folder mmfl wrote; its files must still be listed."""
+    if not rel.endswith(".tmp"):
+        return False
+    up = rel.rpartition("/")[0]
+    return rel[:-4] + "/" in have or rel[:-4] in parents or (up != "" and (up + "/" in have or up in parents))
 
 
 def first_unlisted(run_dir: Path) -> str | None:
@@ -120,7 +153,7 @@ def first_unlisted(run_dir: Path) -> str | None:
     run_dir = Path(run_dir)
     have = listed(run_dir)
     parents = {"/".join(p.split("/")[:i]) for p in have for i in range(1, p.rstrip("/").count("/") + 1)}
-    for top, dirs, files in os.walk(run_dir):
+    for top, dirs, files in os.walk(run_dir):  # every folder, mmfl's own included: its files are listed too
         rel_top = Path(top).relative_to(run_dir).as_posix()
         pre = "" if rel_top == "." else rel_top + "/"
         dirs.sort()
@@ -128,15 +161,13 @@ def first_unlisted(run_dir: Path) -> str | None:
             if not _allowed(pre + name, have):
                 return pre + name
         keep = []
-        for d in dirs:  # an owned folder is not walked; another one must lead to listed files
+        for d in dirs:  # a folder must be listed, or lead to listed paths
             rel = pre + d
-            if rel + "/" in have or _owned(rel + "/", have):
-                continue
-            if os.path.islink(os.path.join(top, d)):
+            if os.path.islink(os.path.join(top, d)):  # a link is a file here: listed, or refused
                 if not _allowed(rel, have):
                     return rel
                 continue
-            if rel not in parents:
+            if rel + "/" not in have and rel not in parents and not _tmp_dir(rel, have, parents):
                 return rel + "/"
             keep.append(d)
         dirs[:] = keep
@@ -158,24 +189,30 @@ def check_overwrite(run_dir: Path) -> None:
 
 
 def clear(run_dir: Path) -> None:
-    """Delete what the listing names (after :func:`check_overwrite`), its lock file kept."""
+    """Delete the files the listing names (after :func:`check_overwrite`), then the listed
+    folders and those that held listed files, deepest first, each only once empty; the lock
+    file is kept. Nothing unlisted is deleted, at any depth (a file that appeared after the
+    check stays, and so does its folder)."""
     run_dir = Path(run_dir)
-    have = sorted(listed(run_dir), key=lambda p: -p.count("/"))
+    have = listed(run_dir)
+    folders = set()
     for rel in have:
+        parts = rel.rstrip("/").split("/")
+        folders.update("/".join(parts[:i]) for i in range(1, len(parts)))
         p = run_dir / rel.rstrip("/")
-        if rel.endswith("/") and p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        else:
-            for q in (p, p.with_name(p.name + ".tmp")):
-                if q.is_symlink() or q.is_file():
-                    q.unlink()
-    for rel in have:  # the folders that held listed files, deepest first, once empty
-        parts = rel.rstrip("/").split("/")[:-1]
-        while parts:
-            d = run_dir.joinpath(*parts)
-            if d.is_dir() and not any(d.iterdir()):
-                d.rmdir()
-            parts.pop()
+        if rel.endswith("/") and not p.is_symlink():
+            folders.add(rel.rstrip("/"))
+            continue
+        for q in (p, p.with_name(p.name + ".tmp")):
+            if q.is_symlink() or q.is_file():
+                q.unlink()
+    parents = folders.copy()
+    for top, dirs, _ in os.walk(run_dir, topdown=False):  # deepest first, each only once empty
+        for d in dirs:
+            path = os.path.join(top, d)
+            rel = Path(path).relative_to(run_dir).as_posix()
+            if (rel in folders or _tmp_dir(rel, have, parents)) and not os.path.islink(path) and not os.listdir(path):
+                os.rmdir(path)
     for name in (MARKER, LISTING):
         (run_dir / name).unlink(missing_ok=True)
     _listed.pop(_key(run_dir), None)

@@ -20,7 +20,6 @@ import errno
 import fcntl
 import json
 import os
-import shutil
 import sys
 import tomllib
 from pathlib import Path
@@ -98,15 +97,6 @@ def is_run_folder(run_dir: Path) -> bool:
         pass
     ckpts = run_dir / "checkpoints"
     return ckpts.is_dir() and any(ckpts.glob("round_*"))
-
-
-def clear(run_dir: Path) -> None:
-    """Delete everything in the folder but its lock file (``--overwrite``, lock held)."""
-    for p in contents(run_dir):
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
 
 
 def fs_error(e: OSError, run_dir: Path) -> MMFLError:

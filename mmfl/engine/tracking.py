@@ -25,6 +25,7 @@ import time
 import uuid
 from pathlib import Path
 
+from mmfl.engine import runfiles
 from mmfl.errors import ConfigError, MMFLError
 
 INSTALL = "pip install 'mmfl[tracking]'"
@@ -377,6 +378,7 @@ class Tracking:
         tmp = self.run_dir / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(self.state, indent=1))
         os.replace(tmp, self.run_dir / STATE_FILE)
+        runfiles.seal(self.run_dir)  # what the back-ends wrote so far (tb/, mlruns/) is the run's: --overwrite
 
 
 def _load_state(path: Path) -> dict:
