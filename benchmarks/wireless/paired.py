@@ -11,10 +11,15 @@ whole grid at these seeds reuses them.
 
 Settings: Tables I and II at non-IID-1 (digits, mfeat); Tables III-V and the eta^ check on
 digits non-IID-1 (K^ = K/3, 2K/3, K). Not here (3 seeds only, in ``wireless.md``): Tables I and
-II at non-IID-2/3, Table IV at non-IID-2/3, the eta^ check on mfeat. Finished at 5 seeds so far
-(issue 26, a 2-core machine shared with other work): Tables I-II non-IID-1, Table IV's proposed
-method, Table V at K^ = K/3; the rest of this grid is planned and runs with the command above
-(``--group t3``, ``--group eta``, ...).
+II at non-IID-2/3, Table IV at non-IID-2/3, the eta^ check on mfeat.
+
+State (issue 26): the run folders of the first 74 runs (Tables I-II non-IID-1, Table IV's
+proposed method, Table V at K^ = K/3) were lost; their sections of ``wireless-paired.md`` are
+kept as committed. The runs rerun since (Table IV / V at 2K/3 and K) are in
+``benchmarks/results/raw/wireless/``; ``splice.py`` adds their Table IV / V sections, generated
+from those runs alone, to the committed report. The rest of the grid runs with the commands above
+(``--group t3``, ``--group eta``, ...), one setting at a time with e.g.
+``--grid-set 'groups.t4.settings=["digits-niid1-kall"]'``.
 """
 
 import sys

@@ -105,7 +105,9 @@ class PersonalizedServer(Server):
         self.client_models: dict[int, dict[str, Tensor]] = {}
         self._initial: dict[tuple, dict[str, Tensor]] = {}
         self._eval_models: dict[tuple, nn.Module] = {}
-        self.param_names = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        # a list in the model's order, not a set: FedAMP's distances sum over it in float64, and a set's
+        # order of strings changes with PYTHONHASHSEED (a run's xi differed in the last bit between processes)
+        self.param_names = [n for n, p in self.model.named_parameters() if p.requires_grad]
 
     # --- per-client models ---------------------------------------------------
     def holds(self, cid: int) -> tuple[str, ...] | None:
