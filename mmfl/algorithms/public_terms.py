@@ -48,7 +48,11 @@ def global_local_contrastive_scores(local: Tensor, global_other: Tensor, chunk: 
     g_t = global_other.t()
     # one logits buffer for every chunk, written in place (out=, in-place exp): a fresh chunk x P
     # temporary per chunk (~205 MB at P = 50,000) costs page faults, a quarter of the time in the kernel
-    buf = torch.empty(min(chunk, P), P, dtype=torch.result_type(local, global_other), device=local.device)
+    # under autocast (precision = "bf16") matmul computes in another dtype than its inputs', which
+    # an out= buffer cannot follow: there each chunk takes its own temporary, as before
+    reuse = not torch.is_autocast_enabled(local.device.type)
+    buf = torch.empty(min(chunk, P) if reuse else 0, P, dtype=torch.result_type(local, global_other),
+                      device=local.device)
     lse = torch.empty(min(chunk, P), dtype=buf.dtype, device=local.device)
     if candidates is not None:
         absent = ~candidates.to(local.device).unsqueeze(0)
@@ -56,14 +60,14 @@ def global_local_contrastive_scores(local: Tensor, global_other: Tensor, chunk: 
         for s in range(0, P, chunk):
             e = min(P, s + chunk)
             rows = local[c, s:e]
-            logits = torch.matmul(rows, g_t, out=buf[:e - s])  # [chunk, P]
+            logits = torch.matmul(rows, g_t, out=buf[:e - s]) if reuse else rows @ g_t  # [chunk, P]
             positive = (rows * global_other[s:e]).sum(-1)  # the diagonal, i_local^(k) . t_global^(k)
             if exclude_positive:
                 dev = logits.device
                 logits[torch.arange(e - s, device=dev), torch.arange(s, e, device=dev)] = float("-inf")
             if candidates is not None:
                 logits.masked_fill_(absent, float("-inf"))
-            out[c, s:e] = positive - _logsumexp_(logits, lse[:e - s])
+            out[c, s:e] = positive - (_logsumexp_(logits, lse[:e - s]) if reuse else torch.logsumexp(logits, dim=1))
             if candidates is not None:  # a row lacking the other modality has no positive: no evidence,
                 out[c, s:e].masked_fill_(~candidates[s:e].to(out.device), 0.0)  # equal scores (eq. 5: equal weights)
     return out
