@@ -69,7 +69,11 @@ def test_accelerator_plan_checks_every_cell_config_on_cpu(tmp_path):
     assert acc.main(["--quick", "--device", "cpu", "--plan", "--out-dir", str(tmp_path)])["cells"] == cells
 
 
-def test_accelerator_one_cell_measures_throughput_and_kernel_share_on_cpu(tmp_path):
+def test_accelerator_one_cell_measures_throughput_and_kernel_share_on_cpu(tmp_path, monkeypatch):
+    import mmfl.engine.runner as runner
+
+    # the benchmark memoizes the federation in the runner module (memo_federation): undone after the test
+    monkeypatch.setattr(runner, "build_federation", runner.build_federation)
     acc = _module(BENCH / "perf" / "accelerator.py", "bench_accelerator")
     res = acc.main(["--device", "cpu", "--workloads", "cnn", "--algorithms", "fedavg", "--cohorts", "3",
                     "--rounds", "2", "--repeats", "2", "--modes", "one-by-one", "stacked", "--no-write", "--out-dir", str(tmp_path)])

@@ -167,6 +167,10 @@ def record_run(key: str, value: float, section: str, details: dict) -> float:
     return med
 
 
+RUN_ONLY = {"name", "output_dir", "rounds", "eval_every", "threads", "device", "precision", "checkpoint_every",
+            "keep_checkpoints", "batch_clients", "state_store", "stream_aggregation", "train", "algorithm"}
+
+
 def memo_federation():
     """Make Experiment reuse one loaded federation (read-only tensors), so a benchmark can
     build a fresh Experiment per repeat without timing the data set's decoding."""
@@ -177,8 +181,10 @@ def memo_federation():
     orig, cache = runner.build_federation, {}
 
     def build(cfg, pooled=False):
-        key = (json.dumps(cfg.to_dict()["data"], sort_keys=True), json.dumps(cfg.to_dict()["partition"],
-                                                                               sort_keys=True), cfg.run.seed, pooled)
+        # every config value except those that cannot change the federation (a key too wide only
+        # misses the memo; one too narrow would hand a run another config's clients)
+        d = {k: v for k, v in cfg.to_dict().items() if k not in RUN_ONLY}
+        key = (json.dumps(d, sort_keys=True, default=str), pooled)
         if key not in cache:
             cache[key] = orig(cfg, pooled)
         return cache[key]
