@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mmfl.core.dp import local_privatize
+from mmfl.core.dp import client_epsilon_metrics, local_privatize
 from mmfl.core.dp_rows import privatize_rows, row_epsilon
 from mmfl.core.message import Message
 from mmfl.core.state import read, scalar, tensor, write
@@ -87,13 +87,7 @@ class EpsilonLedger:
         dp = self.ctx.dp
         if dp is None:
             return {}
-        trained = self.dp_epsilon[self.dp_epsilon > 0] if self.dp_epsilon is not None else torch.zeros(0)
-        if dp.noise_multiplier == 0:
-            eps = mean = float("inf")
-        else:
-            eps = float(trained.max()) if trained.numel() else 0.0
-            mean = float(trained.mean()) if trained.numel() else 0.0
-        return {"dp/epsilon": eps, "dp/epsilon_mean": mean, "dp/delta": dp.delta}
+        return client_epsilon_metrics(dp, self.dp_epsilon)
 
 
 LEDGER_FIELDS = {"dp_epsilon": tensor()}

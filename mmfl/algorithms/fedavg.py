@@ -28,7 +28,7 @@ from mmfl.algorithms.base import Server, TrainingClient
 from mmfl.algorithms.capabilities import server_streams
 from mmfl.core.aggregation import aggregate, check_rule, rule_kwargs, rule_params, weighted_mean
 from mmfl.core.batched import BatchedClient, BatchedTask
-from mmfl.core.dp import central_dp_mean
+from mmfl.core.dp import central_dp_mean, client_epsilon_metrics
 from mmfl.core.dpsgd import Penalty, SampleLoss, dpsgd_train, history_epsilon, record_steps
 from mmfl.core.message import Message
 from mmfl.core.state import read, tensor, write
@@ -162,14 +162,7 @@ class FedAvgServer(Server):
         """DP-SGD's row entries: ``dp/epsilon``, the largest epsilon of any client so far,
         ``dp/epsilon_mean``, their mean over the clients that have trained, and ``dp/delta``. With
         ``noise_multiplier = 0`` epsilon is inf (clients send none: a reply's scalars must be finite)."""
-        dp = self.ctx.dp
-        trained = self.dp_epsilon[self.dp_epsilon > 0] if self.dp_epsilon is not None else torch.zeros(0, device="cpu")
-        if dp.noise_multiplier == 0:
-            eps = mean = float("inf")
-        else:
-            eps = float(trained.max()) if trained.numel() else 0.0
-            mean = float(trained.mean()) if trained.numel() else 0.0
-        return {"dp/epsilon": eps, "dp/epsilon_mean": mean, "dp/delta": dp.delta}
+        return client_epsilon_metrics(self.ctx.dp, self.dp_epsilon)
 
     def train_accumulator(self, rnd: int) -> "FedAvgAccumulator | None":
         """:meth:`aggregate_train` one reply at a time when the rule folds

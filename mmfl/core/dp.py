@@ -152,3 +152,17 @@ def local_epsilon(noise_multiplier: float, participations: int, delta: float) ->
     mechanism with sensitivity 2C (any two clipped updates) and std z C, i.e. multiplier z / 2,
     composed without sampling amplification (q = 1)."""
     return rdp_epsilon(1.0, noise_multiplier / 2.0, participations, delta)
+
+
+def client_epsilon_metrics(dp, dp_epsilon) -> dict[str, float]:
+    """The metrics row of the clients' own accountants (DP-SGD, ``mode = "rows"``): ``dp/epsilon``,
+    the largest epsilon of any client so far, ``dp/epsilon_mean``, the mean over the clients that
+    have trained (``dp_epsilon > 0``), and ``dp/delta``. With ``noise_multiplier = 0`` epsilon is
+    inf (clients send none: a reply's scalars must be finite)."""
+    trained = dp_epsilon[dp_epsilon > 0] if dp_epsilon is not None else torch.zeros(0, device="cpu")
+    if dp.noise_multiplier == 0:
+        eps = mean = float("inf")
+    else:
+        eps = float(trained.max()) if trained.numel() else 0.0
+        mean = float(trained.mean()) if trained.numel() else 0.0
+    return {"dp/epsilon": eps, "dp/epsilon_mean": mean, "dp/delta": dp.delta}
