@@ -28,14 +28,36 @@ import string
 from pathlib import Path
 
 from mmfl.bench.grid import dotted_get
-from mmfl.bench.spec_kinds import KINDS
+import importlib
+
 from mmfl.config_raw import load_raw
 from mmfl.errors import ConfigError
+
+# Modules of block kinds: each has ``KINDS`` (name -> ``fn(b, block, f) -> lines``) and ``KEYS`` (the
+# block keys its kinds read besides the shared ``BLOCK_KEYS``). A new family of kinds is one module
+# and one line here.
+KIND_MODULES = (
+    "mmfl.bench.spec_kinds",
+)
 
 BLOCK_KEYS = {"text", "kind", "group", "rows", "extra", "header", "cells", "metric", "row", "pairs", "scale",
               "fail_value", "fail_note", "label_a", "label_b", "base", "exclude", "intro", "methods", "rounds",
               "columns", "digits", "missing", "when", "compare", "per_setting", "setting_head", "diff", "a", "b",
               "metrics", "min_seeds", "per_seed", "per_seed_label", "values", "line", "bootstrap", "seeds_note"}
+
+
+def _kinds() -> tuple[dict, set]:
+    kinds, keys = {}, set(BLOCK_KEYS)
+    for name in KIND_MODULES:
+        mod = importlib.import_module(name)
+        if clash := set(kinds) & set(mod.KINDS):
+            raise RuntimeError(f"{name}: kind {sorted(clash)[0]!r} defined twice")
+        kinds.update(mod.KINDS)
+        keys |= set(getattr(mod, "KEYS", ()))
+    return kinds, keys
+
+
+KINDS, ALL_KEYS = _kinds()
 
 
 class Fields(string.Formatter):
@@ -130,7 +152,7 @@ class TableSpec:
         if not isinstance(blocks, list) or not blocks:
             raise ConfigError(f"{path}: a table spec needs [[blocks]]")
         for i, bl in enumerate(blocks):
-            if bad := set(bl) - BLOCK_KEYS:
+            if bad := set(bl) - ALL_KEYS:
                 raise ConfigError(f"{path}: blocks[{i}]: unknown key {sorted(bad)[0]!r}")
             if "kind" in bl and bl["kind"] not in KINDS:
                 raise ConfigError(f"{path}: blocks[{i}].kind: one of {', '.join(KINDS)}, got {bl['kind']!r}")
