@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import mmfl.data.featurize as fz
+import mmfl.data.featurize_image as fzi
 from mmfl.errors import ConfigError, DataError
 from mmfl.data.mobilenet import MobileNetV2, mobilenet_v2, pretrained_weights_path
 
@@ -115,13 +116,13 @@ def test_pixels_encoder(tmp_path):
 
 def test_image_features_are_cached_by_content(tmp_path, monkeypatch):
     calls = []
-    real = fz._encode_image
+    real = fzi._encode_image  # the image half (featurize_image.py)
 
     def counting(kind, arg, arr, size):
         calls.append(len(arr))
         return real(kind, arg, arr, size)
 
-    monkeypatch.setattr(fz, "_encode_image", counting)
+    monkeypatch.setattr(fzi, "_encode_image", counting)
     imgs = _images()
     a = fz.image_features(imgs, "pixels:3", cache_root=tmp_path)
     b = fz.image_features(imgs.copy(), "pixels:3", cache_root=tmp_path)

@@ -93,9 +93,10 @@ def test_slow_encoder_says_what_it_caches_on_a_miss_only(tmp_path, monkeypatch, 
     import torch
 
     import mmfl.data.featurize as fz
+    import mmfl.data.featurize_image as fzi
 
     monkeypatch.delenv("MMFL_QUIET", raising=False)
-    monkeypatch.setattr(fz, "_mobilenet_image", lambda arr, size: torch.zeros(len(arr), fz.MOBILENET_DIM))
+    monkeypatch.setattr(fzi, "_mobilenet_image", lambda arr, size: torch.zeros(len(arr), fz.MOBILENET_DIM))
     imgs = np.zeros((3, 8, 8, 1), np.uint8)
     fz.image_features(imgs, "mobilenet_v2", size=32, cache_root=tmp_path)
     err = capsys.readouterr().err

@@ -15,5 +15,5 @@ PARTITIONERS: Registry = Registry("partition")
 __all__ = ["ArrayDataset", "DatasetBundle", "DatasetMeta", "Federation", "DATASETS", "PARTITIONERS"]
 from mmfl.data import partition  # noqa: E402,F401  (registers partitioners)
 from mmfl.data import idx, mfeat, sklearn_digits, cifar, manifest, avmnist, crema_d  # noqa: E402,F401  (register)
-from mmfl.data import ag_news, captions, featurize, emoji, text_cls, mnist_pix  # noqa: E402,F401  (register)
+from mmfl.data import ag_news, captions, featurize, featurize_image, emoji, text_cls, mnist_pix  # noqa: E402,F401  (register)
 from mmfl.data import food101  # noqa: E402,F401  (registers food101)

@@ -101,7 +101,8 @@ def _encode_split(name: str, paths: list[Path], captions: list[list[str]], p, so
     captions flattened image by image; cached by settings, annotation contents and image file stats."""
     from mmfl.data.audio import stat_fingerprint
     from mmfl.data.cache import cached
-    from mmfl.data.featurize import image_feature_dim, image_features, text_features, texts_digest
+    from mmfl.data.featurize import image_feature_dim, text_features, texts_digest
+    from mmfl.data.featurize_image import image_features
 
     for path in paths:
         if not path.is_file():

@@ -49,8 +49,9 @@ import torch
 from mmfl.data import DATASETS
 from mmfl.data.avmnist import data_dir
 from mmfl.data.base import ArrayDataset, DatasetBundle, DatasetMeta
-from mmfl.data.featurize import (check_image_size, image_feature_dim, image_features, parse_image_encoder,
-                                 parse_text_encoder, text_feature_dim, text_features)
+from mmfl.data.featurize import (check_image_size, image_feature_dim, parse_image_encoder, parse_text_encoder,
+                                 text_feature_dim, text_features)
+from mmfl.data.featurize_image import image_features
 from mmfl.data.split import check_fraction, stratified_split
 from mmfl.errors import ConfigError, DataError
 

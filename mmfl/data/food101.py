@@ -119,7 +119,8 @@ def _encode(split: str, paths: list[Path], texts: list[str], p: Food101Params, r
     content, the image files' stats and the texts."""
     from mmfl.data.audio import stat_fingerprint
     from mmfl.data.cache import cached
-    from mmfl.data.featurize import image_feature_dim, image_features, text_features, texts_digest
+    from mmfl.data.featurize import image_feature_dim, text_features, texts_digest
+    from mmfl.data.featurize_image import image_features
 
     def compute():
         feats = []

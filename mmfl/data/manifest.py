@@ -347,7 +347,7 @@ def _encode_columns(values, kinds, mods, train_idx, p, where, present, numbers) 
 def _image_features(x: torch.Tensor, encoder: str, image_size: int) -> torch.Tensor:
     """Images float ``[N, C, H, W]`` in [0, 1] -> frozen features ``[N, d]`` (:func:`mmfl.data.featurize.
     image_features`, cached; MobileNetV2's input side is ``image_size``, or 224 when it is 0)."""
-    from mmfl.data.featurize import image_features
+    from mmfl.data.featurize_image import image_features
 
     u8 = (x.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
     return image_features(u8, encoder, size=image_size or 224)

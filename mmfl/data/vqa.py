@@ -296,7 +296,8 @@ def encode_split(rec: VQARecords, p: FrozenEncoderParams) -> tuple[Tensor, Tenso
     question text is encoded once. Cached by the encoders, the texts and the image files' stats."""
     from mmfl.data.audio import stat_fingerprint
     from mmfl.data.cache import cached
-    from mmfl.data.featurize import image_feature_dim, image_features, text_features, texts_digest
+    from mmfl.data.featurize import image_feature_dim, text_features, texts_digest
+    from mmfl.data.featurize_image import image_features
 
     texts = [q.question for q in rec.questions]
     distinct = sorted(set(texts))
