@@ -16,3 +16,12 @@ def add_bench_parser(sub) -> None:
                                      "written there too)")
     p.add_argument("--grid-set", action="append", default=[], metavar="KEY=VALUE",
                    help="a grid file value, e.g. 'groups.fig4.seeds=[0, 1, 2]' (repeatable)")
+    p.add_argument("--device", help="every run's device (auto, cpu, cuda, cuda:N): --grid-set set.device=...")
+    p.add_argument("--batch-clients", metavar="true|false", help="every run's batch_clients (stacked clients or "
+                                                                 "one by one): --grid-set set.batch_clients=...")
+    p.add_argument("--plan", action="store_true", help="check every run's config and list the runs per group; "
+                                                       "run nothing")
+    p.add_argument("--estimate", action="store_true", help="with --plan: time round 1 of each (group, method) "
+                                                           "and extrapolate the grid's wall time")
+    p.add_argument("--estimate-epochs", type=int, default=0, metavar="N",
+                   help="with --estimate: time N local epochs and scale the training to the runs' epochs")

@@ -1,5 +1,5 @@
 """The accelerator benchmark's plan / one-cell mode and the paper benchmarks' profiles
-(benchmarks/perf/accelerator.py, benchmarks/profiles.py, benchmarks/*/grid-paper.toml)."""
+(benchmarks/perf/accelerator.py, `mmfl bench --plan`, benchmarks/*/grid-paper.toml)."""
 
 import importlib.util
 import sys
@@ -45,17 +45,24 @@ def test_paper_profile_grid_expands_to_its_cell_count(bench, count, rounds, epoc
     assert {r.raw["rounds"] for r in runs} == {rounds}
 
 
-def test_profile_options_pick_the_grid_and_set_device_and_batch_clients():
-    prof = _module(BENCH / "profiles.py", "bench_profiles")
-    here = BENCH / "moon"
-    profile, grid, opts, rest = prof.split_args(here, ["--profile", "paper", "--device", "cuda",
-                                                       "--batch-clients", "false", "--workers", "1"])
-    assert (profile, grid.name, opts["plan"]) == ("paper", "grid-paper.toml", False)
-    assert rest == ["--workers", "1", "--grid-set", 'set.device="cuda"', "--grid-set", "set.batch_clients=false"]
-    run = load_grid(grid, prof.grid_sets(rest)).runs()[0]
+def test_bench_options_set_device_and_batch_clients_and_plan_runs_nothing(tmp_path, capsys):
+    """``mmfl bench GRID --device D --batch-clients B`` lays the two run settings over every run;
+    ``--plan`` checks every config and lists the runs (the profiles' grid files: grid-paper.toml)."""
+    from mmfl.bench import bench_main
+    from mmfl.bench.plan import run_sets
+
+    sets = run_sets("cuda", "false")
+    assert sets == ['set.device="cuda"', "set.batch_clients=false"]
+    run = load_grid(BENCH / "moon" / "grid-paper.toml", sets).runs()[0]
     assert (run.raw["device"], run.raw["batch_clients"]) == ("cuda", False)
-    assert prof.split_args(here, ["--quick", "--plan"])[1].name == "grid-quick.toml"
-    assert prof.main(here, ["--profile", "paper", "--plan"]) == 0  # lists the runs, runs nothing
+    grid = BENCH / "moon" / "grid-paper.toml"
+    assert bench_main(grid, ["--plan", "--device", "cpu", "--raw-dir", str(tmp_path)]) == 0  # runs nothing
+    assert "grid-paper.toml: 45 runs" in capsys.readouterr().out and not any(tmp_path.iterdir())
+    assert bench_main(grid, ["--plan", "--batch-clients", "maybe"]) == 2  # one error line
+    assert "mmfl: error: --batch-clients: true or false" in capsys.readouterr().err
+    prof = _module(BENCH / "profiles.py", "bench_profiles")  # fedcmi's / creamfl's run.py: --profile picks the file
+    assert prof.main(BENCH / "moon", ["--profile", "paper", "--plan"]) == 0
+    assert "grid-paper.toml: 45 runs" in capsys.readouterr().out
 
 
 def test_accelerator_plan_checks_every_cell_config_on_cpu(tmp_path):

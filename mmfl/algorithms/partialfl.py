@@ -43,15 +43,17 @@ from typing import Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from mmfl.algorithms.registry import preset, register
 from mmfl.algorithms.base import Client, Server
 from mmfl.algorithms.fedavg import weighted_mean_scalar
 from mmfl.algorithms.creamfl_terms import present_of
+from mmfl.algorithms.partialfl_terms import (LOCAL, X, ZPRIME, ZT, anchored_contrastive,  # noqa: F401
+                                           branch_embed, global_keys, require_model, shareable_of)
 from mmfl.algorithms.dp_ledger import (LEDGER_FIELDS, EpsilonLedger, count_releases, release_model, release_rows,
                                        rows_dp, with_epsilon)
-from mmfl.algorithms.multimodal import masked_ce, only_held
+from mmfl.algorithms.multimodal import masked_ce
 from mmfl.core import optim
 from mmfl.core.aggregation import aggregate
 from mmfl.core.dp_rows import fixed_batchnorm
@@ -62,12 +64,6 @@ from mmfl.core.training import evaluate_model, load_into, make_optimizer, shuffl
 from mmfl.data.base import LENGTH, PRESENT, is_modality
 from mmfl.errors import ConfigError
 from mmfl.seeds import derive_seed
-
-X = "x/"  # client -> server, once: the client's shareable data, in its row order
-ZT = "zt"  # server -> client: the server model's embeddings z_T of the client's rows
-ZPRIME = "zprime"  # client -> server: the local model's embeddings z'_T of the client's rows
-LOCAL = "local/"  # client state: F_k
-
 
 @dataclass
 class PartialFLParams:
@@ -99,58 +95,6 @@ class PartialFLParams:
         for key in ("server_epochs", "server_batch_size"):
             if isinstance(getattr(self, key), bool) or int(getattr(self, key)) < 1:
                 raise ConfigError(f"algorithm.{key}: must be >= 1, got {getattr(self, key)!r}")
-
-
-def anchored_contrastive(anchor: Tensor, positive: Tensor, tau: float, rows: Tensor | None = None) -> Tensor:
-    """Eq. 1 / 2 / 4, mean over the batch:
-    ``-log e^{a_i.p_i/tau} / (sum_{j != i} e^{a_i.a_j/tau} + e^{a_i.p_i/tau})`` --
-    the positive is the other embedding of the same sample, the negatives are the
-    *anchor's own* embeddings of the batch's other samples (intra-modal negatives).
-    ``anchor``, ``positive``: L2-normalised ``[B, d]``. ``rows`` (bool ``[B]``; None: all): the
-    samples with both embeddings present, the only anchors and negatives (0 with none)."""
-    if rows is not None and not bool(rows.all()):
-        rows = rows.to(anchor.device)
-        if not bool(rows.any()):
-            return anchor.sum() * 0.0
-        anchor, positive = anchor[rows], positive[rows]
-    b = anchor.shape[0]
-    pos = (anchor * positive).sum(-1, keepdim=True) / tau  # [B, 1]
-    neg = anchor @ anchor.t() / tau
-    neg = neg.masked_fill(torch.eye(b, dtype=torch.bool, device=neg.device), float("-inf"))  # j != i
-    logits = torch.cat([pos, neg], dim=1)
-    return (torch.logsumexp(logits, dim=1) - pos.squeeze(1)).mean()
-
-
-def shareable_of(meta, name: str) -> tuple[str, str]:
-    """(shareable S, private P) among the data set's two modalities."""
-    mods = sorted(meta.modalities)
-    if len(mods) != 2:
-        raise ConfigError(f"data.name: PartialFL needs a data set with two modalities (a shareable and a "
-                          f"private one), '{meta.name}' has {mods}")
-    s = name or ("text" if "text" in mods else mods[1])
-    if s not in mods:
-        raise ConfigError(f"algorithm.shareable: {s!r} is not a modality of '{meta.name}' ({', '.join(mods)})")
-    return s, next(m for m in mods if m != s)
-
-
-def global_keys(model: nn.Module, private: str, variant: str, holds) -> list[str]:
-    """The state-dict keys of F_g a client holding ``holds`` trains and exchanges."""
-    return list(only_held(model.state_dict(), (private,) if variant == "private" else tuple(holds)))
-
-
-def branch_embed(model: nn.Module, m: str, x: Tensor, lengths: Tensor | None = None) -> Tensor:
-    """``proj[m](encoders[m](x))`` (unnormalised); ``lengths``: a padded sequence's valid lengths."""
-    return model.proj[m](model.encoders[m](x, lengths))
-
-
-def require_model(model: nn.Module, variant: str) -> None:
-    if not all(hasattr(model, a) for a in ("encoders", "proj", "heads", "fusion", "classifier")):
-        raise ConfigError("model.name: PartialFL needs model.name = \"multimodal\", "
-                          f"got a {type(model).__name__}")
-    if variant == "both" and model.fusion_out_dim != model.feat_dim:
-        raise ConfigError("model.fusion: PartialFL's multimodal global model aligns the fusion output with "
-                          f"z_T, so it must have feat_dim values: use fusion 'sum', 'film' or 'gated', not "
-                          f"{model.fusion_kind!r}")
 
 
 # ----------------------------------------------------------------------------- server

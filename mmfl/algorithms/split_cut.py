@@ -20,6 +20,7 @@ U_FRONT, U_TAIL = ("encoders",), ("classifier", "heads")  # U-shaped: the client
 ACT = "act/"  # client -> server: cut-layer activations of modality m (rows holding m)
 GRAD = "grad/"  # server -> client: d loss / d act/<m>
 LABELS = "labels"  # client -> server: the batch's labels (vanilla only)
+REP, ZREP, GRAD_REP = "rep", "z/", "grad_rep"  # U-shaped: fusion output down, projector outputs down, its gradient up
 
 
 def is_client_key(key: str, u_shaped: bool = False) -> bool:

@@ -176,15 +176,25 @@ def redirect(grid: Grid, raw_dir: str | Path) -> Grid:
 
 
 def cmd_bench(args) -> int:
-    grid = load_grid(args.grid, args.grid_set)
+    import time
+
+    from mmfl.bench.plan import plan, run_sets
+
+    sets = run_sets(getattr(args, "device", None), getattr(args, "batch_clients", None))
+    grid = load_grid(args.grid, [*args.grid_set, *sets])
     if getattr(args, "raw_dir", None):  # another folder of runs (a test location): the report stays with its runs
         grid = redirect(grid, args.raw_dir)
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers: must be >= 1, got {args.workers}")
+    if getattr(args, "plan", False):
+        return plan(grid, args.group, args.estimate, args.estimate_epochs)
+    t0 = time.perf_counter()
     ran = 0 if args.tables_only else execute(grid, args.workers, args.seeds, args.group or None)
     path = render(grid, ran)
     if path is not None:
         print(f"wrote {path}")
+    if ran:
+        print(f"wall time ({grid.path.name}): {time.perf_counter() - t0:.1f} s")
     return 0
 
 
