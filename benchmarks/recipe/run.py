@@ -25,7 +25,8 @@ scikit-learn's logistic regression (standardized features, ``max_iter`` 5000) an
 forest (500 trees). Final test accuracy, mean (and min) over seeds; ``ratio`` is FedAvg's mean
 over the better of centralized (the same model and ``[train]``) and logistic regression; the
 issue asks for >= 0.9 after. Finished runs are reused (``--runs``), so the table is cheap to
-rebuild; ``--variants`` with CANDIDATES' names prints the other settings that were measured.
+rebuild; ``--variants`` with the names of variants.toml's ``[candidates]`` prints the other settings that
+were measured.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import contextlib
 import json
 import statistics
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,74 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from prepare import OUT, SETS  # noqa: E402
 
-OLD_TRAIN = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-5}  # the defaults before issue 25
-NEW_TRAIN = {"optimizer": "adam", "lr": 1e-3, "momentum": 0.9, "weight_decay": 1e-5}  # the defaults after it
-RECIPE_SCHEDULE = {"lr_schedule": "cosine", "lr_min": 0.0, "lr_rounds": 0}  # what an untouched [train] adds
-RAW = {"normalize": False}  # the manifest loader's default before issue 25: raw inputs
-# "after": an untouched [train] and an untouched [data] (name + root: the loader's default normalize = "auto"
-# z-scores every column but token ids with train statistics, frozen text features included; docs/recipe.md)
-VARIANTS = {
-    "fedavg": {},
-    "centralized": {"algorithm": {"name": "centralized"}},
-    "fedavg-sgd": {"train": OLD_TRAIN, "data": RAW},
-    "centralized-sgd": {"algorithm": {"name": "centralized"}, "train": OLD_TRAIN, "data": RAW},
-    "fedavg-raw": {"data": RAW},
-    "fedavg-r30": {"rounds": 30},
-    "centralized-r30": {"rounds": 30, "algorithm": {"name": "centralized"}},
-}
-CENTRAL = {"algorithm": {"name": "centralized"}}
-CONV = {"model": {"name": "multimodal"}}  # conv1d encoders for [C, T] modalities (the mlp flattens them)
-CANDIDATES = {  # the other settings measured before choosing (docs/recipe.md); all on the default data
-    "fedavg-adam3": {"train": {"optimizer": "adam", "lr": 3e-3}},
-    "fedavg-sgd-norm": {"train": OLD_TRAIN},
-    "centralized-raw": {**CENTRAL, "data": RAW},
-    "fedavg-b32": {"train": {"batch_size": 32}},
-    "fedavg-b16": {"train": {"batch_size": 16}},
-    "fedavg-e2": {"train": {"local_epochs": 2}},
-    "fedavg-e5": {"train": {"local_epochs": 5}},
-    "centralized-e5": {**CENTRAL, "train": {"local_epochs": 5}},
-    "fedavg-r30-lr3e-4": {"rounds": 30, "train": {"lr": 3e-4}},
-    "centralized-r30-lr3e-4": {"rounds": 30, **CENTRAL, "train": {"lr": 3e-4}},
-    "fedavg-r30-e1": {"rounds": 30, "train": {"local_epochs": 1}},
-    "centralized-b16": {**CENTRAL, "train": {"batch_size": 16}},
-    # osu_leaf, one change at a time against fedavg-r30 (docs/recipe.md "osu_leaf")
-    "fedavg-r30-wd0": {"rounds": 30, "train": {"weight_decay": 0.0}},
-    "fedavg-r30-iid": {"rounds": 30, "partition": {"name": "iid", "num_clients": 10}},
-    "fedavg-conv": CONV,
-    "centralized-conv": {**CENTRAL, **CONV},
-    "fedavg-r30-conv": {"rounds": 30, **CONV},
-    "fedavg-r100": {"rounds": 100},
-    "fedprox-r30": {"rounds": 30, "algorithm": {"name": "fedprox"}},
-    # osu_leaf's gap: general [train] settings measured one at a time (docs/recipe.md, "osu_leaf");
-    # fedavg-r30-cos is the default chosen (an untouched [train] now resolves to it), -const the one before
-    "fedavg-r30-cos": {"rounds": 30, "train": {"lr_schedule": "cosine"}},
-    "centralized-r30-cos": {"rounds": 30, **CENTRAL, "train": {"lr_schedule": "cosine"}},
-    "fedavg-r30-cos-lr3e-3": {"rounds": 30, "train": {"lr_schedule": "cosine", "lr": 3e-3}},
-    "centralized-r30-cos-lr3e-3": {"rounds": 30, **CENTRAL, "train": {"lr_schedule": "cosine", "lr": 3e-3}},
-    "fedavg-r30-cos-e5": {"rounds": 30, "train": {"lr_schedule": "cosine", "local_epochs": 5}},
-    "centralized-r30-cos-e5": {"rounds": 30, **CENTRAL, "train": {"lr_schedule": "cosine", "local_epochs": 5}},
-    "fedavg-r30-cos-wd1e-3": {"rounds": 30, "train": {"lr_schedule": "cosine", "weight_decay": 1e-3}},
-    "centralized-r30-cos-wd1e-3": {"rounds": 30, **CENTRAL, "train": {"lr_schedule": "cosine", "weight_decay": 1e-3}},
-    "fedavg-r30-const": {"rounds": 30, "train": {"lr_schedule": "constant"}},  # = fedavg-r30 before the cosine
-    "centralized-r30-const": {"rounds": 30, **CENTRAL, "train": {"lr_schedule": "constant"}},
-    "fedavg-r30-cos-min1e-4": {"rounds": 30, "train": {"lr_schedule": "cosine", "lr_min": 1e-4}},
-    "centralized-r30-cos-min1e-4": {"rounds": 30, **CENTRAL, "train": {"lr_schedule": "cosine", "lr_min": 1e-4}},
-    # label smoothing 0.1 in every training cross-entropy: not an mmfl setting, a screening patch
-    # (mmfl_accuracy applies it to the runs of these two names only)
-    "fedavg-r30-cos-ls": {"rounds": 30, "train": {"lr_schedule": "cosine"}},
-    "centralized-r30-cos-ls": {"rounds": 30, **CENTRAL, "train": {"lr_schedule": "cosine"}},
-}
-
-# measured before the cosine default, against a constant lr: pinned to it, so these names still run what they ran
-for _name in ("centralized-raw", "fedavg-b32", "fedavg-b16", "fedavg-e2", "fedavg-e5", "centralized-e5", "fedavg-r30-e1",
-              "centralized-b16", "fedavg-r30-wd0", "fedavg-r30-iid", "fedavg-conv", "centralized-conv", "fedavg-r30-conv",
-              "fedavg-r100", "fedprox-r30"):
-    CANDIDATES[_name] = {**CANDIDATES[_name], "train": {**CANDIDATES[_name].get("train", {}), "lr_schedule": "constant"}}
-
-
-# wine's 142 and gunpoint's 160 train rows cannot always give the default 10 Dirichlet clients >= 10
-# rows each (a one-line ConfigError naming partition.min_size): 5 clients there, nothing else changed
-PARTITION = {"wine": {"name": "dirichlet", "num_clients": 5}, "gunpoint": {"name": "dirichlet", "num_clients": 5}}
+# the variants, their settings and the data sets' partitions: variants.toml (data, not code)
+SPEC = tomllib.loads(Path(__file__).with_name("variants.toml").read_text())
+OLD_TRAIN, NEW_TRAIN, RECIPE_SCHEDULE = SPEC["train_before"], SPEC["train_after"], SPEC["recipe_schedule"]
+VARIANTS, CANDIDATES, PARTITION = SPEC["variants"], SPEC["candidates"], SPEC["partition"]
 
 
 def config(data_root: Path, name: str, variant: str, seed: int, runs: Path) -> dict:
@@ -213,7 +151,6 @@ def table(results: dict) -> str:
 def notes(runs: Path) -> None:
     """Replay mmfl.engine.learning_check over every finished run's metrics: which runs get the note."""
     import io
-    import tomllib
 
     from mmfl.engine.learning_check import LearningCheck
 
