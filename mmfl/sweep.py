@@ -15,12 +15,13 @@ from typing import Callable
 
 
 def run_one(name: str, raw: dict, raw_dir: str, post: Callable | None = None,
-            reuse_finished: bool = False) -> tuple[str, float, str | None]:
+            reuse_finished: bool = False, runner: Callable | None = None) -> tuple[str, float, str | None]:
     """Run one raw config as ``raw_dir/name`` in this process with one torch thread (a
     :func:`run_pool` worker). ``post(raw, cfg, run_dir, exp)`` runs afterwards (its extra
     files; ``exp`` is None when ``reuse_finished`` skipped a run whose summary.json exists).
-    A failure is recorded in ``run_dir/failed.txt`` and returned, not raised; a success
-    removes an old failed.txt. Returns ``(name, seconds, error or None)``."""
+    ``runner(raw, cfg, run_dir)``, if given, runs the run instead of mmfl's simulator (another
+    transport; ``exp`` is then None). A failure is recorded in ``run_dir/failed.txt`` and
+    returned, not raised; a success removes an old failed.txt. Returns ``(name, seconds, error or None)``."""
     import torch
 
     from mmfl.config import resolve
@@ -35,8 +36,11 @@ def run_one(name: str, raw: dict, raw_dir: str, post: Callable | None = None,
         if not (reuse_finished and (d / "summary.json").exists()):
             # this sweep's own record of an earlier failure is no run: --overwrite would refuse the folder
             (d / "failed.txt").unlink(missing_ok=True)
-            exp = Experiment(cfg, progress=False)
-            exp.run(overwrite=True)
+            if runner is not None:
+                runner(raw, cfg, d)
+            else:
+                exp = Experiment(cfg, progress=False)
+                exp.run(overwrite=True)
         if post is not None:
             from mmfl.engine import runfiles
 
@@ -55,7 +59,7 @@ def run_one(name: str, raw: dict, raw_dir: str, post: Callable | None = None,
 
 def run_missing(label: str, runs: list[tuple[str, dict]], raw_dir: Path, workers: int,
                 warm: list[dict], done: Callable[[str, dict], bool] | None = None,
-                post: Callable | None = None, reuse_finished: bool = False) -> int:
+                post: Callable | None = None, reuse_finished: bool = False, runner: Callable | None = None) -> int:
     """Run the ``(name, raw config)`` of ``runs`` that are not ``done`` (default: their
     summary.json exists) with :func:`run_one` in a :func:`run_pool`, after loading the data
     sets of the ``warm`` configs once (:func:`warm_caches`). Returns how many it ran."""
@@ -68,7 +72,7 @@ def run_missing(label: str, runs: list[tuple[str, dict]], raw_dir: Path, workers
     if not todo:
         return 0
     warm_caches(warm)
-    return run_pool(todo, partial(run_one, post=post, reuse_finished=reuse_finished), raw_dir, workers)
+    return run_pool(todo, partial(run_one, post=post, reuse_finished=reuse_finished, runner=runner), raw_dir, workers)
 
 
 def run_pool(todo: list[tuple[str, dict]], run_one: Callable[[str, dict, str], tuple[str, float, str | None]],

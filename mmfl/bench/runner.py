@@ -112,6 +112,12 @@ def _spec_post(raw: dict, cfg, run_dir: Path, exp, *, spec_path: str, call: str 
     getattr(load_spec(Path(spec_path)), call)(raw, cfg, run_dir, exp)
 
 
+def _spec_run(raw: dict, cfg, run_dir: Path, *, spec_path: str, params: dict, plans: dict) -> None:
+    """A worker runs one run through the spec's ``run(raw, cfg, run_dir, plan)`` (``plan``: the run's
+    group, setting, method, seed, its entry's ``info`` and the grid's ``params``)."""
+    load_spec(Path(spec_path)).run(raw, cfg, run_dir, {**plans[run_dir.name], "params": params})
+
+
 def execute(grid: Grid, workers: int | None = None, seeds: list[int] | None = None,
             groups: list[str] | None = None) -> int:
     """Run the planned runs that are not done, in ``workers`` spawned one-thread processes
@@ -135,9 +141,13 @@ def execute(grid: Grid, workers: int | None = None, seeds: list[int] | None = No
             seen.add((r.group, r.setting))
             warm.append(r.raw)
     post = partial(_spec_post, spec_path=str(grid.tables)) if spec is not None and hasattr(spec, "post") else None
+    # the spec's run(raw, cfg, run_dir, plan), if it has one, runs each run itself (another transport)
+    runner = partial(_spec_run, spec_path=str(grid.tables), params=grid.params, plans={
+        r.name: {"group": r.group, "setting": r.setting, "method": r.method, "seed": r.seed,
+                 "info": grid.entry(r.group, r.method).info} for r in runs}) if hasattr(spec, "run") else None
     raw_dir.mkdir(parents=True, exist_ok=True)
     n = run_missing(grid.name, [(r.name, r.raw) for r in runs], raw_dir, workers or grid.workers, warm,
-                    done=done, post=post, reuse_finished=grid.reuse_finished)
+                    done=done, post=post, reuse_finished=grid.reuse_finished, runner=runner)
     for gk, g in grid.groups.items():  # a group's post-run step: on each of its runs without the file it writes
         if g.post is None or (groups and gk not in groups):
             continue
