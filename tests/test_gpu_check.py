@@ -39,7 +39,7 @@ def test_smoke_mode_runs_every_section_on_the_cpu(tmp_path):
     assert {"fp32", "bf16"} <= set(prec) and all(prec[k]["accuracy"] is not None for k in ("fp32", "bf16"))
     cells = res["cohorts"]["figures"]
     assert {c.split("|")[3] for c in cells} == {"one-by-one", "stacked"} and all(
-        c["clients_per_s_wall"] > 0 for c in cells.values())
+        c["wall_clients_per_s"] > 0 for c in cells.values())
     assert res["public"]["figures"]["wall_s"] > 0
     moon = res["moon"]["figures"]
     assert set(moon["methods"]) == {"fedavg", "moon"} and moon["projected_s"] > 0 and moon["runs"] == 45
@@ -80,7 +80,7 @@ def test_every_config_the_check_trains_at_its_gpu_sizes_resolves(tmp_path):
 
     ctx = {"device": "cuda", "smoke": True, "work": str(tmp_path), "fashion": str(tmp_path)}
     cfgs = gpu_sections.full_configs(ctx)
-    assert len(cfgs) == 2 + 12 + 1 + 5, sorted(cfgs)
+    assert len(cfgs) == 2 + 16 + 1 + 5, sorted(cfgs)  # precision, accelerator cells, flower, moon slice
     for name, raw in cfgs.items():
         conf = mmfl.configure(raw)  # resolves every setting (the data is not loaded)
         assert conf.run.device == "cuda", name

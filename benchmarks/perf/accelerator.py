@@ -54,6 +54,8 @@ def config(workload: str, algorithm: str, cohort: int, mode: str, a) -> dict:
         "partition": {"name": "iid", "num_clients": cohort}, **CELLS["modes"][mode]}
     if w.get("per_client"):
         cfg["data"]["train_limit"] = cohort * a.per_client
+    if getattr(a, "fashion", None) and cfg["data"]["name"] == "fashion_mnist":
+        cfg["data"]["root"] = a.fashion
     cfg["train"] = CELLS["optimizers"][a.optimizer] | cfg["train"]
     if a.threads:
         cfg["threads"] = a.threads
@@ -105,6 +107,7 @@ def parse(argv=None):
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats of each cell (each: rounds-1 samples)")
     ap.add_argument("--no-profile", action="store_true", help="skip the utilization profile")
     ap.add_argument("--plan", action="store_true", help="build and check every cell's config, run nothing")
+    ap.add_argument("--fashion", help="Fashion-MNIST folder (default: the data's own lookup)")
     ap.add_argument("--out-dir", type=Path, default=Path("/tmp/mmfl-accelerator"), help="run folders")
     ap.add_argument("--write", type=Path, help="report path (default benchmarks/results/accelerator-<device>.md + .json)")
     ap.add_argument("--no-write", action="store_true")
@@ -126,7 +129,8 @@ def parse(argv=None):
     return a
 
 
-def main(argv=None) -> dict:
+def main(argv=None, on_cell=None) -> dict:
+    """Measure (or plan, or render); the measurement's record. ``on_cell(record)``: after each cell."""
     a = parse(argv)
     if a.render_only:
         a.render_only.with_suffix(".md").write_text("\n".join(render_doc(SPEC, a.render_only)))
@@ -172,6 +176,8 @@ def main(argv=None) -> dict:
             res["cells"][f"{w}|{alg}|{k}|{m}"] = r
             print(f"{w:>10s} {alg:>6s} cohort {k:>4d} {m:>10s}: {r['clients_per_s']:8.1f} clients/s CPU "
                   f"(wall {r['wall_clients_per_s']:.1f})", flush=True)
+        if on_cell:
+            on_cell(res | {"load_end": f"{os.getloadavg()[0]:.1f}"})
     res["load_range"] = [min(loads), max(loads)] if loads else None
     if not a.no_profile:
         k = max(a.cohorts)

@@ -127,8 +127,9 @@ def _calc(f: Scoped, exprs: dict) -> dict:
     return out
 
 
-def _natural(key: str, sep: str | None):
-    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in (key.split(sep) if sep else [key])]
+def _natural(key: str) -> list:
+    """Sort key: digit runs compare as numbers (w2 before w10)."""
+    return [int(t) if i % 2 else t for i, t in enumerate(re.split(r"(\d+)", key))]
 
 
 def _rows(f: Scoped, part: dict) -> list[tuple[str, object]]:
@@ -137,7 +138,7 @@ def _rows(f: Scoped, part: dict) -> list[tuple[str, object]]:
     if "match" in part:
         keys = [k for k in keys if re.search(part["match"], k)]
     if part.get("sort") == "natural":
-        keys.sort(key=lambda k: _natural(k, part.get("split")))
+        keys.sort(key=_natural)
     rows = [(k, src.get(k) if isinstance(src, dict) else None) for k in keys]
     if (n := part.get("pivot")) is not None:
         piv: dict = {}
