@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 G = tomllib.loads((HERE / "gpu.toml").read_text())
 ORDER, TITLES = G["order"], G["titles"]
-TESTS = ["tests/test_device.py", "tests/test_device_engine.py", "tests/test_flower_device.py"]
+TESTS = ["tests/test_device.py", "tests/test_device_engine.py", "tests/test_flower_device.py", "tests/test_roundtime.py"]
 RAY = "ray_simulation"  # the test that needs Flower's Ray simulation (not on the GPU machine: Ray's wheel > 64 MiB)
 SMOKE_TESTS = "tree_moves or stack_size or unknown_device or gpu_resources"
 
@@ -267,8 +267,8 @@ def main(argv=None) -> int:
                                                                 f"{G['minimum'][name]} s)."]}
             else:
                 results[name] = run_section(name, ctx, left if a.smoke else min(G["budget"][name], left), work, log)
-            if name == "env" and "figures" in results[name]:
-                f = results["env"]["figures"]
+            if name == "env":
+                f = results["env"].get("figures", {})
                 if not a.smoke:
                     name_slug = re.sub(r"[^a-z0-9]+", "-", (f.get("gpu") or f"no-gpu-{device}").lower()).strip("-")
                 fatal = results["env"].get("fatal") or (device.startswith("cuda") and not f.get("gpu")

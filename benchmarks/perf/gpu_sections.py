@@ -20,7 +20,7 @@ ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(ROOT)]
 import accelerator  # noqa: E402
 
-from mmfl.bench.roundtime import run_timed  # noqa: E402
+from mmfl.bench.roundtime import run_timed, time_call  # noqa: E402
 
 G = tomllib.loads((HERE / "gpu.toml").read_text())
 
@@ -49,14 +49,13 @@ def save_partial(ctx, res: dict) -> None:
 
 
 def precision_cfg(ctx, s, prec: str) -> dict:
-    n = s["prec_clients"]
-    return {"name": f"precision-{prec}", "output_dir": str(Path(ctx["work"]) / "runs"), "seed": 0,
-            "device": ctx["device"], "rounds": s["prec_rounds"], "eval_every": s["prec_rounds"], "clients_per_round": n,
-            "batch_clients": True, "precision": prec, "model": {"name": "simple_cnn"}, "algorithm": {"name": "fedavg"},
-            "data": {"name": "fashion_mnist", "root": ctx["fashion"], "train_limit": s["prec_train"],
-                     "test_limit": s["prec_test"]}, "partition": {"name": "iid", "num_clients": n},
-            "train": {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "local_epochs": 1, "batch_size": 64}} | (
-                {"threads": 1} if ctx["device"] == "cpu" else {})
+    """gpu.toml's [precision] run at the sizes ``s`` in precision ``prec`` on the check's device."""
+    cfg = copy.deepcopy(G["precision"]) | {"name": f"precision-{prec}", "precision": prec, "device": ctx["device"],
+                                           "output_dir": str(Path(ctx["work"]) / "runs"), "rounds": s["prec_rounds"],
+                                           "eval_every": s["prec_rounds"], "clients_per_round": s["prec_clients"]}
+    cfg["data"] |= {"root": ctx["fashion"], "train_limit": s["prec_train"], "test_limit": s["prec_test"]}
+    cfg["partition"]["num_clients"] = s["prec_clients"]
+    return cfg | ({"threads": 1} if ctx["device"] == "cpu" else {})
 
 
 def sec_precision(ctx, s) -> dict:
@@ -167,19 +166,10 @@ def sec_public(ctx, s) -> dict:
     local, glob = torch.randn(C, P, d, device=dev, generator=g), torch.randn(P, d, device=dev, generator=g)
     local, glob = local / local.norm(dim=-1, keepdim=True), glob / glob.norm(dim=-1, keepdim=True)
 
-    def once() -> tuple[float, float | None]:
-        if cuda:
-            torch.cuda.synchronize(dev)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-        t = time.perf_counter()
-        out, _ = global_local_contrastive_aggregation(local, glob)
-        if cuda:
-            b.record()
-            torch.cuda.synchronize(dev)
-        wall = time.perf_counter() - t
+    def once() -> dict:
+        out, t = time_call(lambda: global_local_contrastive_aggregation(local, glob)[0], dev)
         assert torch.isfinite(out).all() and out.shape == (P, d)
-        return wall, (a.elapsed_time(b) / 1e3 if cuda else None)
+        return t
 
     once()  # warm-up
     if cuda:
@@ -187,7 +177,7 @@ def sec_public(ctx, s) -> dict:
         before = torch.cuda.memory_allocated(dev)
     reps = [once() for _ in range(s["public_reps"])]
     peak = (torch.cuda.max_memory_allocated(dev) - before) / 2**30 if cuda else None
-    wall, gpu = med([r[0] for r in reps]), med([r[1] for r in reps if r[1] is not None])
+    wall, gpu = med([r["wall"] for r in reps]), med([r["gpu"] for r in reps if r["gpu"] is not None])
     fig = {"clients": C, "public": P, "dim": d, "wall_s": wall, "gpu_s": gpu, "tflop_per_s": 2 * C * P * P * d / (gpu or wall) / 1e12,
            "peak_extra_gib": peak, "inputs_gib": (C * P * d + P * d) * 4 / 2**30,
            "full_matrix_gib_per_client": P * P * 4 / 2**30, "matmul_precision": torch.get_float32_matmul_precision()}

@@ -30,45 +30,49 @@ def _kernel_share(prof, cuda: bool) -> tuple[float, str]:
                       "times, so both sides stretch alike under load)")
 
 
+def time_call(fn, device: str | torch.device = "cpu") -> tuple[object, dict]:
+    """``fn()`` once: its result and ``{cpu, wall, gpu}`` seconds (``gpu``: CUDA events from before its
+    first to after its last queued kernel, the host synchronized around it; None off CUDA)."""
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(dev)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+    c, w = cpu_seconds(), time.perf_counter()
+    out = fn()
+    if cuda:
+        end.record()
+        torch.cuda.synchronize(dev)
+    return out, {"cpu": cpu_seconds() - c, "wall": time.perf_counter() - w,
+                 "gpu": start.elapsed_time(end) / 1e3 if cuda else None}
+
+
 def run_timed(cfg: dict, device: str | torch.device, profile: int | None = None, **over) -> tuple[list[dict], list[dict], dict]:
     """Train the run config ``cfg`` (``mmfl.configure(cfg, **over)``); returns its metrics rows, one
-    ``{cpu, wall, gpu}`` per round (``gpu`` None off CUDA) and, for round index ``profile``, the
-    profile ``{cpu_s, wall_s, kernel_s, fraction, what}`` (that round's times are not in the list)."""
+    ``{cpu, wall, gpu}`` per round (:func:`time_call`) and, for round index ``profile``, the profile
+    ``{cpu_s, wall_s, kernel_s, fraction, what}`` (that round's times are not in the list)."""
     import mmfl
     from mmfl.engine.runner import Experiment
     from mmfl.report import load_metrics
 
-    dev = torch.device(device)
-    cuda = dev.type == "cuda"
+    cuda = torch.device(device).type == "cuda"
     exp = Experiment(mmfl.configure(cfg, **over), progress=False)
     inner, times, prof_out = exp.server.round, [], {}
 
     def timed(rnd, cohort, transport):
-        if rnd == profile:
-            from torch.profiler import ProfilerActivity, profile as torch_profile
-
-            with torch_profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as p:
-                row, t = _once(rnd, cohort, transport)
-            kernel, what = _kernel_share(p, cuda)
-            prof_out.update(cpu_s=t["cpu"], wall_s=t["wall"], kernel_s=kernel, fraction=kernel / t["wall"], what=what)
+        call = lambda: inner(rnd, cohort, transport)  # noqa: E731
+        if rnd != profile:
+            row, t = time_call(call, device)
+            times.append(t)
             return row
-        row, t = _once(rnd, cohort, transport)
-        times.append(t)
-        return row
+        from torch.profiler import ProfilerActivity, profile as torch_profile
 
-    def _once(rnd, cohort, transport):
-        if cuda:
-            torch.cuda.synchronize(dev)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        c, w = cpu_seconds(), time.perf_counter()
-        row = inner(rnd, cohort, transport)
-        if cuda:
-            end.record()
-            torch.cuda.synchronize(dev)
-        t = {"cpu": cpu_seconds() - c, "wall": time.perf_counter() - w,
-             "gpu": start.elapsed_time(end) / 1e3 if cuda else None}
-        return row, t
+        with torch_profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as p:
+            row, t = time_call(call, device)
+        kernel, what = _kernel_share(p, cuda)
+        prof_out.update(cpu_s=t["cpu"], wall_s=t["wall"], kernel_s=kernel, fraction=kernel / t["wall"], what=what)
+        return row
 
     exp.server.round = timed
     exp.run(overwrite=True)
