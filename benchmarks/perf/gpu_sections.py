@@ -1,6 +1,7 @@
 """The measuring sections of the GPU check (benchmarks/perf/gpu_check.py runs each in a child process
 under a time limit): each takes the check's context (device, smoke, data root, work folder, deadline)
-and the sizes of gpu.toml and returns ``{"lines": [...markdown], "figures": {...}}``. Rounds are timed
+and the sizes of gpu.toml and returns ``{"figures": {...}}`` (rendered by tables-gpu.toml) and, where
+it has something to say in words (skipped, or the cohorts' own report), ``"lines"``. Rounds are timed
 by mmfl.bench.roundtime (CPU, wall and, on CUDA, GPU time by CUDA events; round 1 pays one-off costs
 and is left out of the medians); the cohorts are accelerator.py's cells.
 """
@@ -23,10 +24,6 @@ import accelerator  # noqa: E402
 from mmfl.bench.roundtime import run_timed, time_call  # noqa: E402
 
 G = tomllib.loads((HERE / "gpu.toml").read_text())
-
-
-def fmt(v, spec=".3f"):
-    return "—" if v is None or v != v else format(v, spec)
 
 
 def med(xs):
@@ -66,18 +63,7 @@ def sec_precision(ctx, s) -> dict:
         res[prec] = {"train_loss": rows[-1].get("train_loss"), "accuracy": rows[-1].get("accuracy"), "round_wall_s": wall,
                      "round_gpu_s": gpu, "fallback": rows[-1].get("batched_fallback"),
                      "losses": [r.get("train_loss") for r in rows]}
-    a, b = res["fp32"], res["bf16"]
-    lines = [f"Same run both ways: FedAvg, MOON's simple CNN on Fashion-MNIST ({s['prec_train']:,} training images over "
-             f"{s['prec_clients']} iid clients, stacked, SGD lr 0.05 momentum 0.9, batch 64, 1 local epoch, "
-             f"{s['prec_rounds']} rounds, seed 0; test accuracy on {s['prec_test']:,} test images after the last round).",
-             "", "| precision | final train loss | test accuracy | round wall (s) | round GPU (s) |", "|---|---|---|---|---|",
-             *[f"| {k} | {fmt(r['train_loss'], '.4f')} | {fmt(r['accuracy'], '.4f')} | {fmt(r['round_wall_s'])} "
-               f"| {fmt(r['round_gpu_s'])} |" for k, r in res.items()]]
-    if a["accuracy"] is not None and b["accuracy"] is not None:
-        lines += ["", f"bf16 − fp32: accuracy {b['accuracy'] - a['accuracy']:+.4f}, final train loss "
-                      f"{b['train_loss'] - a['train_loss']:+.4f} (one seed: a sanity check that bf16 learns, not an ordering)."]
-    lines += [f"- {k}: stacking fell back to one-by-one: {r['fallback']}" for k, r in res.items() if r["fallback"]]
-    return {"lines": lines, "figures": res}
+    return {"figures": res}
 
 
 def acc_argv(ctx, s, rounds=None, device=None) -> list[str]:
@@ -102,7 +88,7 @@ def sec_cohorts(ctx, s) -> dict:
 
     def part(res: dict) -> dict:
         lines = render_doc(accelerator.SPEC, res)[2:]
-        return {"figures": res["cells"], "lines": lines[:-1] + [
+        return {"figures": res["cells"], "lines": lines + [
             "Flower's Ray simulation: **not measured** — Ray's wheel alone is larger than the 64 MiB a device call may "
             "carry, so it cannot be installed on the GPU machine (no package index there). The Flower deployment path "
             "(SuperLink + SuperNodes on loopback) is measured in its own section."]}
@@ -145,15 +131,8 @@ def sec_flower(ctx, s) -> dict:
             raise RuntimeError(f"Flower run {run_id} {status}: {' '.join(dep.run_log(run_id)[-400:].split())}")
     total, times = time.perf_counter() - t0, [r["train_time_s"] for r in load_metrics(cfg.run_dir)]
     st = med(times[1:] or times)
-    fig = {"cohort": k, "supernodes": n, "clients_per_s_wall": k / st, "round_train_s": st, "rounds_train_s": times,
-           "startup_s": up, "total_s": total}
-    return {"figures": fig, "lines": [
-        f"`mmfl flower loopback`'s path (mmfl.flower.deploy.LocalDeployment): a SuperLink and {n} SuperNodes as processes "
-        f"on 127.0.0.1, each ClientApp on {ctx['device']}; the cnn FedAvg cell at cohort {k} (as in the table above), "
-        f"{s['flower_rounds']} rounds.", "",
-        f"Clients/s (wall, cohort / median of rounds 2..: `train_time_s` of metrics.jsonl): **{k / st:.1f}** (round "
-        f"{st:.3f} s); deployment start {up:.1f} s; whole run {total:.1f} s. Compare with the one-by-one and stacked "
-        f"cells at cohort {k} above (same config)."]}
+    return {"figures": {"cohort": k, "supernodes": n, "clients_per_s_wall": k / st, "round_train_s": st,
+                        "rounds_train_s": times, "startup_s": up, "total_s": total}}
 
 
 def sec_public(ctx, s) -> dict:
@@ -181,14 +160,7 @@ def sec_public(ctx, s) -> dict:
     fig = {"clients": C, "public": P, "dim": d, "wall_s": wall, "gpu_s": gpu, "tflop_per_s": 2 * C * P * P * d / (gpu or wall) / 1e12,
            "peak_extra_gib": peak, "inputs_gib": (C * P * d + P * d) * 4 / 2**30,
            "full_matrix_gib_per_client": P * P * 4 / 2**30, "matmul_precision": torch.get_float32_matmul_precision()}
-    return {"figures": fig, "lines": [
-        f"mmfl.algorithms.public_terms.global_local_contrastive_aggregation (eq. 4–6, image side, chunk 1024) on {C} "
-        f"clients × {P:,} public samples × {d} dims, fp32 (float32 matmul precision '{fig['matmul_precision']}'), unit "
-        f"vectors drawn from a seeded generator (the cost does not depend on the values); median of {s['public_reps']} "
-        "after a warm-up.", "",
-        f"Time: **{fmt(gpu)} s GPU** / {wall:.3f} s wall; {fig['tflop_per_s']:.1f} TFLOP/s counting 2·C·P²·d for the "
-        f"logits; inputs {fig['inputs_gib']:.2f} GiB, peak extra device memory {fmt(peak, '.2f')} GiB (the authors' full "
-        f"matrix: {fig['full_matrix_gib_per_client']:.1f} GiB per client)."]}
+    return {"figures": fig}
 
 
 def moon_grid(ctx, s):
@@ -235,6 +207,7 @@ def sec_moon(ctx, s) -> dict:
 
 
 def _moon_report(ctx, s, grid, runs, rep, order, meas) -> dict:
+    """The measured methods and the grid's projected wall time (a method not measured: from a similar one)."""
     like = {"fedprox": "fedavg", "scaffold": "fedavg", "local": "fedavg", "moon": "fedavg", "fedavg": "moon"}
     total, projected_from = 0.0, {}
     for r in runs if meas else []:
@@ -243,25 +216,10 @@ def _moon_report(ctx, s, grid, runs, rep, order, meas) -> dict:
             projected_from[r.method] = src
         rounds, every = int(r.raw.get("rounds", 1)), int(r.raw.get("eval_every", 1) or 1)
         total += rounds * meas[src]["round_wall_s"] + max(1, rounds // every) * meas[src]["eval_s"]
-    tr = rep[order[0]].raw["train"] if order else {}
-    lines = [f"benchmarks/moon/grid-paper.toml ({len(runs)} runs: {grid.workers} worker(s)), one run per method at β = "
-             f"{s['moon_setting']}, seed {runs[0].seed}, {s['moon_rounds']} rounds each on {ctx['device']}"
-             + (" (smoke: a few hundred images, 1 local epoch)" if ctx["smoke"] else
-                f" (as the profile says: the full training set over 10 clients, {tr.get('local_epochs')} local epochs, "
-                "batch 64, stacked)") + "; round 1 not counted.", "",
-             "| method | round wall (s) | round GPU (s) | evaluation (s) | accuracy after the slice |", "|---|---|---|---|---|",
-             *[f"| {m} | {v['round_wall_s']:.2f} | {fmt(v['round_gpu_s'], '.2f')} | {v['eval_s']:.2f} "
-               f"| {fmt(v['accuracy'], '.4f')} |" for m, v in meas.items()]]
-    if meas:
-        lines += ["", f"Projected wall time of the whole grid ({sum(int(r.raw.get('rounds', 1)) for r in runs):,} rounds, "
-                      f"one run at a time): **{total / 3600:.2f} h** (rounds × the method's steady round + evaluations "
-                      "every eval_every rounds; data loading and round 1 not included)."]
-    if projected_from:
-        lines.append(f"Methods not measured ({'smoke mode runs two' if ctx['smoke'] else 'the section ran out of time'}), "
-                     "projected from (MOON's extra forward passes make it dearer than FedAvg, so a MOON projected from "
-                     "FedAvg is low): " + ", ".join(f"{k} ← {v}" for k, v in sorted(projected_from.items())) + ".")
-    return {"lines": lines, "figures": {"methods": meas, "projected_s": total, "projected_from": projected_from,
-                                        "runs": len(runs)}}
+    return {"figures": {"methods": meas, "projected_s": total, "projected_h": total / 3600, "runs": len(runs),
+                        "projected_from": dict(sorted(projected_from.items())), "workers": grid.workers,
+                        "seed": runs[0].seed, "rounds": sum(int(r.raw.get("rounds", 1)) for r in runs),
+                        "local_epochs": (rep[order[0]].raw["train"] if order else {}).get("local_epochs")}}
 
 
 SECTIONS = {"precision": sec_precision, "cohorts": sec_cohorts,

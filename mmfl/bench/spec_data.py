@@ -9,14 +9,15 @@ benchmarks/results/perf.md is a ``tables*.toml`` rendered by :func:`render_doc` 
 - Filters ``{field:name/arg}``: ``dash/<spec>`` (``—`` for ``None``), ``else/<text>``,
   ``spread/<digits>`` (``median (q1–q3)``), ``range/<digits>`` (``median (min–max)``), ``load``
   (a record's ``load_start → load_average|load_end``), ``join/<sep>/<spec>``, ``uniq/<sep>``
-  (sorted distinct), ``first``.
+  (sorted distinct), ``first``, ``items/<sep>/<between>`` (a mapping's ``key value`` pairs).
 - ``kind = "records"``: a table, a row per entry of ``source`` (``keys``: these, in this order;
   ``match``: keys matching a regex; ``split`` + ``pivot = n``: keys split, rows grouped by the
   first n parts, ``{col.<rest>}`` the row's entries; ``sort = "natural"``); ``cells`` templates of
   ``{key}``, ``{value}``, ``{k.<i>}`` (the split key), ``{calc.<name>}`` (``calc = {name =
   "{a} / {b}"}``, arithmetic, ``None`` when a field is missing or zero divides); ``$key`` in a
-  template is the row's key; ``row.<key> = {cells, missing}`` overrides; ``parts = [{...}]``
-  stacks several such row sets under one header.
+  template is the row's key; ``row.<key> = {cells, missing}`` overrides; ``line = "..."`` renders
+  rows as lines instead (a line with a missing value is left out); ``parts = [{...}]`` stacks
+  several such row sets under one header. ``keys`` rows are rendered whether or not ``source`` has them.
 - ``kind = "each"``: per entry of the mapping ``source`` (``{name}``, ``{r}``; ``last = "runs"``:
   an entry with a list ``runs`` stands for its last run), the blocks of the first ``templates``
   name that prefixes the entry's name (longest first), when the entry has ``need``.
@@ -80,6 +81,7 @@ FORMATS = {
     "join": _join,
     "uniq": lambda v, arg: (arg or "; ").join(sorted({str(x) for x in v or []})),
     "first": lambda v, arg: "—" if not v else format(v[0], arg),
+    "items": lambda v, arg: (arg.partition("/")[0] or ", ").join(f"{k}{arg.partition('/')[2] or ' '}{x}" for k, x in (v or {}).items()),
 }
 NAMESPACES = {"data": lambda b, rest: resolve(b.data, rest)}
 
@@ -163,13 +165,19 @@ def records(b, block: dict, f) -> list[str]:
                 loc["col"] = value
             row = Scoped(f, **loc)
             row.local["calc"] = _calc(row, {k: e.replace("$key", key) for k, e in (part.get("calc") or {}).items()})
+            if "line" in part:  # a row as a line; a line with a missing value is left out
+                try:
+                    out.append(row.fill(part["line"].replace("$key", key)))
+                except Missing:
+                    pass
+                continue
             cells = []
             for t in over.get("cells", part.get("cells", [])):
                 try:
                     cells.append(row.fill(t.replace("$key", key)))
                 except Missing:
                     cells.append(over.get("missing", part.get("missing", "—")))
-            out.append(row.fill(part["line"]) if "line" in part else "| " + " | ".join(cells) + " |")
+            out.append("| " + " | ".join(cells) + " |")
     return out
 
 
