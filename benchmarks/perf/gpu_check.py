@@ -175,8 +175,8 @@ def run_section(name: str, ctx: dict, limit: float, work: Path, log) -> dict:
             "status": "failed", "lines": [f"**Failed**: the section's process exited with code {proc.returncode} and "
                                           "no result (gpu_check.log)"]}
     elif res.get("partial") or res.get("stopped") or "SIGTERM" in res.get("error", ""):
-        res |= {"status": "timeout", "lines": [f"{stop}; the figures below are those measured before it.", ""]
-                + res.get("lines", []) if res.get("lines") else [f"{stop} (gpu_check.log)."]}
+        note = f"{stop}; the figures below are those measured before it."
+        res |= {"status": "timeout", "lines": [note, "", *res["lines"]] if res.get("lines") else [note]}
     elif "error" in res:
         res["status"], res["lines"] = "failed", [f"**Failed**: {res['error']} (traceback in gpu_check.log)"]
     else:
