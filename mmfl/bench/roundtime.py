@@ -49,15 +49,15 @@ def time_call(fn, device: str | torch.device = "cpu") -> tuple[object, dict]:
 
 
 def run_timed(cfg: dict, device: str | torch.device, profile: int | None = None, **over) -> tuple[list[dict], list[dict], dict]:
-    """Train the run config ``cfg`` (``mmfl.configure(cfg, **over)``); returns its metrics rows, one
+    """Train the run config ``cfg`` (``mmfl.api.configure(cfg, **over)``); returns its metrics rows, one
     ``{cpu, wall, gpu}`` per round (:func:`time_call`) and, for round index ``profile``, the profile
     ``{cpu_s, wall_s, kernel_s, fraction, what}`` (that round's times are not in the list)."""
-    import mmfl
+    from mmfl.api import configure
     from mmfl.engine.runner import Experiment
     from mmfl.report import load_metrics
 
     cuda = torch.device(device).type == "cuda"
-    exp = Experiment(mmfl.configure(cfg, **over), progress=False)
+    exp = Experiment(configure(cfg, **over), progress=False)
     inner, times, prof_out = exp.server.round, [], {}
 
     def timed(rnd, cohort, transport):
