@@ -98,7 +98,8 @@ def test_the_report_spec_renders_a_gpu_record_with_gpu_figures_notes_and_a_stopp
     import gpu_check
 
     meta = {"command": "bash scripts/gpu_check.sh", "smoke": False, "device": "cuda", "budget": 450.0, "date": "d",
-            "fashion": ".gpu_carry/fashion-mnist", "fixture": False, "titles": gpu_check.TITLES, "sizes": gpu_check.G["full"]}
+            "fashion": ".gpu_carry/fashion-mnist", "fixture": False, "titles": gpu_check.TITLES,
+            "sizes": gpu_check.G["full"]}
     env = {"host": "h", "cpus": 16, "platform": "p", "python": "3.12", "torch": "2.11.0+cu130", "cuda": "13.0",
            "gpu": "NVIDIA H100 80GB HBM3", "gpu_memory_gib": 79.2, "capability": "9.0", "sms": 132, "cudnn": 91900,
            "driver": "580.1", "modules": 191, "imported": 190, "import_failures": ["mmfl.x: ImportError: y"],

@@ -195,7 +195,8 @@ def report(results: dict, meta: dict) -> str:
     except Exception as e:  # noqa: BLE001  (the check still leaves a report)
         traceback.print_exc()
         return "\n".join([f"# GPU check ({meta['command']}, {meta['date']})", "", f"(report not rendered: {e})", "",
-                          *[f"- {TITLES[n]}: {r['status']}; " + " ".join(r.get("lines", [])) for n, r in results.items()]]) + "\n"
+                          *[f"- {TITLES[n]}: {r['status']}; " + " ".join(r.get("lines", []))
+                            for n, r in results.items()]]) + "\n"
 
 
 def main(argv=None) -> int:
@@ -231,7 +232,8 @@ def main(argv=None) -> int:
     wanted = ["env"] + [s for s in ORDER[1:] if not a.sections or s in a.sections]
     meta = {"command": "bash scripts/gpu_check.sh" + (" --smoke" if a.smoke else ""), "smoke": a.smoke, "device": device,
             "budget": budget, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "fashion": ctx["fashion"], "fixture": ctx["fixture"], "titles": TITLES, "sizes": G["smoke" if a.smoke else "full"]}
+            "fashion": ctx["fashion"], "fixture": ctx["fixture"], "titles": TITLES,
+            "sizes": G["smoke" if a.smoke else "full"]}
     results, name_slug, fatal = {}, "cpu-smoke" if a.smoke else "unknown", None
     log = open(a.log or outs[0] / "gpu_check.log", "a")
     try:

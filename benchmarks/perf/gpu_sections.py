@@ -68,9 +68,11 @@ def sec_precision(ctx, s) -> dict:
 
 def acc_argv(ctx, s, rounds=None, device=None) -> list[str]:
     """accelerator.py's arguments for the check's cells (its run folders under the check's work folder)."""
-    return ["--device", device or ctx["device"], "--cohorts", *map(str, s["cohorts"]), "--rounds", str(rounds or s["coh_rounds"]),
+    return ["--device", device or ctx["device"], "--cohorts", *map(str, s["cohorts"]),
+            "--rounds", str(rounds or s["coh_rounds"]),
             "--per-client", str(s["per_client"]), "--modes", "one-by-one", "stacked", "--repeats", "1", "--no-profile",
-            "--no-write", "--out-dir", str(Path(ctx["work"]) / "runs"), "--threads", "1" if ctx["device"] == "cpu" else "0"] \
+            "--no-write", "--out-dir", str(Path(ctx["work"]) / "runs"),
+            "--threads", "1" if ctx["device"] == "cpu" else "0"] \
         + (["--fashion", ctx["fashion"]] if ctx["fashion"] else [])
 
 
@@ -120,7 +122,8 @@ def sec_flower(ctx, s) -> dict:
         return {"lines": [f"Skipped in smoke mode: flwr imports and {deploy.BIN / binary} exists; the deployment was "
                           "not started (MMFL_GPU_SMOKE_FLOWER=1 starts it)."], "figures": {}, "skipped": True}
     raw["name"] = "flower-loopback"
-    cfg = resolve(apply_overrides(mmfl.configure(raw).to_dict(), [f"output_dir={json.dumps(str(Path(raw['output_dir']).resolve()))}"]))
+    out_dir = json.dumps(str(Path(raw["output_dir"]).resolve()))
+    cfg = resolve(apply_overrides(mmfl.configure(raw).to_dict(), [f"output_dir={out_dir}"]))
     t0 = time.perf_counter()
     with deploy.LocalDeployment(n, Path(ctx["work"]) / "flower", state_dir=cfg.run_dir / "node_state") as dep:
         up = time.perf_counter() - t0
@@ -157,7 +160,8 @@ def sec_public(ctx, s) -> dict:
     reps = [once() for _ in range(s["public_reps"])]
     peak = (torch.cuda.max_memory_allocated(dev) - before) / 2**30 if cuda else None
     wall, gpu = med([r["wall"] for r in reps]), med([r["gpu"] for r in reps if r["gpu"] is not None])
-    fig = {"clients": C, "public": P, "dim": d, "wall_s": wall, "gpu_s": gpu, "tflop_per_s": 2 * C * P * P * d / (gpu or wall) / 1e12,
+    fig = {"clients": C, "public": P, "dim": d, "wall_s": wall, "gpu_s": gpu,
+           "tflop_per_s": 2 * C * P * P * d / (gpu or wall) / 1e12,
            "peak_extra_gib": peak, "inputs_gib": (C * P * d + P * d) * 4 / 2**30,
            "full_matrix_gib_per_client": P * P * 4 / 2**30, "matmul_precision": torch.get_float32_matmul_precision()}
     return {"figures": fig}
@@ -199,7 +203,8 @@ def sec_moon(ctx, s) -> dict:
         rows, times = run_cfg(ctx, moon_raw(ctx, s, rep[m]))
         wall, gpu = steady(times)
         ev = [r["wall_time_s"] - r["train_time_s"] for r in rows if r.get("accuracy") is not None]
-        meas[m] = {"round_wall_s": wall, "round_gpu_s": gpu, "eval_s": med(ev) or 0.0, "rounds_wall_s": [x["wall"] for x in times],
+        meas[m] = {"round_wall_s": wall, "round_gpu_s": gpu, "eval_s": med(ev) or 0.0,
+                   "rounds_wall_s": [x["wall"] for x in times],
                    "accuracy": rows[-1].get("accuracy"), "run_s": time.perf_counter() - t}
         t_method = max(t_method, meas[m]["run_s"])
         save_partial(ctx, _moon_report(ctx, s, grid, runs, rep, order, meas))

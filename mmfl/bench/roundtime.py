@@ -48,7 +48,8 @@ def time_call(fn, device: str | torch.device = "cpu") -> tuple[object, dict]:
                  "gpu": start.elapsed_time(end) / 1e3 if cuda else None}
 
 
-def run_timed(cfg: dict, device: str | torch.device, profile: int | None = None, **over) -> tuple[list[dict], list[dict], dict]:
+def run_timed(cfg: dict, device: str | torch.device, profile: int | None = None,
+              **over) -> tuple[list[dict], list[dict], dict]:
     """Train the run config ``cfg`` (``mmfl.api.configure(cfg, **over)``); returns its metrics rows, one
     ``{cpu, wall, gpu}`` per round (:func:`time_call`) and, for round index ``profile``, the profile
     ``{cpu_s, wall_s, kernel_s, fraction, what}`` (that round's times are not in the list)."""

@@ -81,7 +81,8 @@ FORMATS = {
     "join": _join,
     "uniq": lambda v, arg: (arg or "; ").join(sorted({str(x) for x in v or []})),
     "first": lambda v, arg: "—" if not v else format(v[0], arg),
-    "items": lambda v, arg: (arg.partition("/")[0] or ", ").join(f"{k}{arg.partition('/')[2] or ' '}{x}" for k, x in (v or {}).items()),
+    "items": lambda v, arg: (arg.partition("/")[0] or ", ").join(
+        f"{k}{arg.partition('/')[2] or ' '}{x}" for k, x in (v or {}).items()),
 }
 NAMESPACES = {"data": lambda b, rest: resolve(b.data, rest)}
 
