@@ -39,7 +39,7 @@ def test_smoke_mode_runs_every_section_on_the_cpu(tmp_path):
     assert {"fp32", "bf16"} <= set(prec) and all(prec[k]["accuracy"] is not None for k in ("fp32", "bf16"))
     cells = res["cohorts"]["figures"]
     assert {c.split("|")[3] for c in cells} == {"one-by-one", "stacked"} and all(
-        c["clients_per_s_wall"] > 0 for c in cells.values())
+        c["wall_clients_per_s"] > 0 for c in cells.values())
     assert res["public"]["figures"]["wall_s"] > 0
     moon = res["moon"]["figures"]
     assert set(moon["methods"]) == {"fedavg", "moon"} and moon["projected_s"] > 0 and moon["runs"] == 45
@@ -80,7 +80,7 @@ def test_every_config_the_check_trains_at_its_gpu_sizes_resolves(tmp_path):
 
     ctx = {"device": "cuda", "smoke": True, "work": str(tmp_path), "fashion": str(tmp_path)}
     cfgs = gpu_sections.full_configs(ctx)
-    assert len(cfgs) == 2 + 12 + 1 + 5, sorted(cfgs)
+    assert len(cfgs) == 2 + 16 + 1 + 5, sorted(cfgs)  # precision, accelerator cells, flower, moon slice
     for name, raw in cfgs.items():
         conf = mmfl.configure(raw)  # resolves every setting (the data is not loaded)
         assert conf.run.device == "cuda", name
@@ -89,3 +89,44 @@ def test_every_config_the_check_trains_at_its_gpu_sizes_resolves(tmp_path):
     assert slice_.algorithm.name == "moon" and slice_.run.batch_clients
     assert mmfl.configure(cfgs["cnn-fedavg-100-stacked"]).run.clients_per_round == 100
     assert mmfl.configure(cfgs["precision-bf16"]).run.precision == "bf16"
+
+
+def test_the_report_spec_renders_a_gpu_record_with_gpu_figures_notes_and_a_stopped_section():
+    """The CUDA-only branches of tables-gpu.toml (a GPU, GPU times, a stopped section's partial
+    figures, failed tests), which the CPU smoke mode does not reach."""
+    sys.path.insert(0, str(ROOT / "benchmarks" / "perf"))
+    import gpu_check
+
+    meta = {"command": "bash scripts/gpu_check.sh", "smoke": False, "device": "cuda", "budget": 450.0, "date": "d",
+            "fashion": ".gpu_carry/fashion-mnist", "fixture": False, "titles": gpu_check.TITLES,
+            "sizes": gpu_check.G["full"]}
+    env = {"host": "h", "cpus": 16, "platform": "p", "python": "3.12", "torch": "2.11.0+cu130", "cuda": "13.0",
+           "gpu": "NVIDIA H100 80GB HBM3", "gpu_memory_gib": 79.2, "capability": "9.0", "sms": 132, "cudnn": 91900,
+           "driver": "580.1", "modules": 191, "imported": 190, "import_failures": ["mmfl.x: ImportError: y"],
+           "packages": {"flwr": "1.42.0"}}
+    res = {"env": {"status": "ok", "seconds": 9.0, "figures": env},
+           "tests": {"status": "failed", "seconds": 80.0, "figures": {"command": "python -m pytest", "result": "1 failed",
+                                                                      "failed": ["FAILED tests/test_device.py::t"]}},
+           "precision": {"status": "ok", "seconds": 30.0, "figures": {
+               p: {"train_loss": 0.5, "accuracy": 0.8, "round_wall_s": 0.2, "round_gpu_s": 0.15, "fallback": None}
+               for p in ("fp32", "bf16")}},
+           "public": {"status": "ok", "seconds": 20.0, "figures": {
+               "clients": 10, "public": 50000, "dim": 512, "wall_s": 2.0, "gpu_s": 1.9, "tflop_per_s": 134.7,
+               "peak_extra_gib": 0.4, "inputs_gib": 1.0, "full_matrix_gib_per_client": 9.3, "matmul_precision": "highest"}},
+           "moon": {"status": "timeout", "seconds": 150.0, "lines": ["**Stopped at the time limit (150 s)**; the figures "
+                                                                    "below are those measured before it."],
+                    "figures": {"methods": {"fedavg": {"round_wall_s": 3.0, "round_gpu_s": 2.9, "eval_s": 0.5,
+                                                       "accuracy": 0.7}},
+                                "projected_s": 7200.0, "projected_h": 2.0, "runs": 45, "workers": 1, "seed": 0,
+                                "rounds": 4500, "local_epochs": 10, "projected_from": {"moon": "fedavg"}}}}
+    md = gpu_check.report(res, meta)
+    for line in ("# GPU check: NVIDIA H100 80GB HBM3",
+                 "GPU: **NVIDIA H100 80GB HBM3**, 79.2 GiB, compute capability 9.0, 132 SMs, driver 580.1.",
+                 "mmfl modules: 190 of 191 import; these do not:\n- mmfl.x: ImportError: y",
+                 "Result: 1 failed\n\n- FAILED tests/test_device.py::t", "| bf16 | 0.5000 | 0.8000 | 0.200 | 0.150 |",
+                 "Time: **1.900 s GPU** / 2.000 s wall; 134.7 TFLOP/s", "peak extra device memory 0.40 GiB",
+                 "**Stopped at the time limit (150 s)**; the figures below are those measured before it.\n\n"
+                 "benchmarks/moon/grid-paper.toml (45 runs", "10 local epochs, batch 64, stacked",
+                 "| fedavg | 3.00 | 2.90 | 0.50 | 0.7000 |", "**2.00 h**", "(the section ran out of time)",
+                 "moon ← fedavg", "| Stacked cohorts vs one-by-one | not run | — |"):
+        assert line in md, line

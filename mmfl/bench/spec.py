@@ -38,6 +38,7 @@ from mmfl.errors import ConfigError
 # and one line here.
 KIND_MODULES = (
     "mmfl.bench.spec_kinds",
+    "mmfl.bench.spec_data",
 )
 
 BLOCK_KEYS = {"text", "kind", "group", "rows", "extra", "header", "cells", "metric", "row", "pairs", "scale",
@@ -54,9 +55,13 @@ def _kinds() -> tuple[dict, set]:
             raise RuntimeError(f"{name}: kind {sorted(clash)[0]!r} defined twice")
         kinds.update(mod.KINDS)
         keys |= set(getattr(mod, "KEYS", ()))
+        NAMESPACES.update(getattr(mod, "NAMESPACES", {}))  # more {ns.path} fields: fn(b, path)
+        FORMATS.update(getattr(mod, "FORMATS", {}))  # {field:name/arg} format filters: fn(value, arg)
     return kinds, keys
 
 
+NAMESPACES: dict = {}
+FORMATS: dict = {}
 KINDS, ALL_KEYS = _kinds()
 
 
@@ -105,6 +110,8 @@ class Fields(string.Formatter):
             return len(b.runs)
         if ns == "vars":
             return self.var(rest)
+        if ns in NAMESPACES:
+            return NAMESPACES[ns](b, rest)
         raise ConfigError(f"table spec: unknown field {{{name}}}")
 
     def var(self, name: str):
@@ -123,6 +130,10 @@ class Fields(string.Formatter):
 
     def fill(self, template: str, **local) -> str:
         return self.vformat(template, (), local)
+
+    def format_field(self, value, spec: str):
+        name, _, arg = spec.partition("/")
+        return FORMATS[name](value, arg) if name in FORMATS else super().format_field(value, spec)
 
 
 def _arith(text: str):
@@ -164,7 +175,7 @@ class TableSpec:
         f = Fields(b, self.spec)
         out = []
         for bl in self.spec["blocks"]:
-            if "when" in bl and not f.lookup(bl["when"]):
+            if "when" in bl and not when(f, bl["when"]):
                 continue
             lines = KINDS[bl["kind"]](b, bl, f) if "kind" in bl else f.fill(bl["text"]).split("\n")
             out += [*lines, ""]
@@ -174,6 +185,12 @@ class TableSpec:
             if target := f.lookup(sec["file"]):
                 write_section(Path(b.grid.root) / target, out, sec["begin"], sec["end"])
         return out
+
+
+def when(f, cond: str) -> bool:
+    """A block's ``when``: a field's truth, or with ``not `` its falsehood."""
+    neg = cond.startswith("not ")
+    return bool(f.lookup(cond[4:] if neg else cond)) != neg
 
 
 def write_section(path: Path, lines: list[str], begin: str, end: str) -> None:
