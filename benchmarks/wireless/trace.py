@@ -74,9 +74,10 @@ def show(run_dir: Path) -> None:
     print(f"device accuracy in the round its shared group was just aggregated: {np.mean(agg):.3f} (n = {len(agg)}, "
           f"{sum(x < 0.15 for x in agg)} under 0.15); other rounds: {np.mean(rest):.3f} (n = {len(rest)}, "
           f"{sum(x < 0.15 for x in rest)} under 0.15)")
-    means = [np.mean(acc[R]) for R in sorted(acc)]
-    print(f"round-mean accuracy, rounds {sorted(acc)[-6]}-{last}: " + ", ".join(f"{m:.3f}" for m in means[-6:])
-          + f"; std over these rounds {np.std(means[-6:]):.3f}")
+    tail = sorted(acc)[-6:]  # the last (up to) 6 evaluated rounds
+    means = [np.mean(acc[R]) for R in tail]
+    print(f"round-mean accuracy, rounds {tail[0]}-{last}: " + ", ".join(f"{m:.3f}" for m in means)
+          + f"; std over these rounds {np.std(means):.3f}")
 
 
 def main(argv=None) -> int:
