@@ -97,10 +97,28 @@ def _word(v: dict) -> str:
     return "holds" if v["text"].startswith("holds") else "**reversed**" if "reversed" in v["text"] else "unresolved"
 
 
-def claim_rows(b, block: dict) -> list[tuple[str, dict]]:
-    """``(text, paired_verdict + word)`` of each claim both sides have 2+ paired seeds for."""
+def claim_verdict(va: dict, vb: dict, scale: float) -> dict:
+    """:func:`mmfl.sweep.paired_verdict` of a − b over the seeds both ``{seed: value}`` have (in a's
+    order), with ``word``: holds / **reversed** / unresolved / not claimed (n seeds)."""
     from mmfl.sweep import paired_verdict
 
+    common = [k for k in va if k in vb]
+    v = paired_verdict([va[k] for k in common], [vb[k] for k in common], scale)
+    return {**v, "word": _word(v)}
+
+
+def claim_head(unit: str) -> list[str]:
+    return [f"| claim | Δ ({unit}, paired) | 95% bootstrap CI | paired t p | seeds | here |", "|---|---|---|---|---|---|"]
+
+
+def claim_line(text: str, v: dict, digits: int) -> str:
+    p = "–" if v["p"] != v["p"] else f"{v['p']:.3f}"
+    return (f"| {text} | {v['delta']:+.{digits}f} | [{v['lo']:+.{digits}f}, {v['hi']:+.{digits}f}] | {p} "
+            f"| {v['n']} | {v['word']} |")
+
+
+def claim_rows(b, block: dict) -> list[tuple[str, dict]]:
+    """``(text, claim_verdict)`` of each claim both sides have 2+ paired seeds for."""
     g, base = block["group"], _metric(block.get("metric"))
     out = []
     for c in block["claims"]:
@@ -109,11 +127,8 @@ def claim_rows(b, block: dict) -> list[tuple[str, dict]]:
             side = side if isinstance(side, dict) else {"method": side}
             sides.append(by_seed(b, g, side["method"], side.get("setting"), _metric(side.get("metric"), base)))
         va, vb = sides
-        common = [k for k in va if k in vb]
-        if not (va and vb) or len(common) < 2:
-            continue
-        v = paired_verdict([va[k] for k in common], [vb[k] for k in common], base["scale"])
-        out.append((c["text"], {**v, "word": _word(v)}))
+        if va and vb and (v := claim_verdict(va, vb, base["scale"]))["n"] >= 2:
+            out.append((c["text"], v))
     return out
 
 
@@ -136,12 +151,7 @@ def claims(b, block: dict, f) -> list[str]:
     if not rows:
         return []
     d = _metric(block.get("metric"))["digits"]
-    lines = [f"| claim | Δ ({block.get('unit', 'points')}, paired) | 95% bootstrap CI | paired t p | seeds | here |",
-             "|---|---|---|---|---|---|"]
-    for text, v in rows:
-        p = "–" if v["p"] != v["p"] else f"{v['p']:.3f}"
-        lines.append(f"| {f.fill(text)} | {v['delta']:+.{d}f} | [{v['lo']:+.{d}f}, {v['hi']:+.{d}f}] | {p} "
-                     f"| {v['n']} | {v['word']} |")
+    lines = claim_head(block.get("unit", "points")) + [claim_line(f.fill(text), v, d) for text, v in rows]
     return ([f.fill(block["intro"]), ""] if "intro" in block else []) + lines
 
 
