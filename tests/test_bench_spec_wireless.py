@@ -116,3 +116,25 @@ def test_setting_columns_takes_the_first_key_a_run_has_and_sums_per_round_keys()
         "{label}", {"per_setting": "{v.acc}"}, {"per_setting": "{v.t}"}],
         "values": {"acc": {"key": ["personal/accuracy", "accuracy"]}, "t": {"key": "t", "reader": "sum", "scale": 1}}}
     assert setting_columns(bench, block, _F())[-1] == "| M | 60.0 ± 10.0 | 3.0 ± 1.0 |"
+
+
+WIRELESS_KEYS = ["personal/accuracy", "sim_time_s", "xi_self/shared", "xi_self/audio", "xi_self/image",
+                 "fomo_positive", "amp_self_weight", "uploads", "uploads_forced"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grid,golden", [("grid.toml", "wireless.md"), ("grid-quick.toml", "wireless-quick.md")])
+def test_wireless_report_over_fixture_runs_is_the_golden(grid, golden, tmp_path, monkeypatch):
+    """benchmarks/wireless/tables.py (the full report, grid.toml; its committed wireless.md cannot be
+    rebuilt: its runs are lost) over fixture runs: the golden it wrote in issue 28, the reference a
+    TOML spec replacing it must render (~20 s: the report's scale lines build the federations)."""
+    import os
+
+    import mmfl.sweep
+
+    monkeypatch.setattr(mmfl.sweep, "machine", lambda: MACHINE)
+    g = redirect(load_grid(ROOT / "benchmarks/wireless" / grid), tmp_path / "raw")
+    make_runs(g, keys=WIRELESS_KEYS)
+    _SPECS.clear()
+    out = Path(render(g)).read_text().replace(f"`{os.path.relpath(tmp_path / 'raw', ROOT)}/`", "`RAW/`")
+    assert out == (ROOT / "tests" / "fixtures" / "bench_specs" / golden).read_text()
