@@ -87,23 +87,3 @@ def test_grid_checkpoints_the_last_round_only_except_the_fig3_runs():
     assert fig3 and all(r.raw["checkpoint_every"] == 1 for r in fig3)  # Xi of every round (Fig. 3)
     rest = [r for r in runs if r not in fig3]
     assert rest and all(r.raw["checkpoint_every"] >= r.raw["rounds"] for r in rest)
-
-
-def test_splice_keeps_the_committed_sections_and_adds_the_rerun_ones():
-    """benchmarks/wireless/splice.py: the committed report's sections stay as they were, the new
-    report's Table IV / V sections come in marked before Fig. 3, the reading is replaced."""
-    sp = load_sibling(SPEC, "splice")
-    old = "\n".join(["# R", "", "Regenerate: x", "", "## Tables I and II: accuracy", "", "| a | 66.4 |", "",
-                     "## Table IV: K^", "", "old iv", "", "## Fig. 3: the aggregation coefficients of one device", "",
-                     "fig", "", "## Does the paper's ordering hold?", "", "- **Table IV** (digits): old count.", "",
-                     "## Reading the results", "", "old reading", ""])
-    new = "\n".join(["# R", "- Runs: 3 of 130 planned finished.", "## Tables I and II: accuracy", "", "| a | 1.0 |",
-                     "## Table IV: K^", "", "new iv", "", "## Table V: simulated training time", "", "new v", "",
-                     "## Does the paper's ordering hold?", "", "- **Table IV** (digits): new count.", "",
-                     "- **Table I** x", ""])
-    out = sp.splice(old, new, "new reading")
-    assert "| a | 66.4 |" in out and "| a | 1.0 |" not in out  # Tables I-II as committed
-    assert out.index("old iv") < out.index("new iv") < out.index("new v") < out.index("fig")
-    assert out.count(sp.MARK) == 2 and "Runs: 3 of 130" in out
-    assert "- **Table IV, rerun in this session** (digits): new count." in out and "old count" in out
-    assert "new reading" in out and "old reading" not in out and "second session" in out

@@ -8,7 +8,7 @@ import numpy as np
 
 from mmfl.bench import load_sibling
 from mmfl.bench.render import MIN_SEEDS_FOR_CLAIM
-from mmfl.sweep import paired_verdict
+from mmfl.bench.spec_bwireless import claim_head, claim_line, claim_verdict, count_sentence as verdict_count
 
 _r = load_sibling(__file__, "readings")
 names_of = _r.names_of
@@ -22,48 +22,23 @@ PAIRED_RULE = ("Every claim 'a > b' is a paired test over the seeds both cells h
                f"otherwise; with fewer than {MIN_SEEDS_FOR_CLAIM} paired seeds nothing is claimed.")
 
 
+def _by_seed(v) -> dict:
+    """A cell's values by seed (``v.seeds``; values without seeds by position)."""
+    return dict(zip(getattr(v, "seeds", range(len(v))), v))
+
+
 def paired_claim(a, b, scale: float) -> dict:
-    """:func:`mmfl.sweep.paired_verdict` of a − b matched by seed (``a.seeds``; values without
-    seeds are matched by position) with ``word``: holds / **reversed** / unresolved / not claimed."""
-    sa = dict(zip(getattr(a, "seeds", range(len(a))), a))
-    sb = dict(zip(getattr(b, "seeds", range(len(b))), b))
-    common = [k for k in sa if k in sb]
-    v = paired_verdict([sa[k] for k in common], [sb[k] for k in common], scale)
-    if v["n"] < MIN_SEEDS_FOR_CLAIM:
-        v["word"] = f"not claimed ({v['n']} seeds)"
-    else:
-        v["word"] = ("holds" if v["text"].startswith("holds") else "**reversed**" if "reversed" in v["text"]
-                     else "unresolved")
-    return v
+    """The paired test of a − b matched by seed, with ``word`` (:func:`mmfl.bench.spec_bwireless.claim_verdict`)."""
+    return claim_verdict(_by_seed(a), _by_seed(b), scale)
 
 
 def claim_table(claims, unit: str = "points") -> tuple[list[str], list[str]]:
     """Claims ``(text, a, b, scale, digits)`` meaning a > b, each a paired test over seeds
     (:func:`paired_claim`), as a markdown table ending with an empty line, and their words."""
-    lines = [f"| claim | Δ ({unit}, paired) | 95% bootstrap CI | paired t p | seeds | here |",
-             "|---|---|---|---|---|---|"]
-    words = []
-    for text, a, b, scale, digits in claims:
-        if not (a and b):
-            continue
-        v = paired_claim(a, b, scale)
-        if v["n"] < 2:
-            continue
-        p = "–" if v["p"] != v["p"] else f"{v['p']:.3f}"
-        lines.append(f"| {text} | {v['delta']:+.{digits}f} | [{v['lo']:+.{digits}f}, {v['hi']:+.{digits}f}] | {p} "
-                     f"| {v['n']} | {v['word']} |")
-        words.append(v["word"])
-    return (lines + [""] if words else []), words
-
-
-def verdict_count(words: list[str], what: str) -> str:
-    """How many of the ``what`` claims the paired tests support, reverse, leave open."""
-    held = sum(w == "holds" for w in words)
-    rev = sum(w == "**reversed**" for w in words)
-    open_ = sum(w == "unresolved" for w in words)
-    few = len(words) - held - rev - open_
-    return (f"{held} of {len(words)} {what} claims hold by the paired test, {rev} are reversed by it, {open_} "
-            f"unresolved" + (f", {few} not claimed (fewer than {MIN_SEEDS_FOR_CLAIM} seeds)" if few else "") + ".")
+    rows = [(text, v, digits) for text, a, b, scale, digits in claims if a and b
+            and (v := paired_claim(a, b, scale))["n"] >= 2]
+    lines = claim_head(unit) + [claim_line(text, v, digits) for text, v, digits in rows]
+    return (lines + [""] if rows else []), [v["word"] for _, v, _ in rows]
 
 
 def _at_round(b, name: str, rnd: int) -> float | None:

@@ -82,7 +82,7 @@ def report(b) -> list[str]:
     if len(s["seeds"]) < 5:  # the project's rule: orderings from 5 paired seeds (sections.PAIRED_RULE)
         out += [f"**{len(s['seeds'])} seeds: the claim tables below make no claim.** The comparisons at 5 seeds with "
                 "paired tests are in `benchmarks/results/wireless-paired.md` "
-                "(`nice -n 19 .venv/bin/python benchmarks/wireless/paired.py`).", ""]
+                "(`nice -n 10 .venv/bin/mmfl bench benchmarks/wireless/grid-paired.toml`).", ""]
     out += problem_lines(st["failed"], st["nonfinite"], cmd)
     out += ["## Evaluation: personalized, the same for every method", "", *H.eval_section(s)]
     summary = []

@@ -74,9 +74,10 @@ def show(run_dir: Path) -> None:
     print(f"device accuracy in the round its shared group was just aggregated: {np.mean(agg):.3f} (n = {len(agg)}, "
           f"{sum(x < 0.15 for x in agg)} under 0.15); other rounds: {np.mean(rest):.3f} (n = {len(rest)}, "
           f"{sum(x < 0.15 for x in rest)} under 0.15)")
-    means = [np.mean(acc[R]) for R in sorted(acc)]
-    print(f"round-mean accuracy, rounds {sorted(acc)[-6]}-{last}: " + ", ".join(f"{m:.3f}" for m in means[-6:])
-          + f"; std over these rounds {np.std(means[-6:]):.3f}")
+    tail = sorted(acc)[-6:]  # the last (up to) 6 evaluated rounds
+    means = [np.mean(acc[R]) for R in tail]
+    print(f"round-mean accuracy, rounds {tail[0]}-{last}: " + ", ".join(f"{m:.3f}" for m in means)
+          + f"; std over these rounds {np.std(means):.3f}")
 
 
 def main(argv=None) -> int:
@@ -91,8 +92,6 @@ def main(argv=None) -> int:
         show(Path(args.show))
         return 0
 
-    import torch
-
     import mmfl
     from mmfl.algorithms import pfedwireless as pw
     from mmfl.algorithms.pfedwireless_math import flat, softmax_rows
@@ -101,28 +100,22 @@ def main(argv=None) -> int:
     orig = pw.PFedWirelessServer.aggregate
 
     def traced(self, rnd, sched, replies):
-        before = {c: {k: v.clone() for k, v in self.w[c].items()} for c in range(self.K)}
         xi_before = {g: softmax_rows(self.xi[g]).clone() for g in self.groups}
         out = orig(self, rnd, sched, replies)
         rec = {"round": rnd, "sched": {g: list(map(int, v)) for g, v in sched.items()},
                "loss": {int(c): float(m.scalars["train_loss"]) for c, m in replies.items()},
-               "xi_self": {}, "xi_max_other": {}, "xi_min": {}, "w_change": {}}
+               "xi_self": {}, "xi_max_other": {}, "xi_min": {}, "coeff": {}, "w_norm": {}}
         for g in self.groups:
             soft = softmax_rows(self.xi[g])
+            off = soft.clone().fill_diagonal_(-1.0)
             holders = [c for c in range(self.K) if g in self.groups_of(c)]
-            off = soft.clone()
-            off.fill_diagonal_(-1.0)
             rec["xi_self"][g] = {c: float(soft[c, c]) for c in holders}
             rec["xi_max_other"][g] = {c: float(off[c].max()) for c in holders}
             rec["xi_min"][g] = float(xi_before[g].min())
             co = self.prev_coeff[g]  # eq. 4-5: the coefficients this round's aggregation used
-            rec.setdefault("coeff", {})[g] = {c: {j: round(float(co[c, j]), 4) for j in range(self.K) if float(co[c, j]) > 0}
-                                              for c in sched[g]}
-        for c in range(self.K):  # how far the server's W_k moved (aggregated groups only)
-            keys = [k for k in self.w[c] if self.w[c][k].is_floating_point()]
-            rec["w_change"][c] = float((flat(self.w[c], keys) - flat(before[c], keys)).norm())
-        rec["w_norm"] = {c: float(flat(self.w[c], [k for k in self.w[c] if self.w[c][k].is_floating_point()]).norm())
-                         for c in range(self.K)}
+            rec["coeff"][g] = {c: {j: round(float(co[c, j]), 4) for j in range(self.K) if co[c, j] > 0} for c in sched[g]}
+        for c in range(self.K):  # the norm of the server's W_k
+            rec["w_norm"][c] = float(flat(self.w[c], [k for k in self.w[c] if self.w[c][k].is_floating_point()]).norm())
         log.append(rec)
         return out
 
@@ -137,9 +130,8 @@ def main(argv=None) -> int:
         mods = [m for m in sub.columns if m not in ("client", "label", "class", "count") and sub[m].sum() > 0]
         devices[int(c)] = {"classes": sorted(int(x) for x in sub["label"]), "modalities": mods,
                            "n": int(sub["count"].sum())}
-    rows = res.rows
     (res.run_dir / "trace.json").write_text(json.dumps({"rounds": log, "devices": devices}, indent=1))
-    print(f"{name}: final accuracy {rows[-1].get('accuracy', rows[-1].get('personal/accuracy'))}")
+    print(f"{name}: final accuracy {res.rows[-1].get('accuracy')}")
     show(res.run_dir)
     print(f"wrote {res.run_dir / 'trace.json'}")
     return 0

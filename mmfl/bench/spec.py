@@ -39,6 +39,7 @@ from mmfl.errors import ConfigError
 KIND_MODULES = (
     "mmfl.bench.spec_kinds",
     "mmfl.bench.spec_data",
+    "mmfl.bench.spec_bwireless",
 )
 
 BLOCK_KEYS = {"text", "kind", "group", "rows", "extra", "header", "cells", "metric", "row", "pairs", "scale",
