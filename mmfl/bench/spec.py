@@ -38,6 +38,7 @@ from mmfl.errors import ConfigError
 # and one line here.
 KIND_MODULES = (
     "mmfl.bench.spec_kinds",
+    "mmfl.bench.spec_btables",
 )
 
 BLOCK_KEYS = {"text", "kind", "group", "rows", "extra", "header", "cells", "metric", "row", "pairs", "scale",

@@ -1,0 +1,201 @@
+"""Block kinds of a TOML table spec (:mod:`mmfl.bench.spec`) for sweeps over settings, run status,
+rows of named values and figures:
+
+- ``sweep``: methods x settings of a group, one table per value of a settings' ``info`` key (``split``),
+  columns ordered by another (``x``), a ``base`` setting (the split value ``base``) first in each;
+- ``run_sums``: per (setting, method) the mean over seeds of a metric summed over a run's rounds,
+  the rows where it is not 0;
+- ``rows``: one row per method (or per setting x method) of ``cells`` templates over named ``values``
+  (``{v.<name>}``), each a metric of that method at a setting;
+- ``run_status``: the planned runs' count, summed time, failed runs and non-finite metrics;
+  ``reading``: a hand-written file under ``## Reading the results``;
+- ``sweep_figure`` / ``xy_figure`` / ``bar_figure``: a PNG next to the report, and its markdown link.
+
+Aggregations (``metric.agg``) besides :mod:`mmfl.bench.spec_kinds`' are ``outcome`` (mean ± std; failed
+runs counted by cause: *diverged* when their message has one of ``fail_words``, else *stopped*;
+``[k/N seeds]`` when some are missing) and ``first`` (the first seed's value; ``∞`` when infinite).
+Format: docs/benchmarks.md "Table specs"."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from mmfl.bench.render import md_table
+from mmfl.bench.spec_kinds import _aggregate
+from mmfl.errors import ConfigError
+
+DIVERGED = ("diverged", "non-finite", "nan")
+METRIC = {"key": "accuracy", "reader": "final", "agg": "outcome", "scale": 100.0, "digits": 1, "keep_failed": False,
+          "fail_words": list(DIVERGED), "eval_key": None}
+
+
+def _m(d: dict | None, **over) -> dict:
+    m = {**METRIC, **over, **(d or {})}
+    if bad := set(m) - set(METRIC):
+        raise ConfigError(f"table spec: metric: unknown key {sorted(bad)[0]!r} (allowed: {', '.join(sorted(METRIC))})")
+    return m
+
+
+class _Info(dict):
+    def __missing__(self, key):
+        return ""
+
+
+def _key(m: dict, info: dict) -> str:
+    """The metric key, ``{info.<k>}`` filled from the row's info (absent: "")."""
+    return re.sub(r"\{info\.(\w+)\}", lambda mo: str(info.get(mo.group(1), "")), m["key"])
+
+
+def diverged(b, name: str, words=DIVERGED) -> bool:
+    msg = b.results.failed(name) or ""
+    return any(w in msg for w in words)
+
+
+def value(b, names: dict[int, str], m: dict, info: dict | None = None) -> str:
+    """One cell: the metric of the runs ``names`` ({seed: run}) aggregated over seeds."""
+    key, res = _key(m, info or {}), b.results
+    if m["agg"] == "first":
+        for n in names.values():
+            v = res.value(n, key, m["reader"], m["eval_key"]) if res.finished(n) else None
+            if v is not None:
+                return "∞" if math.isinf(v) else f"{m['scale'] * v:.{m['digits']}f}"
+            if res.finished(n):
+                return "–"
+        return "–"
+    if m["agg"] == "outcome":
+        vals = res.by_seed(names, key, m["reader"], True, m["eval_key"] or b.grid.eval_key)
+        ok = [v for v in vals.values() if v is not None and math.isfinite(v)]
+        bad = [n for s, n in names.items() if vals.get(s, 0) is None]
+        n_div = sum(diverged(b, n, m["fail_words"]) for n in bad)
+        done, sc, dg = len(ok) + len(bad), m["scale"], m["digits"]
+        txt = f"{sc * np.mean(ok):.{dg}f} ± {sc * np.std(ok):.{dg}f}" if ok else "–"
+        notes = [f"{k} of {done} {what}" for k, what in ((n_div, "diverged"), (len(bad) - n_div, "stopped")) if k]
+        return txt + (f" ({', '.join(notes)})" if notes else "") + \
+            (f" [{done}/{len(names)} seeds]" if 0 < done < len(names) else "")
+    vals = res.by_seed(names, key, m["reader"], m["keep_failed"], m["eval_key"] or b.grid.eval_key)
+    return _aggregate(vals, len(names), m)
+
+
+def axes(b, block: dict) -> tuple[dict[str, list[str]], str | None]:
+    """``{split value: [settings ordered by info[x]]}`` of a block's group and its base setting
+    (without ``split``: one table of every setting in the grid's order)."""
+    g, split, x, base = block["group"], block.get("split"), block.get("x"), block.get("base")
+    if not split:
+        return {"": list(b.grid.settings(g))}, None
+    out: dict[str, list[str]] = {}
+    first = None
+    for s, e in b.grid.settings(g).items():
+        if e.info.get(split) == base:
+            first = s
+        else:
+            out.setdefault(e.info[split], []).append(s)
+    key = (lambda s: b.grid.settings(g)[s].info[x]) if x else None
+    return {k: sorted(v, key=key) if key else v for k, v in out.items()}, first
+
+
+def _setting_local(b, g: str, s: str) -> dict:
+    e = b.grid.settings(g)[s]
+    return {"setting": e.label, "info": e.info, "key": s}
+
+
+def sweep(b, block: dict, f) -> list[str]:
+    """Per split value: ``title`` (``{split}``, ``{stem}``: the first setting's label up to its last
+    comma), then methods (rows) x base + settings (columns ``col_head`` of ``{setting}``, ``{info.*}``)."""
+    g, m = block["group"], _m(block.get("metric"))
+    splits, base = axes(b, block)
+    out = []
+    for split, settings in splits.items():
+        cols = ([base] if base else []) + settings
+        head = [f.fill(block.get("header", ["method"])[0]),
+                *[f.fill(block.get("col_head", "{setting}"), **_setting_local(b, g, s)) for s in cols]]
+        rows = [[e.label, *[value(b, b.names(g, mk, s), m, e.info) for s in cols]] for mk, e in b.methods(g).items()]
+        if "title" in block:
+            stem = b.grid.settings(g)[settings[0]].label.rsplit(",", 1)[0] if settings else ""
+            out += [f.fill(block["title"], split=split, stem=stem), ""]
+        out += [*md_table(head, rows), ""]
+    return out[:-1]
+
+
+def run_sums(b, block: dict, f) -> list[str]:
+    """Rows ``row_label`` (of the setting), method, mean over finished seeds of ``metric.key`` summed
+    over each run's rounds, for every (non-base) setting and method where any run's sum is not 0."""
+    g, key = block["group"], _m(block.get("metric"))["key"]
+    rows = []
+    for settings in axes(b, block)[0].values():
+        for s in settings:
+            for mk, e in b.methods(g).items():
+                sums = [sum(r.get(key, 0) for r in b.results.rows(n))
+                        for n in b.names(g, mk, s).values() if b.results.finished(n)]
+                if sums and any(sums):
+                    rows.append([f.fill(block["row_label"], **_setting_local(b, g, s)), e.label, f"{np.mean(sums):.1f}"])
+    if not rows:
+        return [f.fill(block["empty"])]
+    return [f.fill(block["intro"]), "", *md_table([f.fill(h) for h in block["header"]], rows)]
+
+
+def run_status(b, block: dict, f) -> list[str]:
+    """``- Runs: n of N planned finished; summed run time ...`` (the last invocation's record when it
+    exists), then the failed runs (``rerun``: a command that reruns them) and non-finite metrics."""
+    from mmfl.bench.status import problem_lines, run_status as status, runs_line
+
+    keys = block.get("final_keys", ["accuracy"])
+
+    def final(n):
+        return next((r for k in keys if (r := b.results.final(n, k))), None)
+    st = status(b, final)
+    cmd = f.fill(block["rerun"]) if "rerun" in block else None
+    out = [runs_line(len(st["finished"]), st["planned"], st["run_s"], b.last_invocation())]
+    probs = problem_lines(st["failed"], st["nonfinite"], cmd)
+    return out + ([""] + probs[:-1] if probs else [])
+
+
+def reading(b, block: dict, f) -> list[str]:
+    """``## Reading the results`` and the file ``file`` (a field or a path relative to the grid's root);
+    nothing when it is empty or absent."""
+    from mmfl.bench.status import reading_lines
+
+    path = f.fill(block["file"])
+    return reading_lines(Path(b.grid.root) / path if path else None)[:-1]
+
+
+def rows(b, block: dict, f) -> list[str]:
+    """One row per method (``per_setting = true``: per setting x method; ``methods``: a list) of
+    ``cells`` templates: ``{label}``, ``{key}``, ``{info.*}``, ``{setting}`` and ``{v.<name>}``, each of
+    ``values = { name = { key, reader, agg, scale, digits, setting, group } }`` (``key`` may hold
+    ``{info.<k>}``: the method's info); ``when = "info.<k>"``: a row only where the method's info has it."""
+    g = block["group"]
+    out = []
+    settings = list(b.grid.settings(g)) if block.get("per_setting") else [None]
+    for s in settings:
+        for mk in block.get("methods", list(b.methods(g))):
+            e = b.grid.entry(g, mk)
+            if "row_when" in block and not e.info.get(block["row_when"]):
+                continue
+            local = {"key": mk, "label": e.label, "info": _Info(e.info), "v": {},
+                     "setting": b.grid.settings(g)[s].label if s else ""}
+            for name, spec in block.get("values", {}).items():
+                spec = dict(spec)
+                vg, vs = spec.pop("group", g), spec.pop("setting", s)
+                if vg != g and mk not in b.methods(vg):
+                    local["v"][name] = spec.get("absent", "—")
+                    continue
+                spec.pop("absent", None)
+                seeds = b.grid.groups[spec.pop("seeds_of")].seeds if "seeds_of" in spec else None
+                local["v"][name] = value(b, b.names(vg, mk, vs, seeds), _m(spec), e.info)
+            out.append([f.fill(c, **local) for c in block["cells"]])
+    return md_table([f.fill(h) for h in block["header"]], out)
+
+
+KINDS = {"sweep": sweep, "run_sums": run_sums, "run_status": run_status, "reading": reading, "rows": rows}
+KEYS = {"split", "x", "col_head", "title", "row_label", "empty", "final_keys", "rerun", "file", "row_when",
+        "figure", "series", "x_scale", "fail_value", "panel_cols", "xlabel", "ylabel", "xscale", "ref", "bars",
+        "size", "dpi", "legend", "ref_label", "list_key", "xticks_rotation", "legend_cols", "fontsize", "setting",
+        "bar_width", "methods_of", "plot_title"}
+
+from mmfl.bench import spec_figures  # noqa: E402  (the figure kinds, a module of their own)
+
+KINDS.update(spec_figures.KINDS)

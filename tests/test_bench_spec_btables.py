@@ -1,0 +1,78 @@
+"""The TOML table specs of benchmarks/robust, benchmarks/fedcmi and benchmarks/partialfl (kinds of
+mmfl/bench/spec_btables.py and spec_figures.py), rendered over fixture run folders
+(tests/bench_spec_fixtures.py: CASES_BT), equal what the hand-written table scripts they replaced
+rendered over the same folders (goldens in tests/fixtures/bench_specs/btables-*), and their figures
+plot the same data (the recorded plot / bar calls)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from bench_spec_fixtures import CASES_BT, CUSTOM, fixture_grid, render_lines
+
+from mmfl.bench.spec import TableSpec
+from mmfl.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "fixtures" / "bench_specs"
+CONVERTED = {"robust"}
+
+
+def _record(monkeypatch) -> list:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.axes
+
+    calls = []
+    for kind in ("plot", "bar", "axhline"):
+        orig = getattr(matplotlib.axes.Axes, kind)
+
+        def f(self, *a, _kind=kind, _orig=orig, **k):
+            calls.append([_kind, [x if isinstance(x, str) else np.asarray(x, dtype=float).round(6).tolist() for x in a],
+                          str(k.get("label", ""))])
+            return _orig(self, *a, **k)
+        monkeypatch.setattr(matplotlib.axes.Axes, kind, f)
+    return calls
+
+
+@pytest.mark.parametrize("name,grid,kw", [c for c in CASES_BT if c[0] in CONVERTED], ids=lambda c: str(c)[:40])
+def test_spec_renders_what_the_hand_written_script_rendered(name, grid, kw, tmp_path, monkeypatch):
+    g = fixture_grid(ROOT / grid, tmp_path / "raw", **kw)
+    if name in CUSTOM:
+        CUSTOM[name](g)
+    assert g.tables.suffix == ".toml"
+    calls = _record(monkeypatch)
+    text = render_lines(g, monkeypatch).replace(os.path.relpath(g.raw_dir, g.root), "RAW").replace(str(g.raw_dir), "RAW")
+    assert text == (GOLDEN / f"btables-{name}.md").read_text()
+    plots = GOLDEN / f"btables-{name}.plots.json"
+    if plots.is_file():
+        assert json.loads(json.dumps(calls)) == json.loads(plots.read_text())
+
+
+def test_sweep_outcome_counts_failures_by_cause_and_a_bad_metric_key_is_one_error(tmp_path, monkeypatch):
+    (tmp_path / "grid.toml").write_text(
+        'name = "x"\nraw_dir = "raw"\nreport = "out.md"\ntables = "t.toml"\nseeds = [0, 1, 2]\n'
+        '[settings]\nclean = { info = { kind = "none", f = 0.0 } }\n'
+        'a1 = { label = "attack A, 10%", info = { kind = "A", f = 0.1 } }\n'
+        'a2 = { label = "attack A, 20%", info = { kind = "A", f = 0.2 } }\n'
+        '[groups.g]\n[groups.g.methods]\nm = { label = "M", set = { rounds = 2 } }\n')
+    (tmp_path / "t.toml").write_text(
+        '[[blocks]]\nkind = "sweep"\ngroup = "g"\nsplit = "kind"\nx = "f"\nbase = "none"\n'
+        'title = "{split} ({stem})"\ncol_head = "{info.f:.0%}"\nmetric = { key = "final_accuracy", reader = "summary" }\n')
+    g = fixture_grid(tmp_path / "grid.toml", tmp_path / "raw", skip_every=10**9, fail=0)
+    for run, msg in (("g-a2-m-s0", "diverged: nan"), ("g-a2-m-s1", "round 2: too few updates")):
+        (g.raw_dir / run / "summary.json").unlink()
+        (g.raw_dir / run / "failed.txt").write_text(msg)
+    text = render_lines(g, monkeypatch).splitlines()
+    assert text[0] == "A (attack A)" and text[2] == "| method | 0% | 10% | 20% |"
+    assert text[4].endswith("(1 of 3 diverged, 1 of 3 stopped) |")
+    (tmp_path / "t.toml").write_text('[[blocks]]\nkind = "sweep"\ngroup = "g"\nmetric = { colour = 1 }\n')
+    from mmfl.bench.runner import Bench
+
+    with pytest.raises(ConfigError, match="unknown key 'colour'"):
+        TableSpec(tmp_path / "t.toml").report(Bench(g))
