@@ -87,9 +87,9 @@ def _robust(grid) -> None:
 
 
 def _diag(grid) -> None:
-    """probe.json (the post-run probe) in every run but one method's."""
+    """probe.json (the post-run probe) in every finished run."""
     for run in grid.runs():
-        if run.method != "TP":
+        if (grid.raw_dir / run.name / "summary.json").is_file():
             (grid.raw_dir / run.name / "probe.json").write_text(json.dumps(
                 {"probe_z/audio": round(_u(run.name, "pa"), 4), "probe_z/image": round(_u(run.name, "pi"), 4)}))
 

@@ -63,7 +63,8 @@ KINDS, ALL_KEYS = _kinds()
 
 class Fields(string.Formatter):
     """``{ns.path}`` fields of a spec's templates: ``config.<group>.<dotted key>`` (the config of the
-    group's first run: first method, setting and seed), ``params.<key>`` (the grid's ``[params]``), ``grid.seeds`` / ``grid.name``,
+    group's first run: first method, setting and seed), ``params.<key>`` (the grid's ``[params]``), ``grid.seeds`` / ``grid.name``
+    / ``grid.config`` (its base config files),
     ``machine`` (:func:`mmfl.sweep.machine`), ``runs.wall_h`` / ``runs.wall_s`` (the finished runs'
     summed wall time), ``runs.finished`` / ``runs.planned`` (counts), ``vars.<name>`` (the spec's ``[vars]``) and the block's own names (``label``, ``value``...)."""
 
@@ -93,6 +94,8 @@ class Fields(string.Formatter):
             shown = raw.relative_to(b.grid.root) if raw.is_relative_to(b.grid.root) else raw
             if rest.startswith("settings."):  # the keys of a group's settings, "20 and 30"
                 return " and ".join(b.grid.settings(rest.split(".", 1)[1]))
+            if rest == "config":  # the grid's base config files, relative to its root
+                return ", ".join(str(Path(p).relative_to(b.grid.root)) for p in b.grid.config)
             return {"seeds": b.grid.seeds, "name": b.grid.name, "raw_dir": str(shown), "raw_name": raw.name}[rest]
         if ns == "machine":
             import mmfl.sweep
@@ -160,6 +163,16 @@ class TableSpec:
             if "kind" not in bl and "text" not in bl:
                 raise ConfigError(f"{path}: blocks[{i}]: needs text or kind")
         self.FILES = tuple(self.spec.get("files", ()))
+        self._hooks = path.parent / self.spec["hooks"] if "hooks" in self.spec else None
+
+    def __getattr__(self, name: str):
+        """The post-run hooks (``done``, ``post``, a group's ``post.call``) of the Python file the spec's
+        ``hooks = "probe.py"`` names: what runs after a run is code; the report stays data."""
+        if name.startswith("_") or self.__dict__.get("_hooks") is None:
+            raise AttributeError(name)
+        from mmfl.bench.runner import load_spec
+
+        return getattr(load_spec(self._hooks), name)
 
     def report(self, b) -> list[str]:
         f = Fields(b, self.spec)
@@ -168,7 +181,7 @@ class TableSpec:
             if "when" in bl and not f.lookup(bl["when"]):
                 continue
             lines = KINDS[bl["kind"]](b, bl, f) if "kind" in bl else f.fill(bl["text"]).split("\n")
-            out += [*lines, ""]
+            out += [*lines, ""] if lines else []  # a block that renders nothing adds nothing
         sec = self.spec.get("section")
         if sec:  # the report is a section of another file, between two marker lines
             out = [sec["begin"], *out, sec["end"]]

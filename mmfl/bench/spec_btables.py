@@ -18,6 +18,7 @@ Format: docs/benchmarks.md "Table specs"."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -55,6 +56,17 @@ def diverged(b, name: str, words=DIVERGED) -> bool:
     return any(w in msg for w in words)
 
 
+def by_seed(b, names: dict[int, str], m: dict, info: dict | None = None) -> dict[int, float]:
+    """``{seed: value}`` of the finished runs with a finite value; ``reader = "last:N"``: the mean of
+    the key over a run's last N rows, else a reader of :meth:`mmfl.bench.Results.value`."""
+    key, res = _key(m, info or {}), b.results
+    if not m["reader"].startswith("last:"):
+        return res.by_seed(names, key, m["reader"], m["keep_failed"], m["eval_key"] or b.grid.eval_key)
+    k = int(m["reader"][5:])
+    vals = {s: float(np.mean([r[key] for r in res.rows(n)[-k:]])) for s, n in names.items() if res.finished(n)}
+    return {s: v for s, v in vals.items() if math.isfinite(v)}
+
+
 def value(b, names: dict[int, str], m: dict, info: dict | None = None) -> str:
     """One cell: the metric of the runs ``names`` ({seed: run}) aggregated over seeds."""
     key, res = _key(m, info or {}), b.results
@@ -76,8 +88,7 @@ def value(b, names: dict[int, str], m: dict, info: dict | None = None) -> str:
         notes = [f"{k} of {done} {what}" for k, what in ((n_div, "diverged"), (len(bad) - n_div, "stopped")) if k]
         return txt + (f" ({', '.join(notes)})" if notes else "") + \
             (f" [{done}/{len(names)} seeds]" if 0 < done < len(names) else "")
-    vals = res.by_seed(names, key, m["reader"], m["keep_failed"], m["eval_key"] or b.grid.eval_key)
-    return _aggregate(vals, len(names), m)
+    return _aggregate(by_seed(b, names, m, info), len(names), m)
 
 
 def axes(b, block: dict) -> tuple[dict[str, list[str]], str | None]:
@@ -166,7 +177,9 @@ def rows(b, block: dict, f) -> list[str]:
     """One row per method (``per_setting = true``: per setting x method; ``methods``: a list) of
     ``cells`` templates: ``{label}``, ``{key}``, ``{info.*}``, ``{setting}`` and ``{v.<name>}``, each of
     ``values = { name = { key, reader, agg, scale, digits, setting, group } }`` (``key`` may hold
-    ``{info.<k>}``: the method's info); ``when = "info.<k>"``: a row only where the method's info has it."""
+    ``{info.<k>}``: the method's info), ``{set}`` (the method's ``set`` as ``--set`` arguments);
+    ``row_when = "<k>"``: a row only where the method's info has it; ``complete = true``: only methods
+    whose every seed finished; ``per_seed = "<name>"``: a column per grid seed of that value's numbers."""
     g = block["group"]
     out = []
     settings = list(b.grid.settings(g)) if block.get("per_setting") else [None]
@@ -175,7 +188,10 @@ def rows(b, block: dict, f) -> list[str]:
             e = b.grid.entry(g, mk)
             if "row_when" in block and not e.info.get(block["row_when"]):
                 continue
+            if block.get("complete") and not all(b.results.finished(n) for n in b.names(g, mk, s).values()):
+                continue
             local = {"key": mk, "label": e.label, "info": _Info(e.info), "v": {},
+                     "set": " ".join(f"{k}={json.dumps(v)}" for k, v in e.over.set.items()) or "(defaults)",
                      "setting": b.grid.settings(g)[s].label if s else ""}
             for name, spec in block.get("values", {}).items():
                 spec = dict(spec)
@@ -186,15 +202,61 @@ def rows(b, block: dict, f) -> list[str]:
                 spec.pop("absent", None)
                 seeds = b.grid.groups[spec.pop("seeds_of")].seeds if "seeds_of" in spec else None
                 local["v"][name] = value(b, b.names(vg, mk, vs, seeds), _m(spec), e.info)
-            out.append([f.fill(c, **local) for c in block["cells"]])
+            row = [f.fill(c, **local) for c in block["cells"]]
+            if "per_seed" in block:
+                m = _m(block["values"][block["per_seed"]])
+                vals = by_seed(b, b.names(g, mk, s), m, e.info)
+                row += [f"{m['scale'] * vals[x]:.{m['digits']}f}" if x in vals else "–" for x in b.grid.seeds]
+            out.append(row)
+    head = [f.fill(h) for h in block["header"]] + ([f"seed {x}" for x in b.grid.seeds] if "per_seed" in block else [])
+    return md_table(head, out)
+
+
+def pair_verdicts(b, block: dict, f) -> list[str]:
+    """Rows of ``pairs = [{a, b, ...}, ...]`` (methods of ``group`` whose every seed finished; more keys:
+    fields of the row), ``cells`` templates over ``{a}``, ``{b}``, the pair's keys and ``{v.<name>}``:
+    per named metric of ``values`` the paired verdict of a − b over seeds (:func:`mmfl.sweep.paired_verdict`)
+    through ``verdict`` (``{delta}``, ``{lo}``, ``{hi}``, ``{p}``, ``{n}``, ``{text}``; ``text``'s
+    "holds" / "**reversed**" replaced by ``holds`` / ``reversed`` templates of ``{a}``, ``{b}``)."""
+    from mmfl.sweep import paired_verdict
+
+    g, out = block["group"], []
+    done = {mk for mk in b.methods(g) if all(b.results.finished(n) for n in b.names(g, mk).values())}
+    for p in block["pairs"]:
+        if p["a"] not in done or p["b"] not in done:
+            continue
+        local = {**p, "v": {}}
+        for name, spec in block["values"].items():
+            m = _m(spec)
+            va, vb = (by_seed(b, b.names(g, x), {**m, "keep_failed": False}) for x in (p["a"], p["b"]))
+            r = paired_verdict(list(va.values()), list(vb.values()), scale=m["scale"])
+            text = r["text"].replace("holds", f.fill(block.get("holds", "holds"), **p)).replace(
+                "**reversed**", f.fill(block.get("reversed", "**reversed**"), **p))
+            local["v"][name] = f.fill(block["verdict"], **{**r, "text": text})
+        out.append([f.fill(c, **local) for c in block["cells"]])
     return md_table([f.fill(h) for h in block["header"]], out)
 
 
-KINDS = {"sweep": sweep, "run_sums": run_sums, "run_status": run_status, "reading": reading, "rows": rows}
+def round_trace(b, block: dict, f) -> list[str]:
+    """``title`` and a row per metrics row of one run (``method``, ``seed``: default the grid's first):
+    ``columns = [[key, digits, scale], ...]`` (an absent key is nan), when its last row has ``needs``."""
+    g, method = block["group"], block["method"]
+    seed = block.get("seed", b.grid.seeds[0])
+    name = b.names(g, method).get(seed) if method in b.methods(g) else None
+    trace = b.results.rows(name) if name else []
+    if not trace or block.get("needs", "round") not in trace[-1]:
+        return []
+    rows = [[f"{sc * r.get(k, float('nan')):.{d}f}" for k, d, sc in block["columns"]] for r in trace]
+    return [f.fill(block["title"], seed=seed), "", *md_table([f.fill(h) for h in block["header"]], rows)]
+
+
+KINDS = {"sweep": sweep, "run_sums": run_sums, "run_status": run_status, "reading": reading, "rows": rows,
+         "pair_verdicts": pair_verdicts, "round_trace": round_trace}
 KEYS = {"split", "x", "col_head", "title", "row_label", "empty", "final_keys", "rerun", "file", "row_when",
         "figure", "series", "x_scale", "fail_value", "panel_cols", "xlabel", "ylabel", "xscale", "ref", "bars",
         "size", "dpi", "legend", "ref_label", "list_key", "xticks_rotation", "legend_cols", "fontsize", "setting",
-        "bar_width", "methods_of", "plot_title"}
+        "bar_width", "methods_of", "plot_title", "complete",
+        "verdict", "holds", "reversed", "method", "seed", "needs"}
 
 from mmfl.bench import spec_figures  # noqa: E402  (the figure kinds, a module of their own)
 
