@@ -19,7 +19,7 @@ from mmfl.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "fixtures" / "bench_specs"
-CONVERTED = {"robust", "diagnose", "diagnose-missing"}
+CONVERTED = {"robust", "diagnose", "diagnose-missing", "fedcmi", "fedcmi-quick"}
 # what differs by design: the commands of scripts that are gone
 COMMANDS = {"diagnose": [(".venv/bin/python benchmarks/fedcmi/diagnose.py", ".venv/bin/mmfl bench benchmarks/fedcmi/diagnose.toml")]}
 

@@ -47,24 +47,26 @@ BLOCK_KEYS = {"text", "kind", "group", "rows", "extra", "header", "cells", "metr
               "metrics", "min_seeds", "per_seed", "per_seed_label", "values", "line", "bootstrap", "seeds_note"}
 
 
-def _kinds() -> tuple[dict, set]:
-    kinds, keys = {}, set(BLOCK_KEYS)
+def _kinds() -> tuple[dict, set, dict]:
+    kinds, keys, fields = {}, set(BLOCK_KEYS), {}
     for name in KIND_MODULES:
         mod = importlib.import_module(name)
         if clash := set(kinds) & set(mod.KINDS):
             raise RuntimeError(f"{name}: kind {sorted(clash)[0]!r} defined twice")
         kinds.update(mod.KINDS)
         keys |= set(getattr(mod, "KEYS", ()))
-    return kinds, keys
+        fields.update(getattr(mod, "FIELDS", {}))  # more field namespaces: ``ns -> fn(b, rest)``
+    return kinds, keys, fields
 
 
-KINDS, ALL_KEYS = _kinds()
+KINDS, ALL_KEYS, FIELD_NS = _kinds()
 
 
 class Fields(string.Formatter):
     """``{ns.path}`` fields of a spec's templates: ``config.<group>.<dotted key>`` (the config of the
     group's first run: first method, setting and seed), ``params.<key>`` (the grid's ``[params]``), ``grid.seeds`` / ``grid.name``
-    / ``grid.config`` (its base config files),
+    / ``grid.config`` (its base config files), ``config.<group>@<setting>.<key>`` (a setting's config),
+    the namespaces of the kind modules' ``FIELDS``; a list formats through ``"<sep>|<spec>"``,
     ``machine`` (:func:`mmfl.sweep.machine`), ``runs.wall_h`` / ``runs.wall_s`` (the finished runs'
     summed wall time), ``runs.finished`` / ``runs.planned`` (counts), ``vars.<name>`` (the spec's ``[vars]``) and the block's own names (``label``, ``value``...)."""
 
@@ -83,9 +85,10 @@ class Fields(string.Formatter):
         if ns in local:
             return dotted_get(local[ns], rest)
         b = self.b
-        if ns == "config":
+        if ns == "config":  # config.<group>[@<setting>].<key>
             group, _, key = rest.partition(".")
-            cfg = b.config(group, None, next(iter(b.grid.settings(group))))  # its first run's config
+            group, _, setting = group.partition("@")
+            cfg = b.config(group, None, setting or next(iter(b.grid.settings(group))))  # its first run's config
             return dotted_get(cfg, key) if key else cfg
         if ns == "params":
             return dotted_get(b.params, rest)
@@ -109,6 +112,8 @@ class Fields(string.Formatter):
             return len(b.runs)
         if ns == "vars":
             return self.var(rest)
+        if ns in FIELD_NS:
+            return FIELD_NS[ns](b, rest)
         raise ConfigError(f"table spec: unknown field {{{name}}}")
 
     def var(self, name: str):
@@ -124,6 +129,13 @@ class Fields(string.Formatter):
                 val = self.lookup(v["value"])
                 self._vars[name] = self.fill(v["if_false"] if not val else v.get("else", "{value}"), value=val)
         return self._vars[name]
+
+    def format_field(self, value, format_spec: str):
+        """A list through ``"<sep>|<spec>"`` (``{info.paper: / |.1f}``: "52.2 / 52.9")."""
+        if isinstance(value, (list, tuple)) and "|" in format_spec:
+            sep, spec = format_spec.split("|", 1)
+            return sep.join(format(v, spec) for v in value)
+        return super().format_field(value, format_spec)
 
     def fill(self, template: str, **local) -> str:
         return self.vformat(template, (), local)
@@ -182,6 +194,7 @@ class TableSpec:
                 continue
             lines = KINDS[bl["kind"]](b, bl, f) if "kind" in bl else f.fill(bl["text"]).split("\n")
             out += [*lines, ""] if lines else []  # a block that renders nothing adds nothing
+        out += [""] * self.spec.get("blank_end", 0)  # more empty lines at the end of the report
         sec = self.spec.get("section")
         if sec:  # the report is a section of another file, between two marker lines
             out = [sec["begin"], *out, sec["end"]]

@@ -31,7 +31,7 @@ from mmfl.errors import ConfigError
 
 DIVERGED = ("diverged", "non-finite", "nan")
 METRIC = {"key": "accuracy", "reader": "final", "agg": "outcome", "scale": 100.0, "digits": 1, "keep_failed": False,
-          "fail_words": list(DIVERGED), "eval_key": None}
+          "fail_words": list(DIVERGED), "eval_key": None, "minus": None}
 
 
 def _m(d: dict | None, **over) -> dict:
@@ -60,6 +60,9 @@ def by_seed(b, names: dict[int, str], m: dict, info: dict | None = None) -> dict
     """``{seed: value}`` of the finished runs with a finite value; ``reader = "last:N"``: the mean of
     the key over a run's last N rows, else a reader of :meth:`mmfl.bench.Results.value`."""
     key, res = _key(m, info or {}), b.results
+    if m["minus"]:  # per seed: key − minus
+        va, vb = by_seed(b, names, {**m, "minus": None}, info), by_seed(b, names, {**m, "minus": None, "key": m["minus"]}, info)
+        return {k: va[k] - vb[k] for k in va if k in vb}
     if not m["reader"].startswith("last:"):
         return res.by_seed(names, key, m["reader"], m["keep_failed"], m["eval_key"] or b.grid.eval_key)
     k = int(m["reader"][5:])
@@ -115,20 +118,122 @@ def _setting_local(b, g: str, s: str) -> dict:
 
 def sweep(b, block: dict, f) -> list[str]:
     """Per split value: ``title`` (``{split}``, ``{stem}``: the first setting's label up to its last
-    comma), then methods (rows) x base + settings (columns ``col_head`` of ``{setting}``, ``{info.*}``)."""
+    comma; ``{s}``: the entry ``split`` of the mapping the field ``split_field`` names), then methods
+    (rows) x base + settings (columns ``col_head`` of ``{setting}``, ``{info.*}``); ``info_col = { key,
+    sep, format, head }``: a last column joining the method's ``info[key]`` list (``head`` may use
+    ``{x_values}``, the columns' ``info[x]``); ``extra_rows = { row_when, label, metric }``: rows again
+    for the methods whose info has ``row_when``, with another metric."""
     g, m = block["group"], _m(block.get("metric"))
     splits, base = axes(b, block)
+    ic, xr = block.get("info_col"), block.get("extra_rows")
     out = []
     for split, settings in splits.items():
         cols = ([base] if base else []) + settings
         head = [f.fill(block.get("header", ["method"])[0]),
                 *[f.fill(block.get("col_head", "{setting}"), **_setting_local(b, g, s)) for s in cols]]
-        rows = [[e.label, *[value(b, b.names(g, mk, s), m, e.info) for s in cols]] for mk, e in b.methods(g).items()]
+        xv = [b.grid.settings(g)[s].info.get(block.get("x")) for s in cols]
+        head += [f.fill(ic["head"], x_values=xv)] if ic else []
+        tail = (lambda e: [ic["sep"].join(format(v, ic["format"]) for v in e.info[ic["key"]])
+                           if ic["key"] in e.info else "—"]) if ic else (lambda e: [])
+        rows = [[e.label, *[value(b, b.names(g, mk, s), m, e.info) for s in cols], *tail(e)]
+                for mk, e in b.methods(g).items()]
+        if xr:
+            mx = _m(xr.get("metric"), **{k: v for k, v in m.items() if k != "key"})
+            rows += [[f.fill(xr["label"], label=e.label), *[value(b, b.names(g, mk, s), mx, e.info) for s in cols],
+                      *(["—"] if ic else [])] for mk, e in b.methods(g).items() if e.info.get(xr["row_when"])]
         if "title" in block:
             stem = b.grid.settings(g)[settings[0]].label.rsplit(",", 1)[0] if settings else ""
-            out += [f.fill(block["title"], split=split, stem=stem), ""]
+            sv = (f.lookup(block["split_field"]) or {}).get(split, {}) if "split_field" in block else {}
+            out += [f.fill(block["title"], split=split, stem=stem, s=sv), ""]
         out += [*md_table(head, rows), ""]
     return out[:-1]
+
+
+def _means(b, g: str, setting: str, m: dict) -> dict[str, float]:
+    """``{method: mean over seeds x scale}`` of the methods with a finite value at ``setting``."""
+    out = {}
+    for mk, e in b.methods(g).items():
+        v = by_seed(b, b.names(g, mk, setting), m, e.info)
+        if v:
+            out[mk] = float(np.mean([m["scale"] * x for x in v.values()]))
+    return out
+
+
+def rank(b, block: dict, f) -> list[str]:
+    """Per (split, setting) of :func:`axes`: where ``target`` ranks among the methods by their means,
+    the best method, and ``target`` − ``ref``: rows of ``line`` (``{split}``, ``{x}``, ``{rank}``,
+    ``{best}``, ``{best_mean}``, ``{diff}``, ``{n}``), then ``summary`` (``{wins}``, ``{total}``)."""
+    g, m, t, ref = block["group"], _m(block.get("metric"), agg="mean"), block["target"], block["ref"]
+    rows, wins = [], 0
+    for split, settings in axes(b, block)[0].items():
+        for s in settings:
+            means = _means(b, g, s, m)
+            if t not in means or ref not in means:
+                continue
+            order = sorted(means, key=lambda k: -means[k])
+            wins += order[0] == t
+            rows.append(f.fill(block["line"], split=split, x=b.grid.settings(g)[s].info.get(block.get("x")),
+                               rank=order.index(t) + 1, best=b.methods(g)[order[0]].label, best_mean=means[order[0]],
+                               diff=means[t] - means[ref]))
+    head = md_table([f.fill(h, n=len(b.methods(g))) for h in block["header"]], [])
+    return head + rows + ["", f.fill(block["summary"], wins=wins, total=len(rows))]
+
+
+def verdict_matrix(b, block: dict, f) -> list[str]:
+    """Paired verdicts a − b over seeds (:func:`mmfl.bench.render.verdict_cell`): a row per entry of
+    ``rows`` ("methods": every method but ``a``, as ``b``) and a column per entry of ``columns``
+    ("settings": every setting of the group, ``col_head`` of ``{setting}`` / ``{info.*}``); each entry a
+    table of ``label`` / ``head``, ``a``, ``b``, ``setting``, ``key`` (a metric key, ``{info.*}`` of each
+    side's method), merged row over block, column over row."""
+    from mmfl.bench.render import paired, verdict_cell
+
+    g, m = block["group"], _m(block.get("metric"))
+    rws = block["rows"]
+    if rws == "methods":
+        rws = [{"label": e.label, "b": mk} for mk, e in b.methods(g).items() if mk != block.get("a")]
+    cols = block["columns"]
+    if cols == "settings":
+        cols = [{"head": f.fill(block["col_head"], **_setting_local(b, g, s)), "setting": s} for s in b.grid.settings(g)]
+    out = []
+    for r in rws:
+        cells = []
+        for c in cols:
+            d = {"a": block.get("a"), "key": m["key"], "setting": None, **r, **c}
+            va, vb = (by_seed(b, b.names(g, d[x], d["setting"]), {**m, "key": d["key"]}, b.grid.entry(g, d[x]).info)
+                      for x in ("a", "b"))
+            cells.append(verdict_cell(paired(va, vb, scale=m["scale"])))
+        out.append([f.fill(r["label"]), *cells])
+    return md_table([f.fill(block["header"][0]), *[f.fill(c["head"]) for c in cols]], out)
+
+
+def lower_of(b, spec: dict) -> str:
+    """Of two names ``of``, the one whose metric ``key`` (``{m}``: the name) has the lower mean over
+    the seeds of ``method`` at ``setting`` (the second when equal or unread)."""
+    g, (x, y) = spec["group"], spec["of"]
+    vx, vy = (b.vals(g, spec["method"], spec["setting"], key=spec["key"].format(m=n)) for n in (x, y))
+    return y if (vx and vy and np.mean(vx) >= np.mean(vy)) else x
+
+
+def list_means(b, g: str, method: str, setting: str, key: str, scale: float) -> list | None:
+    """The mean over seeds, element-wise, of a list-valued metric of the final row (None: 0)."""
+    per = [[scale * (v or 0.0) for v in r[key]] for n in b.names(g, method, setting).values()
+           if (r := b.results.final(n)) and key in r]
+    return list(np.mean(per, axis=0)) if per else None
+
+
+def list_rows(b, block: dict, f) -> list[str]:
+    """``title`` and a row per method of ``methods`` with ``list_key`` (``{lower}``: :func:`lower_of` of
+    ``lower``) at ``setting``: its element-wise mean over seeds (x scale, ``digits``), min, max − min."""
+    g, lo = block["group"], lower_of(b, block["lower"]) if "lower" in block else ""
+    key, sc, d = block["list_key"].format(lower=lo), block.get("scale", 100.0), block.get("digits", 0)
+    rows = []
+    for mk in block["methods"]:
+        if (pc := list_means(b, g, mk, block["setting"], key, sc)) is not None:
+            rows.append([b.methods(g)[mk].label, *[f"{v:.{d}f}" for v in pc], f"{min(pc):.{d}f}",
+                         f"{max(pc) - min(pc):.{d}f}"])
+    n = len(rows[0]) - 3 if rows else block.get("length", 10)
+    return [f.fill(block["title"], lower=lo), "",
+            *md_table(["method", *[str(c) for c in range(n)], "min", "max − min"], rows)]
 
 
 def run_sums(b, block: dict, f) -> list[str]:
@@ -250,13 +355,41 @@ def round_trace(b, block: dict, f) -> list[str]:
     return [f.fill(block["title"], seed=seed), "", *md_table([f.fill(h) for h in block["header"]], rows)]
 
 
+def _group_field(b, rest: str):
+    """``group.<g>.seeds`` / ``.has_runs`` / ``.label``."""
+    g, _, what = rest.partition(".")
+    grp = b.grid.groups[g]
+    return {"seeds": grp.seeds, "has_runs": any(r.group == g for r in b.runs), "label": grp.label}[what]
+
+
+def _stat_field(b, rest: str):
+    """``stat.finished`` (planned runs with a summary), ``stat.round_wall_s`` / ``_min`` (their rounds'
+    wall times, summed), ``stat.failed`` (the failed runs' names, sorted, comma-separated), ``stat.n_failed``."""
+    if rest == "finished":
+        return len(b.finished())
+    if rest in ("round_wall_s", "round_wall_min"):
+        s = sum(r.get("wall_time_s", 0.0) for n in b.finished() for r in b.results.rows(n))
+        return s / 60 if rest == "round_wall_min" else s
+    failed = sorted(n for n, _ in b.failed())
+    return {"failed": ", ".join(failed), "n_failed": len(failed)}[rest]
+
+
+def _invocation_field(b, rest: str):
+    """``invocation.<k>`` of this invocation's record (runs, workers, wall_s, wall_min); None without."""
+    inv = b.invocation
+    return None if inv is None else (inv["wall_s"] / 60 if rest == "wall_min" else inv[rest])
+
+
+FIELDS = {"group": _group_field, "stat": _stat_field, "invocation": _invocation_field}
 KINDS = {"sweep": sweep, "run_sums": run_sums, "run_status": run_status, "reading": reading, "rows": rows,
-         "pair_verdicts": pair_verdicts, "round_trace": round_trace}
+         "pair_verdicts": pair_verdicts, "round_trace": round_trace, "rank": rank, "verdict_matrix": verdict_matrix,
+         "list_rows": list_rows}
 KEYS = {"split", "x", "col_head", "title", "row_label", "empty", "final_keys", "rerun", "file", "row_when",
         "figure", "series", "x_scale", "fail_value", "panel_cols", "xlabel", "ylabel", "xscale", "ref", "bars",
         "size", "dpi", "legend", "ref_label", "list_key", "xticks_rotation", "legend_cols", "fontsize", "setting",
         "bar_width", "methods_of", "plot_title", "complete",
-        "verdict", "holds", "reversed", "method", "seed", "needs"}
+        "verdict", "holds", "reversed", "method", "seed", "needs",
+        "split_field", "info_col", "extra_rows", "target", "ref", "summary", "lower", "list_key", "length", "alt"}
 
 from mmfl.bench import spec_figures  # noqa: E402  (the figure kinds, a module of their own)
 

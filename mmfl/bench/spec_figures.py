@@ -122,4 +122,33 @@ def xy_figure(b, block: dict, f) -> list[str]:
     return _link(block, f, _save(b, block, f, fig, plt, 110), g)
 
 
-KINDS = {"sweep_figure": sweep_figure, "xy_figure": xy_figure}
+def bar_figure(b, block: dict, f) -> list[str]:
+    from mmfl.bench.spec_btables import _m, list_means, lower_of
+
+    g, setting, w = block["group"], block.get("setting"), block.get("bar_width", 0.27)
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=tuple(block.get("size", (6.4, 4.2))))
+    lo = lower_of(b, block["lower"]) if "lower" in block else ""
+    if "list_key" in block:  # a series per method, a bar per element
+        for j, mk in enumerate(block["methods"]):
+            pc = list_means(b, g, mk, setting, block["list_key"].format(lower=lo), block.get("scale", 100.0))
+            if pc is not None:
+                ax.bar(np.arange(len(pc)) + (j - (len(block["methods"]) - 1) / 2) * w, pc, width=w,
+                       label=b.methods(g)[mk].label)
+        ax.set_xlabel(f.fill(block["xlabel"]))
+    else:  # a group per method, a bar per metric
+        methods, bars = b.methods(g), block["bars"]
+        xs = np.arange(len(methods))
+        for j, (key, label) in enumerate(bars):
+            m = _m({**block.get("metric", {}), "key": key})
+            means = [np.mean(v) if (v := [m["scale"] * x for x in _vals(b, g, mk, setting, m, e.info)]) else np.nan
+                     for mk, e in methods.items()]
+            ax.bar(xs + (j - (len(bars) - 1) / 2) * w, means, width=w, label=f.fill(label))
+        ax.set_xticks(xs, [e.label for e in methods.values()], rotation=block.get("xticks_rotation", 0))
+    ax.set_ylabel(f.fill(block["ylabel"], lower=lo))
+    ax.set_title(f.fill(block["plot_title"], lower=lo), **({"fontsize": block["fontsize"]} if "fontsize" in block else {}))
+    ax.legend(**({"ncol": block["legend_cols"], "fontsize": 8} if "legend_cols" in block else {}))
+    return _link(block, f, _save(b, block, f, fig, plt, 120), block.get("alt", g))
+
+
+KINDS = {"sweep_figure": sweep_figure, "xy_figure": xy_figure, "bar_figure": bar_figure}
