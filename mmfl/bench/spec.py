@@ -39,6 +39,8 @@ from mmfl.errors import ConfigError
 KIND_MODULES = (
     "mmfl.bench.spec_kinds",
     "mmfl.bench.spec_btables",
+    "mmfl.bench.spec_verdicts",
+    "mmfl.bench.spec_figures",
 )
 
 BLOCK_KEYS = {"text", "kind", "group", "rows", "extra", "header", "cells", "metric", "row", "pairs", "scale",
@@ -182,9 +184,13 @@ class TableSpec:
         ``hooks = "probe.py"`` names: what runs after a run is code; the report stays data."""
         if name.startswith("_") or self.__dict__.get("_hooks") is None:
             raise AttributeError(name)
-        from mmfl.bench.runner import load_spec
+        if "_hooks_mod" not in self.__dict__:
+            import importlib.util
 
-        return getattr(load_spec(self._hooks), name)
+            spec = importlib.util.spec_from_file_location(f"mmfl_bench_hooks_{self._hooks.stem}", self._hooks)
+            self._hooks_mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(self._hooks_mod)
+        return getattr(self._hooks_mod, name)
 
     def report(self, b) -> list[str]:
         f = Fields(b, self.spec)

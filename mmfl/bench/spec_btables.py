@@ -19,101 +19,12 @@ Format: docs/benchmarks.md "Table specs"."""
 from __future__ import annotations
 
 import json
-import math
-import re
 from pathlib import Path
 
 import numpy as np
 
 from mmfl.bench.render import md_table
-from mmfl.bench.spec_kinds import _aggregate
-from mmfl.errors import ConfigError
-
-DIVERGED = ("diverged", "non-finite", "nan")
-METRIC = {"key": "accuracy", "reader": "final", "agg": "outcome", "scale": 100.0, "digits": 1, "keep_failed": False,
-          "fail_words": list(DIVERGED), "eval_key": None, "minus": None}
-
-
-def _m(d: dict | None, **over) -> dict:
-    m = {**METRIC, **over, **(d or {})}
-    if bad := set(m) - set(METRIC):
-        raise ConfigError(f"table spec: metric: unknown key {sorted(bad)[0]!r} (allowed: {', '.join(sorted(METRIC))})")
-    return m
-
-
-class _Info(dict):
-    def __missing__(self, key):
-        return ""
-
-
-def _key(m: dict, info: dict) -> str:
-    """The metric key, ``{info.<k>}`` filled from the row's info (absent: "")."""
-    return re.sub(r"\{info\.(\w+)\}", lambda mo: str(info.get(mo.group(1), "")), m["key"])
-
-
-def diverged(b, name: str, words=DIVERGED) -> bool:
-    msg = b.results.failed(name) or ""
-    return any(w in msg for w in words)
-
-
-def by_seed(b, names: dict[int, str], m: dict, info: dict | None = None) -> dict[int, float]:
-    """``{seed: value}`` of the finished runs with a finite value; ``reader = "last:N"``: the mean of
-    the key over a run's last N rows, else a reader of :meth:`mmfl.bench.Results.value`."""
-    key, res = _key(m, info or {}), b.results
-    if m["minus"]:  # per seed: key − minus
-        va, vb = by_seed(b, names, {**m, "minus": None}, info), by_seed(b, names, {**m, "minus": None, "key": m["minus"]}, info)
-        return {k: va[k] - vb[k] for k in va if k in vb}
-    if not m["reader"].startswith("last:"):
-        return res.by_seed(names, key, m["reader"], m["keep_failed"], m["eval_key"] or b.grid.eval_key)
-    k = int(m["reader"][5:])
-    vals = {s: float(np.mean([r[key] for r in res.rows(n)[-k:]])) for s, n in names.items() if res.finished(n)}
-    return {s: v for s, v in vals.items() if math.isfinite(v)}
-
-
-def value(b, names: dict[int, str], m: dict, info: dict | None = None) -> str:
-    """One cell: the metric of the runs ``names`` ({seed: run}) aggregated over seeds."""
-    key, res = _key(m, info or {}), b.results
-    if m["agg"] == "first":
-        for n in names.values():
-            v = res.value(n, key, m["reader"], m["eval_key"]) if res.finished(n) else None
-            if v is not None:
-                return "∞" if math.isinf(v) else f"{m['scale'] * v:.{m['digits']}f}"
-            if res.finished(n):
-                return "–"
-        return "–"
-    if m["agg"] == "outcome":
-        vals = res.by_seed(names, key, m["reader"], True, m["eval_key"] or b.grid.eval_key)
-        ok = [v for v in vals.values() if v is not None and math.isfinite(v)]
-        bad = [n for s, n in names.items() if vals.get(s, 0) is None]
-        n_div = sum(diverged(b, n, m["fail_words"]) for n in bad)
-        done, sc, dg = len(ok) + len(bad), m["scale"], m["digits"]
-        txt = f"{sc * np.mean(ok):.{dg}f} ± {sc * np.std(ok):.{dg}f}" if ok else "–"
-        notes = [f"{k} of {done} {what}" for k, what in ((n_div, "diverged"), (len(bad) - n_div, "stopped")) if k]
-        return txt + (f" ({', '.join(notes)})" if notes else "") + \
-            (f" [{done}/{len(names)} seeds]" if 0 < done < len(names) else "")
-    return _aggregate(by_seed(b, names, m, info), len(names), m)
-
-
-def axes(b, block: dict) -> tuple[dict[str, list[str]], str | None]:
-    """``{split value: [settings ordered by info[x]]}`` of a block's group and its base setting
-    (without ``split``: one table of every setting in the grid's order)."""
-    g, split, x, base = block["group"], block.get("split"), block.get("x"), block.get("base")
-    if not split:
-        return {"": list(b.grid.settings(g))}, None
-    out: dict[str, list[str]] = {}
-    first = None
-    for s, e in b.grid.settings(g).items():
-        if e.info.get(split) == base:
-            first = s
-        else:
-            out.setdefault(e.info[split], []).append(s)
-    key = (lambda s: b.grid.settings(g)[s].info[x]) if x else None
-    return {k: sorted(v, key=key) if key else v for k, v in out.items()}, first
-
-
-def _setting_local(b, g: str, s: str) -> dict:
-    e = b.grid.settings(g)[s]
-    return {"setting": e.label, "info": e.info, "key": s}
+from mmfl.bench.spec_read import _Info, _m, _setting_local, axes, by_seed, value
 
 
 def sweep(b, block: dict, f) -> list[str]:
@@ -147,93 +58,6 @@ def sweep(b, block: dict, f) -> list[str]:
             out += [f.fill(block["title"], split=split, stem=stem, s=sv), ""]
         out += [*md_table(head, rows), ""]
     return out[:-1]
-
-
-def _means(b, g: str, setting: str, m: dict) -> dict[str, float]:
-    """``{method: mean over seeds x scale}`` of the methods with a finite value at ``setting``."""
-    out = {}
-    for mk, e in b.methods(g).items():
-        v = by_seed(b, b.names(g, mk, setting), m, e.info)
-        if v:
-            out[mk] = float(np.mean([m["scale"] * x for x in v.values()]))
-    return out
-
-
-def rank(b, block: dict, f) -> list[str]:
-    """Per (split, setting) of :func:`axes`: where ``target`` ranks among the methods by their means,
-    the best method, and ``target`` − ``ref``: rows of ``line`` (``{split}``, ``{x}``, ``{rank}``,
-    ``{best}``, ``{best_mean}``, ``{diff}``, ``{n}``), then ``summary`` (``{wins}``, ``{total}``)."""
-    g, m, t, ref = block["group"], _m(block.get("metric"), agg="mean"), block["target"], block["ref"]
-    rows, wins = [], 0
-    for split, settings in axes(b, block)[0].items():
-        for s in settings:
-            means = _means(b, g, s, m)
-            if t not in means or ref not in means:
-                continue
-            order = sorted(means, key=lambda k: -means[k])
-            wins += order[0] == t
-            rows.append(f.fill(block["line"], split=split, x=b.grid.settings(g)[s].info.get(block.get("x")),
-                               rank=order.index(t) + 1, best=b.methods(g)[order[0]].label, best_mean=means[order[0]],
-                               diff=means[t] - means[ref]))
-    head = md_table([f.fill(h, n=len(b.methods(g))) for h in block["header"]], [])
-    return head + rows + ["", f.fill(block["summary"], wins=wins, total=len(rows))]
-
-
-def verdict_matrix(b, block: dict, f) -> list[str]:
-    """Paired verdicts a − b over seeds (:func:`mmfl.bench.render.verdict_cell`): a row per entry of
-    ``rows`` ("methods": every method but ``a``, as ``b``) and a column per entry of ``columns``
-    ("settings": every setting of the group, ``col_head`` of ``{setting}`` / ``{info.*}``); each entry a
-    table of ``label`` / ``head``, ``a``, ``b``, ``setting``, ``key`` (a metric key, ``{info.*}`` of each
-    side's method), merged row over block, column over row."""
-    from mmfl.bench.render import paired, verdict_cell
-
-    g, m = block["group"], _m(block.get("metric"))
-    rws = block["rows"]
-    if rws == "methods":
-        rws = [{"label": e.label, "b": mk} for mk, e in b.methods(g).items() if mk != block.get("a")]
-    cols = block["columns"]
-    if cols == "settings":
-        cols = [{"head": f.fill(block["col_head"], **_setting_local(b, g, s)), "setting": s} for s in b.grid.settings(g)]
-    out = []
-    for r in rws:
-        cells = []
-        for c in cols:
-            d = {"a": block.get("a"), "key": m["key"], "setting": None, **r, **c}
-            va, vb = (by_seed(b, b.names(g, d[x], d["setting"]), {**m, "key": d["key"]}, b.grid.entry(g, d[x]).info)
-                      for x in ("a", "b"))
-            cells.append(verdict_cell(paired(va, vb, scale=m["scale"])))
-        out.append([f.fill(r["label"]), *cells])
-    return md_table([f.fill(block["header"][0]), *[f.fill(c["head"]) for c in cols]], out)
-
-
-def lower_of(b, spec: dict) -> str:
-    """Of two names ``of``, the one whose metric ``key`` (``{m}``: the name) has the lower mean over
-    the seeds of ``method`` at ``setting`` (the second when equal or unread)."""
-    g, (x, y) = spec["group"], spec["of"]
-    vx, vy = (b.vals(g, spec["method"], spec["setting"], key=spec["key"].format(m=n)) for n in (x, y))
-    return y if (vx and vy and np.mean(vx) >= np.mean(vy)) else x
-
-
-def list_means(b, g: str, method: str, setting: str, key: str, scale: float) -> list | None:
-    """The mean over seeds, element-wise, of a list-valued metric of the final row (None: 0)."""
-    per = [[scale * (v or 0.0) for v in r[key]] for n in b.names(g, method, setting).values()
-           if (r := b.results.final(n)) and key in r]
-    return list(np.mean(per, axis=0)) if per else None
-
-
-def list_rows(b, block: dict, f) -> list[str]:
-    """``title`` and a row per method of ``methods`` with ``list_key`` (``{lower}``: :func:`lower_of` of
-    ``lower``) at ``setting``: its element-wise mean over seeds (x scale, ``digits``), min, max − min."""
-    g, lo = block["group"], lower_of(b, block["lower"]) if "lower" in block else ""
-    key, sc, d = block["list_key"].format(lower=lo), block.get("scale", 100.0), block.get("digits", 0)
-    rows = []
-    for mk in block["methods"]:
-        if (pc := list_means(b, g, mk, block["setting"], key, sc)) is not None:
-            rows.append([b.methods(g)[mk].label, *[f"{v:.{d}f}" for v in pc], f"{min(pc):.{d}f}",
-                         f"{max(pc) - min(pc):.{d}f}"])
-    n = len(rows[0]) - 3 if rows else block.get("length", 10)
-    return [f.fill(block["title"], lower=lo), "",
-            *md_table(["method", *[str(c) for c in range(n)], "min", "max − min"], rows)]
 
 
 def run_sums(b, block: dict, f) -> list[str]:
@@ -317,44 +141,6 @@ def rows(b, block: dict, f) -> list[str]:
     return md_table(head, out)
 
 
-def pair_verdicts(b, block: dict, f) -> list[str]:
-    """Rows of ``pairs = [{a, b, ...}, ...]`` (methods of ``group`` whose every seed finished; more keys:
-    fields of the row), ``cells`` templates over ``{a}``, ``{b}``, the pair's keys and ``{v.<name>}``:
-    per named metric of ``values`` the paired verdict of a − b over seeds (:func:`mmfl.sweep.paired_verdict`)
-    through ``verdict`` (``{delta}``, ``{lo}``, ``{hi}``, ``{p}``, ``{n}``, ``{text}``; ``text``'s
-    "holds" / "**reversed**" replaced by ``holds`` / ``reversed`` templates of ``{a}``, ``{b}``)."""
-    from mmfl.sweep import paired_verdict
-
-    g, out = block["group"], []
-    done = {mk for mk in b.methods(g) if all(b.results.finished(n) for n in b.names(g, mk).values())}
-    for p in block["pairs"]:
-        if p["a"] not in done or p["b"] not in done:
-            continue
-        local = {**p, "v": {}}
-        for name, spec in block["values"].items():
-            m = _m(spec)
-            va, vb = (by_seed(b, b.names(g, x), {**m, "keep_failed": False}) for x in (p["a"], p["b"]))
-            r = paired_verdict(list(va.values()), list(vb.values()), scale=m["scale"])
-            text = r["text"].replace("holds", f.fill(block.get("holds", "holds"), **p)).replace(
-                "**reversed**", f.fill(block.get("reversed", "**reversed**"), **p))
-            local["v"][name] = f.fill(block["verdict"], **{**r, "text": text})
-        out.append([f.fill(c, **local) for c in block["cells"]])
-    return md_table([f.fill(h) for h in block["header"]], out)
-
-
-def round_trace(b, block: dict, f) -> list[str]:
-    """``title`` and a row per metrics row of one run (``method``, ``seed``: default the grid's first):
-    ``columns = [[key, digits, scale], ...]`` (an absent key is nan), when its last row has ``needs``."""
-    g, method = block["group"], block["method"]
-    seed = block.get("seed", b.grid.seeds[0])
-    name = b.names(g, method).get(seed) if method in b.methods(g) else None
-    trace = b.results.rows(name) if name else []
-    if not trace or block.get("needs", "round") not in trace[-1]:
-        return []
-    rows = [[f"{sc * r.get(k, float('nan')):.{d}f}" for k, d, sc in block["columns"]] for r in trace]
-    return [f.fill(block["title"], seed=seed), "", *md_table([f.fill(h) for h in block["header"]], rows)]
-
-
 def _group_field(b, rest: str):
     """``group.<g>.seeds`` / ``.has_runs`` / ``.label``."""
     g, _, what = rest.partition(".")
@@ -381,16 +167,6 @@ def _invocation_field(b, rest: str):
 
 
 FIELDS = {"group": _group_field, "stat": _stat_field, "invocation": _invocation_field}
-KINDS = {"sweep": sweep, "run_sums": run_sums, "run_status": run_status, "reading": reading, "rows": rows,
-         "pair_verdicts": pair_verdicts, "round_trace": round_trace, "rank": rank, "verdict_matrix": verdict_matrix,
-         "list_rows": list_rows}
+KINDS = {"sweep": sweep, "run_sums": run_sums, "run_status": run_status, "reading": reading, "rows": rows}
 KEYS = {"split", "x", "col_head", "title", "row_label", "empty", "final_keys", "rerun", "file", "row_when",
-        "figure", "series", "x_scale", "fail_value", "panel_cols", "xlabel", "ylabel", "xscale", "ref", "bars",
-        "size", "dpi", "legend", "ref_label", "list_key", "xticks_rotation", "legend_cols", "fontsize", "setting",
-        "bar_width", "methods_of", "plot_title", "complete",
-        "verdict", "holds", "reversed", "method", "seed", "needs",
-        "split_field", "info_col", "extra_rows", "target", "ref", "summary", "lower", "list_key", "length", "alt"}
-
-from mmfl.bench import spec_figures  # noqa: E402  (the figure kinds, a module of their own)
-
-KINDS.update(spec_figures.KINDS)
+        "split_field", "info_col", "extra_rows", "complete"}

@@ -1,4 +1,4 @@
-"""Figure kinds of a TOML table spec (:mod:`mmfl.bench.spec_btables`): each draws a PNG next to the
+"""Figure kinds of a TOML table spec (:mod:`mmfl.bench.spec`): each draws a PNG next to the
 report (``figure``: its file name, a template) from the finished runs and returns its markdown link
 (with ``title``: the title line, an empty line, the link; no link when nothing was drawn).
 
@@ -18,6 +18,8 @@ import math
 from pathlib import Path
 
 import numpy as np
+
+from mmfl.bench.spec_read import _key, _m, axes, diverged, list_means, lower_of
 
 
 def _plt():
@@ -45,16 +47,12 @@ def _link(block: dict, f, name: str | None, alt: str) -> list[str]:
 
 
 def _vals(b, g: str, method: str, setting: str | None, m: dict, info: dict) -> list[float]:
-    from mmfl.bench.spec_btables import _key
-
     vals = b.results.by_seed(b.names(g, method, setting), _key(m, info), m["reader"], m["keep_failed"],
                              m["eval_key"] or b.grid.eval_key)
     return [v for v in vals.values() if v is not None]
 
 
 def sweep_figure(b, block: dict, f) -> list[str]:
-    from mmfl.bench.spec_btables import _m, axes, diverged
-
     g, m = block["group"], _m(block.get("metric"), keep_failed=True)
     splits, base = axes(b, block)
     if not [s for s in splits.values() if s]:
@@ -92,8 +90,6 @@ def sweep_figure(b, block: dict, f) -> list[str]:
 
 
 def xy_figure(b, block: dict, f) -> list[str]:
-    from mmfl.bench.spec_btables import _m
-
     g, setting = block["group"], block.get("setting")
     mx, my = _m(block["x"], agg="first"), _m(block["metric"])
     plt = _plt()
@@ -123,8 +119,6 @@ def xy_figure(b, block: dict, f) -> list[str]:
 
 
 def bar_figure(b, block: dict, f) -> list[str]:
-    from mmfl.bench.spec_btables import _m, list_means, lower_of
-
     g, setting, w = block["group"], block.get("setting"), block.get("bar_width", 0.27)
     plt = _plt()
     fig, ax = plt.subplots(figsize=tuple(block.get("size", (6.4, 4.2))))
@@ -152,3 +146,6 @@ def bar_figure(b, block: dict, f) -> list[str]:
 
 
 KINDS = {"sweep_figure": sweep_figure, "xy_figure": xy_figure, "bar_figure": bar_figure}
+KEYS = {"figure", "series", "x_scale", "fail_value", "panel_cols", "xlabel", "ylabel", "xscale", "ref", "bars", "size",
+        "dpi", "xticks_rotation", "legend_cols", "fontsize", "setting", "bar_width", "plot_title", "alt", "lower",
+        "list_key", "methods"}
