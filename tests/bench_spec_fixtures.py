@@ -106,4 +106,6 @@ CASES_BT = [  # (name, grid, make_runs keywords)
     ("diagnose-missing", "benchmarks/fedcmi/diagnose.toml", dict(keys=DIAG_KEYS, skip_every=9, fail=0)),
     ("partialfl", "benchmarks/partialfl/grid.toml",
      dict(keys=["uar", "accuracy_top5", "bytes_per_epoch", "messages"])),
+    ("partialfl-quick", "benchmarks/partialfl/grid-quick.toml",
+     dict(keys=["uar", "accuracy_top5"], skip_every=5, fail=0)),
 ]

@@ -46,7 +46,7 @@ KIND_MODULES = (
 BLOCK_KEYS = {"text", "kind", "group", "rows", "extra", "header", "cells", "metric", "row", "pairs", "scale",
               "fail_value", "fail_note", "label_a", "label_b", "base", "exclude", "intro", "methods", "rounds",
               "columns", "digits", "missing", "when", "compare", "per_setting", "setting_head", "diff", "a", "b",
-              "metrics", "min_seeds", "per_seed", "per_seed_label", "values", "line", "bootstrap", "seeds_note"}
+              "metrics", "min_seeds", "per_seed", "per_seed_label", "values", "line", "bootstrap", "seeds_note", "parts"}
 
 
 def _kinds() -> tuple[dict, set, dict]:
@@ -169,13 +169,15 @@ class TableSpec:
         blocks = self.spec.get("blocks")
         if not isinstance(blocks, list) or not blocks:
             raise ConfigError(f"{path}: a table spec needs [[blocks]]")
-        for i, bl in enumerate(blocks):
+        every = [(f"blocks[{i}]", bl) for i, bl in enumerate(blocks)]
+        every += [(f"{w}.parts[{j}]", p) for w, bl in list(every) for j, p in enumerate(bl.get("parts", []))]
+        for i, bl in every:
             if bad := set(bl) - ALL_KEYS:
-                raise ConfigError(f"{path}: blocks[{i}]: unknown key {sorted(bad)[0]!r}")
+                raise ConfigError(f"{path}: {i}: unknown key {sorted(bad)[0]!r}")
             if "kind" in bl and bl["kind"] not in KINDS:
-                raise ConfigError(f"{path}: blocks[{i}].kind: one of {', '.join(KINDS)}, got {bl['kind']!r}")
-            if "kind" not in bl and "text" not in bl:
-                raise ConfigError(f"{path}: blocks[{i}]: needs text or kind")
+                raise ConfigError(f"{path}: {i}.kind: one of {', '.join(KINDS)}, got {bl['kind']!r}")
+            if "kind" not in bl and "text" not in bl and "parts" not in bl:
+                raise ConfigError(f"{path}: {i}: needs text, kind or parts")
         self.FILES = tuple(self.spec.get("files", ()))
         self._hooks = path.parent / self.spec["hooks"] if "hooks" in self.spec else None
 
@@ -196,9 +198,7 @@ class TableSpec:
         f = Fields(b, self.spec)
         out = []
         for bl in self.spec["blocks"]:
-            if "when" in bl and not f.lookup(bl["when"]):
-                continue
-            lines = KINDS[bl["kind"]](b, bl, f) if "kind" in bl else f.fill(bl["text"]).split("\n")
+            lines = self._lines(b, bl, f)
             out += [*lines, ""] if lines else []  # a block that renders nothing adds nothing
         out += [""] * self.spec.get("blank_end", 0)  # more empty lines at the end of the report
         sec = self.spec.get("section")
@@ -207,6 +207,16 @@ class TableSpec:
             if target := f.lookup(sec["file"]):
                 write_section(Path(b.grid.root) / target, out, sec["begin"], sec["end"])
         return out
+
+
+    def _lines(self, b, bl: dict, f) -> list[str]:
+        """A block's lines (none when its ``when`` field is falsy); ``parts = [...]``: blocks whose
+        lines follow each other without an empty line (a list of bullets from several kinds)."""
+        if "when" in bl and not f.lookup(bl["when"]):
+            return []
+        if "parts" in bl:
+            return [x for p in bl["parts"] for x in self._lines(b, p, f)]
+        return KINDS[bl["kind"]](b, bl, f) if "kind" in bl else f.fill(bl["text"]).split("\n")
 
 
 def write_section(path: Path, lines: list[str], begin: str, end: str) -> None:

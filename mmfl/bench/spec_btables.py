@@ -102,41 +102,62 @@ def reading(b, block: dict, f) -> list[str]:
     return reading_lines(Path(b.grid.root) / path if path else None)[:-1]
 
 
-def rows(b, block: dict, f) -> list[str]:
-    """One row per method (``per_setting = true``: per setting x method; ``methods``: a list) of
-    ``cells`` templates: ``{label}``, ``{key}``, ``{info.*}``, ``{setting}`` and ``{v.<name>}``, each of
-    ``values = { name = { key, reader, agg, scale, digits, setting, group } }`` (``key`` may hold
-    ``{info.<k>}``: the method's info), ``{set}`` (the method's ``set`` as ``--set`` arguments);
-    ``row_when = "<k>"``: a row only where the method's info has it; ``complete = true``: only methods
-    whose every seed finished; ``per_seed = "<name>"``: a column per grid seed of that value's numbers."""
+def _row_items(b, block: dict, f) -> list[tuple[str, str | None, str, dict]]:
+    """(group, setting, method, extra locals) per row: ``items = [{method, setting, group, ...}]``, else
+    every method (``methods``: a list) at ``setting`` (``per_setting = true``: at each setting)."""
     g = block["group"]
+    if "items" in block:
+        return [(it.get("group", g), it.get("setting", block.get("setting")), it["method"],
+                 {k: f.fill(v) for k, v in it.items() if k not in ("group", "setting", "method")})
+                for it in block["items"]]
+    settings = list(b.grid.settings(g)) if block.get("per_setting") else [block.get("setting")]
+    return [(g, s, mk, {}) for s in settings for mk in block.get("methods", list(b.methods(g)))]
+
+
+def _value_cell(b, g: str, mk: str, s: str | None, e, spec: dict) -> str:
+    """A named value of a row: a metric, or ``otherwise`` where ``unless`` lists the method, the method's
+    info lacks ``need_info`` or its ``group`` does not have it; ``info_value``: the method's info entry
+    (through ``format``)."""
+    spec = dict(spec)
+    other = spec.pop("otherwise", spec.pop("absent", "—"))
+    vg, vs = spec.pop("group", g), spec.pop("setting", s)
+    if mk in spec.pop("unless", []) or ("need_info" in spec and not e.info.get(spec.pop("need_info"))) \
+            or (vg != g and mk not in b.methods(vg)):
+        return other
+    spec.pop("need_info", None)
+    if "info_value" in spec:
+        v = e.info.get(spec["info_value"])
+        return other if v is None else format(v, spec.get("format", ""))
+    seeds = b.grid.groups[spec.pop("seeds_of")].seeds if "seeds_of" in spec else None
+    return value(b, b.names(vg, mk, vs, seeds), _m(spec), e.info)
+
+
+def rows(b, block: dict, f) -> list[str]:
+    """A row per (setting,) method or per ``items`` entry (see :func:`_row_items`) of ``cells``
+    templates: ``{label}``, ``{key}``, ``{info.*}``, ``{setting}``, ``{sinfo.*}`` (the setting's info),
+    the item's own keys and ``{v.<name>}``, each of ``values = { name = { key, reader, agg, ... } }``
+    (:func:`_value_cell`), ``{set}`` (the method's ``set`` as ``--set`` arguments); ``row_when =
+    "<k>"``: only methods whose info has it; ``complete = true``: only methods whose every seed
+    finished; ``planned_only``: only rows with planned runs; ``per_seed = "<name>"``: a column per grid
+    seed of that value's numbers."""
     out = []
-    settings = list(b.grid.settings(g)) if block.get("per_setting") else [None]
-    for s in settings:
-        for mk in block.get("methods", list(b.methods(g))):
-            e = b.grid.entry(g, mk)
-            if "row_when" in block and not e.info.get(block["row_when"]):
-                continue
-            if block.get("complete") and not all(b.results.finished(n) for n in b.names(g, mk, s).values()):
-                continue
-            local = {"key": mk, "label": e.label, "info": _Info(e.info), "v": {},
-                     "set": " ".join(f"{k}={json.dumps(v)}" for k, v in e.over.set.items()) or "(defaults)",
-                     "setting": b.grid.settings(g)[s].label if s else ""}
-            for name, spec in block.get("values", {}).items():
-                spec = dict(spec)
-                vg, vs = spec.pop("group", g), spec.pop("setting", s)
-                if vg != g and mk not in b.methods(vg):
-                    local["v"][name] = spec.get("absent", "—")
-                    continue
-                spec.pop("absent", None)
-                seeds = b.grid.groups[spec.pop("seeds_of")].seeds if "seeds_of" in spec else None
-                local["v"][name] = value(b, b.names(vg, mk, vs, seeds), _m(spec), e.info)
-            row = [f.fill(c, **local) for c in block["cells"]]
-            if "per_seed" in block:
-                m = _m(block["values"][block["per_seed"]])
-                vals = by_seed(b, b.names(g, mk, s), m, e.info)
-                row += [f"{m['scale'] * vals[x]:.{m['digits']}f}" if x in vals else "–" for x in b.grid.seeds]
-            out.append(row)
+    for g, s, mk, extra in _row_items(b, block, f):
+        e = b.grid.entry(g, mk)
+        names = b.names(g, mk, s) if {"planned_only", "complete", "per_seed"} & set(block) else {}
+        if ("row_when" in block and not e.info.get(block["row_when"])) or (block.get("planned_only") and not names) \
+                or (block.get("complete") and not all(b.results.finished(n) for n in names.values())):
+            continue
+        local = {"key": mk, "label": e.label, "info": _Info(e.info), "v": {},
+                 "set": " ".join(f"{k}={json.dumps(v)}" for k, v in e.over.set.items()) or "(defaults)",
+                 "setting": b.grid.settings(g)[s].label if s else "",
+                 "sinfo": _Info(b.grid.settings(g)[s].info if s else {}), **extra}
+        local["v"] = {name: _value_cell(b, g, mk, s, e, spec) for name, spec in block.get("values", {}).items()}
+        row = [f.fill(c, **local) for c in block["cells"]]
+        if "per_seed" in block:
+            m = _m(block["values"][block["per_seed"]])
+            vals = by_seed(b, names, m, e.info)
+            row += [f"{m['scale'] * vals[x]:.{m['digits']}f}" if x in vals else "–" for x in b.grid.seeds]
+        out.append(row)
     head = [f.fill(h) for h in block["header"]] + ([f"seed {x}" for x in b.grid.seeds] if "per_seed" in block else [])
     return md_table(head, out)
 
@@ -169,4 +190,4 @@ def _invocation_field(b, rest: str):
 FIELDS = {"group": _group_field, "stat": _stat_field, "invocation": _invocation_field}
 KINDS = {"sweep": sweep, "run_sums": run_sums, "run_status": run_status, "reading": reading, "rows": rows}
 KEYS = {"split", "x", "col_head", "title", "row_label", "empty", "final_keys", "rerun", "file", "row_when",
-        "split_field", "info_col", "extra_rows", "complete"}
+        "split_field", "info_col", "extra_rows", "complete", "items", "planned_only", "setting"}

@@ -19,7 +19,18 @@ from mmfl.errors import ConfigError
 
 DIVERGED = ("diverged", "non-finite", "nan")
 METRIC = {"key": "accuracy", "reader": "final", "agg": "outcome", "scale": 100.0, "digits": 1, "keep_failed": False,
-          "fail_words": list(DIVERGED), "eval_key": None, "minus": None}
+          "fail_words": list(DIVERGED), "eval_key": None, "minus": None, "div": 1.0}
+ROW_STATS = {"first": lambda v: v[0] if v else None, "mean": lambda v: float(np.mean(v)) if v else None,
+             "later": lambda v: float(np.mean(v[1:])) if len(v) > 1 else float("nan")}
+
+
+def _row_stat(rows: list[dict], key: str):
+    """``reader = "rows"``: ``<stat>:<metric key>`` over a run's rows that have it (first, mean, later:
+    the mean over the rows after the first)."""
+    stat, _, k = key.partition(":")
+    if stat not in ROW_STATS:
+        raise ConfigError(f"table spec: reader rows: key '<{'|'.join(ROW_STATS)}>:<metric>', got {key!r}")
+    return ROW_STATS[stat]([r[k] for r in rows if k in r])
 
 
 def _m(d: dict | None, **over) -> dict:
@@ -45,17 +56,22 @@ def diverged(b, name: str, words=DIVERGED) -> bool:
 
 
 def by_seed(b, names: dict[int, str], m: dict, info: dict | None = None) -> dict[int, float]:
-    """``{seed: value}`` of the finished runs with a finite value; ``reader = "last:N"``: the mean of
-    the key over a run's last N rows, else a reader of :meth:`mmfl.bench.Results.value`."""
+    """``{seed: value}`` of the finished runs with a finite value (divided by ``div``); ``reader =
+    "last:N"``: the mean of the key over a run's last N rows; ``"rows"``: :func:`_row_stat`; else a
+    reader of :meth:`mmfl.bench.Results.value`."""
     key, res = _key(m, info or {}), b.results
     if m["minus"]:  # per seed: key − minus
         va, vb = by_seed(b, names, {**m, "minus": None}, info), by_seed(b, names, {**m, "minus": None, "key": m["minus"]}, info)
         return {k: va[k] - vb[k] for k in va if k in vb}
-    if not m["reader"].startswith("last:"):
-        return res.by_seed(names, key, m["reader"], m["keep_failed"], m["eval_key"] or b.grid.eval_key)
-    k = int(m["reader"][5:])
-    vals = {s: float(np.mean([r[key] for r in res.rows(n)[-k:]])) for s, n in names.items() if res.finished(n)}
-    return {s: v for s, v in vals.items() if math.isfinite(v)}
+    if m["reader"] == "rows":
+        vals = {s: _row_stat(res.rows(n), key) for s, n in names.items() if res.finished(n)}
+    elif m["reader"].startswith("last:"):
+        k = int(m["reader"][5:])
+        vals = {s: float(np.mean([r[key] for r in res.rows(n)[-k:]])) for s, n in names.items() if res.finished(n)}
+    else:
+        vals = res.by_seed(names, key, m["reader"], m["keep_failed"], m["eval_key"] or b.grid.eval_key)
+        return vals if m["div"] == 1.0 else {s: v if v is None else v / m["div"] for s, v in vals.items()}
+    return {s: v / m["div"] for s, v in vals.items() if v is not None and math.isfinite(v)}
 
 
 def value(b, names: dict[int, str], m: dict, info: dict | None = None) -> str:

@@ -6,8 +6,6 @@ metrics rows) and ``list_rows`` (a list-valued metric's element-wise mean). Form
 
 from __future__ import annotations
 
-import numpy as np
-
 from mmfl.bench.render import md_table
 from mmfl.bench.spec_read import _m, _means, _setting_local, axes, by_seed, list_means, lower_of
 
