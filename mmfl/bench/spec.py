@@ -41,6 +41,8 @@ KIND_MODULES = (
     "mmfl.bench.spec_btables",
     "mmfl.bench.spec_verdicts",
     "mmfl.bench.spec_figures",
+    "mmfl.bench.spec_claims",
+    "mmfl.bench.spec_facts",
 )
 
 BLOCK_KEYS = {"text", "kind", "group", "rows", "extra", "header", "cells", "metric", "row", "pairs", "scale",

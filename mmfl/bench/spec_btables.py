@@ -79,14 +79,23 @@ def run_sums(b, block: dict, f) -> list[str]:
 
 def run_status(b, block: dict, f) -> list[str]:
     """``- Runs: n of N planned finished; summed run time ...`` (the last invocation's record when it
-    exists), then the failed runs (``rerun``: a command that reruns them) and non-finite metrics."""
+    exists), then the failed runs (``rerun``: a command that reruns them) and non-finite metrics. A run
+    is finished when the spec's ``done`` hook says so (else its summary.json exists); its final row is
+    the first of ``final_keys`` it has; ``nonfinite = [keys]``: those of its final row that are not
+    finite, and ``train_loss`` of any round (default: :meth:`mmfl.bench.Results.final`'s)."""
+    from mmfl.bench.results import finite
+    from mmfl.bench.runner import load_spec
     from mmfl.bench.status import problem_lines, run_status as status, runs_line
 
-    keys = block.get("final_keys", ["accuracy"])
+    keys, nf = block.get("final_keys", ["accuracy"]), block.get("nonfinite")
 
     def final(n):
-        return next((r for k in keys if (r := b.results.final(n, k))), None)
-    st = status(b, final)
+        r = next((r for k in keys if (r := b.results.final(n, k))), None)
+        if r is not None and nf is not None:
+            bad_loss = any("train_loss" in x and not finite(x["train_loss"]) for x in b.results.rows(n))
+            r = {**r, "_nonfinite": [k for k in nf if k in r and not finite(r[k])] + ["train_loss"] * bad_loss}
+        return r
+    st = status(b, final, getattr(load_spec(b.grid.tables), "done", None) if b.grid.tables else None)
     cmd = f.fill(block["rerun"]) if "rerun" in block else None
     out = [runs_line(len(st["finished"]), st["planned"], st["run_s"], b.last_invocation())]
     probs = problem_lines(st["failed"], st["nonfinite"], cmd)
@@ -114,7 +123,7 @@ def _row_items(b, block: dict, f) -> list[tuple[str, str | None, str, dict]]:
     return [(g, s, mk, {}) for s in settings for mk in block.get("methods", list(b.methods(g)))]
 
 
-def _value_cell(b, g: str, mk: str, s: str | None, e, spec: dict) -> str:
+def _value_cell(b, g: str, mk: str, s: str | None, e, spec: dict, f) -> str:
     """A named value of a row: a metric, or ``otherwise`` where ``unless`` lists the method, the method's
     info lacks ``need_info`` or its ``group`` does not have it; ``info_value``: the method's info entry
     (through ``format``)."""
@@ -125,8 +134,11 @@ def _value_cell(b, g: str, mk: str, s: str | None, e, spec: dict) -> str:
             or (vg != g and mk not in b.methods(vg)):
         return other
     spec.pop("need_info", None)
-    if "info_value" in spec:
+    if "info_value" in spec:  # the method's info entry (a table: its entry for the row's setting)
         v = e.info.get(spec["info_value"])
+        v = v.get(s) if isinstance(v, dict) else v
+        if v is not None and "times" in spec:  # x a field, rounded: "{clients...}" clients of a fraction
+            v = int(round(v * f.lookup(spec["times"])))
         return other if v is None else format(v, spec.get("format", ""))
     seeds = b.grid.groups[spec.pop("seeds_of")].seeds if "seeds_of" in spec else None
     return value(b, b.names(vg, mk, vs, seeds), _m(spec), e.info)
@@ -151,7 +163,7 @@ def rows(b, block: dict, f) -> list[str]:
                  "set": " ".join(f"{k}={json.dumps(v)}" for k, v in e.over.set.items()) or "(defaults)",
                  "setting": b.grid.settings(g)[s].label if s else "",
                  "sinfo": _Info(b.grid.settings(g)[s].info if s else {}), **extra}
-        local["v"] = {name: _value_cell(b, g, mk, s, e, spec) for name, spec in block.get("values", {}).items()}
+        local["v"] = {name: _value_cell(b, g, mk, s, e, spec, f) for name, spec in block.get("values", {}).items()}
         row = [f.fill(c, **local) for c in block["cells"]]
         if "per_seed" in block:
             m = _m(block["values"][block["per_seed"]])
@@ -190,4 +202,5 @@ def _invocation_field(b, rest: str):
 FIELDS = {"group": _group_field, "stat": _stat_field, "invocation": _invocation_field}
 KINDS = {"sweep": sweep, "run_sums": run_sums, "run_status": run_status, "reading": reading, "rows": rows}
 KEYS = {"split", "x", "col_head", "title", "row_label", "empty", "final_keys", "rerun", "file", "row_when",
-        "split_field", "info_col", "extra_rows", "complete", "items", "planned_only", "setting"}
+        "split_field", "info_col", "extra_rows", "complete", "items", "planned_only", "setting",
+        "nonfinite"}
