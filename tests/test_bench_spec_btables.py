@@ -45,7 +45,11 @@ def _record(monkeypatch) -> list:
     return calls
 
 
-@pytest.mark.parametrize("name,grid,kw", [c for c in CASES_BT if c[0] in CONVERTED], ids=lambda c: str(c)[:40])
+SLOW = {"partialfl", "partialfl-quick"}  # they build both settings' federations and load their data sets
+PARAMS = [pytest.param(*c, id=c[0], marks=[pytest.mark.slow] if c[0] in SLOW else []) for c in CASES_BT if c[0] in CONVERTED]
+
+
+@pytest.mark.parametrize("name,grid,kw", PARAMS)
 def test_spec_renders_what_the_hand_written_script_rendered(name, grid, kw, tmp_path, monkeypatch):
     g = fixture_grid(ROOT / grid, tmp_path / "raw", **kw)
     if name in CUSTOM:
@@ -99,3 +103,16 @@ def test_a_specs_hooks_file_gives_the_post_run_step(tmp_path):
     (tmp_path / "probe.json").write_text("{}")
     assert spec.done(tmp_path, {})
     assert not hasattr(load_spec(ROOT / "benchmarks/robust/tables.toml"), "post")
+
+
+def test_a_bad_part_or_run_field_is_one_config_error(tmp_path, monkeypatch):
+    p = tmp_path / "t.toml"
+    p.write_text('[[blocks]]\n[[blocks.parts]]\ntext = "x"\ncolour = 1\n')
+    with pytest.raises(ConfigError, match=r"blocks\[0\].parts\[0\]: unknown key 'colour'"):
+        TableSpec(p)
+    (tmp_path / "grid.toml").write_text('name = "x"\nraw_dir = "raw"\nreport = "out.md"\ntables = "t.toml"\nseeds = [0]\n'
+                                        '[groups.g]\n[groups.g.methods]\nm = { set = { rounds = 1 } }\n')
+    p.write_text('[[blocks]]\ntext = "{clients.g}"\n')
+    g = fixture_grid(tmp_path / "grid.toml", tmp_path / "raw", skip_every=10**9, fail=0)
+    with pytest.raises(ConfigError, match="<group>@<setting>@<method>"):
+        render_lines(g, monkeypatch)
