@@ -1,8 +1,10 @@
 """The TOML table specs of benchmarks/robust, benchmarks/fedcmi and benchmarks/partialfl (kinds of
 mmfl/bench/spec_btables.py and spec_figures.py), rendered over fixture run folders
 (tests/bench_spec_fixtures.py: CASES_BT), equal what the hand-written table scripts they replaced
-rendered over the same folders (goldens in tests/fixtures/bench_specs/btables-*), and their figures
-plot the same data (the recorded plot / bar calls)."""
+rendered over the same folders (goldens in tests/fixtures/bench_specs/btables-*; the scripts are in
+commit 127b321: benchmarks/robust/tables.py, benchmarks/fedcmi/tables.py and diagnose_tables.py,
+benchmarks/partialfl/tables.py with sections/readings/header.py), and their figures plot the same
+data (the recorded plot / bar calls)."""
 
 from __future__ import annotations
 
