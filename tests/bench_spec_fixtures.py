@@ -20,9 +20,11 @@ def _u(name: str, salt: str) -> float:
     return (zlib.crc32(f"{name}/{salt}".encode()) % 10_000) / 10_000
 
 
-def make_runs(grid, rounds_key: str = "rounds", skip_every: int = 7, fail: int = 1, keys=()) -> None:
+def make_runs(grid, rounds_key: str = "rounds", skip_every: int = 7, fail: int = 1, keys=(), summary_keys=(),
+              lists=None) -> None:
     """Fixture runs for ``grid`` (already redirected to a test folder). ``keys``: extra metric keys
-    written into every row (``moon/ce`` ...)."""
+    written into every row (``moon/ce`` ...); ``summary_keys``: extra summary.json keys;
+    ``lists``: ``{key: length}``, list-valued keys of every row (``class_accuracy/audio``)."""
     for i, run in enumerate(grid.runs()):
         d = grid.raw_dir / run.name
         d.mkdir(parents=True, exist_ok=True)
@@ -38,10 +40,13 @@ def make_runs(grid, rounds_key: str = "rounds", skip_every: int = 7, fail: int =
                    "wall_time_s": 1.0 + _u(run.name, f"w{r}"), "bytes_up": 1000 * r, "bytes_down": 2000 * r}
             for k in keys:
                 row[k] = round(_u(run.name, f"{k}{r}"), 4)
+            for k, n in (lists or {}).items():
+                row[k] = [round(_u(run.name, f"{k}{r}/{i}"), 4) for i in range(n)]
             rows.append(row)
         (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
         summary = {"final_accuracy": rows[-1]["accuracy"], "final_accuracy_std": round(0.05 * _u(run.name, "std"), 4),
-                   "wall_time_s": sum(x["wall_time_s"] for x in rows), "rounds": rounds}
+                   "wall_time_s": sum(x["wall_time_s"] for x in rows), "rounds": rounds,
+                   **{k: round(_u(run.name, k), 4) for k in summary_keys}}
         (d / "summary.json").write_text(json.dumps(summary))
 
 
@@ -60,3 +65,47 @@ def render_lines(grid, monkeypatch) -> str:
     _SPECS.clear()
     path = render(grid)
     return Path(path).read_text()
+
+
+# ----------------------------------------------------------------------------- the fixture sets of
+# benchmarks/{robust,fedcmi,partialfl} (tests/test_bench_spec_btables.py; goldens rendered by the
+# hand-written table scripts these specs replaced)
+
+FEDCMI_KEYS = ["accuracy/image", "accuracy/audio", "accuracy/features", "uar", "global/accuracy",
+               "global/accuracy/image", "global/accuracy/audio", "global/accuracy/features", "global/uar"]
+DIAG_KEYS = ["accuracy/image", "accuracy/audio", "cmi_teacher/image", "cmi_rho", "cmi_rd", "cmi_rd_share",
+             "cmi_t_student", "cmi_agree"]
+
+
+def _robust(grid) -> None:
+    """A run stopped by a rule (not diverged), a diverged AV run and a clean-setting failure."""
+    for name, msg in (("demo-gaussian-20-krum-s1", "round 3: krum needs more than 2f + 2 = 8 updates, got 7"),
+                      ("av-scale-30-median-s2", "diverged: non-finite loss"),
+                      ("demo-clean-bulyan-s0", "nan in the server model")):
+        (grid.raw_dir / name / "summary.json").unlink(missing_ok=True)
+        (grid.raw_dir / name / "failed.txt").write_text(msg)
+
+
+def _diag(grid) -> None:
+    """probe.json (the post-run probe) in every finished run."""
+    for run in grid.runs():
+        if (grid.raw_dir / run.name / "summary.json").is_file():
+            (grid.raw_dir / run.name / "probe.json").write_text(json.dumps(
+                {"probe_z/audio": round(_u(run.name, "pa"), 4), "probe_z/image": round(_u(run.name, "pi"), 4)}))
+
+
+CUSTOM = {"robust": _robust, "diagnose": _diag, "diagnose-missing": _diag}
+CASES_BT = [  # (name, grid, make_runs keywords)
+    ("robust", "benchmarks/robust/grid.toml",
+     dict(keys=["replies_rejected", "dp/epsilon"], summary_keys=["final_r1_sum"], skip_every=11)),
+    ("fedcmi", "benchmarks/fedcmi/grid.toml",
+     dict(keys=FEDCMI_KEYS, lists={"class_accuracy/audio": 10, "class_accuracy/image": 10})),
+    ("fedcmi-quick", "benchmarks/fedcmi/grid-quick.toml",
+     dict(keys=FEDCMI_KEYS, lists={"class_accuracy/audio": 10, "class_accuracy/image": 10}, skip_every=10**9)),
+    ("diagnose", "benchmarks/fedcmi/diagnose.toml", dict(keys=DIAG_KEYS, skip_every=10**9, fail=0)),
+    ("diagnose-missing", "benchmarks/fedcmi/diagnose.toml", dict(keys=DIAG_KEYS, skip_every=9, fail=0)),
+    ("partialfl", "benchmarks/partialfl/grid.toml",
+     dict(keys=["uar", "accuracy_top5", "bytes_per_epoch", "messages"])),
+    ("partialfl-quick", "benchmarks/partialfl/grid-quick.toml",
+     dict(keys=["uar", "accuracy_top5"], skip_every=5, fail=0)),
+]

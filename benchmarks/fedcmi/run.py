@@ -1,5 +1,5 @@
 """FedCMI paper benchmark (Tables 1, 3, 4 and Figures 3, 4) on AV-MNIST and mfeat pair: the
-grid ``grid.toml`` (groups, settings, methods, seeds) and its tables ``tables.py``, run by the
+grid ``grid.toml`` (groups, settings, methods, seeds) and its tables ``tables.toml``, run by the
 benchmark toolkit (``mmfl bench``, docs/benchmarks.md).
 
     .venv/bin/python benchmarks/fedcmi/run.py               # everything -> benchmarks/results/fedcmi.md

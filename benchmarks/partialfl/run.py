@@ -1,6 +1,6 @@
 """PartialFL paper benchmark (paper 003: Fig. 2 / Fig. 4, Tables 2 and 3) on two small settings
 with a shareable and a private modality: the grid ``grid.toml`` (groups, methods, seeds) and its
-tables ``tables.py``, run by the benchmark toolkit (``mmfl bench``, docs/benchmarks.md).
+tables ``tables.toml`` (post-run step: ``hooks.py``), run by the benchmark toolkit (``mmfl bench``, docs/benchmarks.md).
 
     .venv/bin/python benchmarks/partialfl/run.py               # everything -> benchmarks/results/partialfl.md
     .venv/bin/python benchmarks/partialfl/run.py --quick       # a few-minute smoke version (partialfl-quick.md)

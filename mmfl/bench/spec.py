@@ -40,35 +40,41 @@ KIND_MODULES = (
     "mmfl.bench.spec_kinds",
     "mmfl.bench.spec_data",
     "mmfl.bench.spec_bwireless",
+    "mmfl.bench.spec_btables",
+    "mmfl.bench.spec_verdicts",
+    "mmfl.bench.spec_figures",
+    "mmfl.bench.spec_claims",
+    "mmfl.bench.spec_facts",
 )
 
 BLOCK_KEYS = {"text", "kind", "group", "rows", "extra", "header", "cells", "metric", "row", "pairs", "scale",
               "fail_value", "fail_note", "label_a", "label_b", "base", "exclude", "intro", "methods", "rounds",
               "columns", "digits", "missing", "when", "compare", "per_setting", "setting_head", "diff", "a", "b",
-              "metrics", "min_seeds", "per_seed", "per_seed_label", "values", "line", "bootstrap", "seeds_note"}
+              "metrics", "min_seeds", "per_seed", "per_seed_label", "values", "line", "bootstrap", "seeds_note", "parts"}
 
 
-def _kinds() -> tuple[dict, set]:
-    kinds, keys = {}, set(BLOCK_KEYS)
+def _kinds() -> tuple[dict, set, dict]:
+    kinds, keys, fields = {}, set(BLOCK_KEYS), {}
     for name in KIND_MODULES:
         mod = importlib.import_module(name)
         if clash := set(kinds) & set(mod.KINDS):
             raise RuntimeError(f"{name}: kind {sorted(clash)[0]!r} defined twice")
         kinds.update(mod.KINDS)
         keys |= set(getattr(mod, "KEYS", ()))
-        NAMESPACES.update(getattr(mod, "NAMESPACES", {}))  # more {ns.path} fields: fn(b, path)
+        fields.update(getattr(mod, "FIELDS", {}))  # more {ns.path} field namespaces: ``ns -> fn(b, rest)``
         FORMATS.update(getattr(mod, "FORMATS", {}))  # {field:name/arg} format filters: fn(value, arg)
-    return kinds, keys
+    return kinds, keys, fields
 
 
-NAMESPACES: dict = {}
 FORMATS: dict = {}
-KINDS, ALL_KEYS = _kinds()
+KINDS, ALL_KEYS, FIELD_NS = _kinds()
 
 
 class Fields(string.Formatter):
     """``{ns.path}`` fields of a spec's templates: ``config.<group>.<dotted key>`` (the config of the
-    group's first run: first method, setting and seed), ``params.<key>`` (the grid's ``[params]``), ``grid.seeds`` / ``grid.name``,
+    group's first run: first method, setting and seed), ``params.<key>`` (the grid's ``[params]``), ``grid.seeds`` / ``grid.name``
+    / ``grid.config`` (its base config files), ``config.<group>@<setting>.<key>`` (a setting's config),
+    the namespaces of the kind modules' ``FIELDS``; a list formats through ``"<sep>|<spec>"``,
     ``machine`` (:func:`mmfl.sweep.machine`), ``runs.wall_h`` / ``runs.wall_s`` (the finished runs'
     summed wall time), ``runs.finished`` / ``runs.planned`` (counts), ``vars.<name>`` (the spec's ``[vars]``) and the block's own names (``label``, ``value``...)."""
 
@@ -87,9 +93,10 @@ class Fields(string.Formatter):
         if ns in local:
             return dotted_get(local[ns], rest)
         b = self.b
-        if ns == "config":
+        if ns == "config":  # config.<group>[@<setting>].<key>
             group, _, key = rest.partition(".")
-            cfg = b.config(group, None, next(iter(b.grid.settings(group))))  # its first run's config
+            group, _, setting = group.partition("@")
+            cfg = b.config(group, None, setting or next(iter(b.grid.settings(group))))  # its first run's config
             return dotted_get(cfg, key) if key else cfg
         if ns == "params":
             return dotted_get(b.params, rest)
@@ -98,6 +105,8 @@ class Fields(string.Formatter):
             shown = raw.relative_to(b.grid.root) if raw.is_relative_to(b.grid.root) else raw
             if rest.startswith("settings."):  # the keys of a group's settings, "20 and 30"
                 return " and ".join(b.grid.settings(rest.split(".", 1)[1]))
+            if rest == "config":  # the grid's base config files, relative to its root
+                return ", ".join(str(Path(p).relative_to(b.grid.root)) for p in b.grid.config)
             return {"seeds": b.grid.seeds, "name": b.grid.name, "raw_dir": str(shown), "raw_name": raw.name}[rest]
         if ns == "machine":
             import mmfl.sweep
@@ -111,8 +120,8 @@ class Fields(string.Formatter):
             return len(b.runs)
         if ns == "vars":
             return self.var(rest)
-        if ns in NAMESPACES:
-            return NAMESPACES[ns](b, rest)
+        if ns in FIELD_NS:
+            return FIELD_NS[ns](b, rest)
         raise ConfigError(f"table spec: unknown field {{{name}}}")
 
     def var(self, name: str):
@@ -128,6 +137,13 @@ class Fields(string.Formatter):
                 val = self.lookup(v["value"])
                 self._vars[name] = self.fill(v["if_false"] if not val else v.get("else", "{value}"), value=val)
         return self._vars[name]
+
+    def format_field(self, value, format_spec: str):
+        """A list through ``"<sep>|<spec>"`` (``{info.paper: / |.1f}``: "52.2 / 52.9")."""
+        if isinstance(value, (list, tuple)) and "|" in format_spec:
+            sep, spec = format_spec.split("|", 1)
+            return sep.join(format(v, spec) for v in value)
+        return super().format_field(value, format_spec)
 
     def fill(self, template: str, **local) -> str:
         return self.vformat(template, (), local)
@@ -163,29 +179,54 @@ class TableSpec:
         blocks = self.spec.get("blocks")
         if not isinstance(blocks, list) or not blocks:
             raise ConfigError(f"{path}: a table spec needs [[blocks]]")
-        for i, bl in enumerate(blocks):
+        every = [(f"blocks[{i}]", bl) for i, bl in enumerate(blocks)]
+        every += [(f"{w}.parts[{j}]", p) for w, bl in list(every) for j, p in enumerate(bl.get("parts", []))]
+        for i, bl in every:
             if bad := set(bl) - ALL_KEYS:
-                raise ConfigError(f"{path}: blocks[{i}]: unknown key {sorted(bad)[0]!r}")
+                raise ConfigError(f"{path}: {i}: unknown key {sorted(bad)[0]!r}")
             if "kind" in bl and bl["kind"] not in KINDS:
-                raise ConfigError(f"{path}: blocks[{i}].kind: one of {', '.join(KINDS)}, got {bl['kind']!r}")
-            if "kind" not in bl and "text" not in bl:
-                raise ConfigError(f"{path}: blocks[{i}]: needs text or kind")
+                raise ConfigError(f"{path}: {i}.kind: one of {', '.join(KINDS)}, got {bl['kind']!r}")
+            if "kind" not in bl and "text" not in bl and "parts" not in bl:
+                raise ConfigError(f"{path}: {i}: needs text, kind or parts")
         self.FILES = tuple(self.spec.get("files", ()))
+        self._hooks = path.parent / self.spec["hooks"] if "hooks" in self.spec else None
+
+    def __getattr__(self, name: str):
+        """The post-run hooks (``done``, ``post``, a group's ``post.call``) of the Python file the spec's
+        ``hooks = "probe.py"`` names: what runs after a run is code; the report stays data."""
+        if name.startswith("_") or self.__dict__.get("_hooks") is None:
+            raise AttributeError(name)
+        if "_hooks_mod" not in self.__dict__:
+            import importlib.util
+
+            spec = importlib.util.spec_from_file_location(f"mmfl_bench_hooks_{self._hooks.stem}", self._hooks)
+            self._hooks_mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(self._hooks_mod)
+        return getattr(self._hooks_mod, name)
 
     def report(self, b) -> list[str]:
         f = Fields(b, self.spec)
         out = []
         for bl in self.spec["blocks"]:
-            if "when" in bl and not when(f, bl["when"]):
-                continue
-            lines = KINDS[bl["kind"]](b, bl, f) if "kind" in bl else f.fill(bl["text"]).split("\n")
-            out += [*lines, ""]
+            lines = self._lines(b, bl, f)
+            out += [*lines, ""] if lines else []  # a block that renders nothing adds nothing
+        out += [""] * self.spec.get("blank_end", 0)  # more empty lines at the end of the report
         sec = self.spec.get("section")
         if sec:  # the report is a section of another file, between two marker lines
             out = [sec["begin"], *out, sec["end"]]
             if target := f.lookup(sec["file"]):
                 write_section(Path(b.grid.root) / target, out, sec["begin"], sec["end"])
         return out
+
+
+    def _lines(self, b, bl: dict, f) -> list[str]:
+        """A block's lines (none when its ``when`` is false: a field's truth, or with ``not `` its
+        falsehood); ``parts = [...]``: blocks whose lines follow each other without an empty line."""
+        if "when" in bl and not when(f, bl["when"]):
+            return []
+        if "parts" in bl:
+            return [x for p in bl["parts"] for x in self._lines(b, p, f)]
+        return KINDS[bl["kind"]](b, bl, f) if "kind" in bl else f.fill(bl["text"]).split("\n")
 
 
 def when(f, cond: str) -> bool:

@@ -84,7 +84,7 @@ FORMATS = {
     "items": lambda v, arg: (arg.partition("/")[0] or ", ").join(
         f"{k}{arg.partition('/')[2] or ' '}{x}" for k, x in (v or {}).items()),
 }
-NAMESPACES = {"data": lambda b, rest: resolve(b.data, rest)}
+FIELDS = {"data": lambda b, rest: resolve(b.data, rest)}
 
 
 class Scoped(string.Formatter):
