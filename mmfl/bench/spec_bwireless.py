@@ -180,5 +180,5 @@ def into_section(b, block: dict, f) -> list[str]:
     return []
 
 
-KINDS = {"setting_columns": setting_columns, "claims": claims, "run_cost": run_cost, "into_section": into_section}
+KINDS = {"setting_columns": setting_columns, "claim_table": claims, "run_cost": run_cost, "into_section": into_section}
 KEYS = {"settings", "claims", "unit", "summary", "what", "file", "begin", "end", "blocks", "id"}
