@@ -139,7 +139,11 @@ class Fields(string.Formatter):
         return self._vars[name]
 
     def format_field(self, value, format_spec: str):
-        """A list through ``"<sep>|<spec>"`` (``{info.paper: / |.1f}``: "52.2 / 52.9")."""
+        """A kind module's filter ``{field:name/arg}``, a list through ``"<sep>|<spec>"``
+        (``{info.paper: / |.1f}``: "52.2 / 52.9"), else Python's format."""
+        name, _, arg = format_spec.partition("/")
+        if name in FORMATS:
+            return FORMATS[name](value, arg)
         if isinstance(value, (list, tuple)) and "|" in format_spec:
             sep, spec = format_spec.split("|", 1)
             return sep.join(format(v, spec) for v in value)
@@ -147,10 +151,6 @@ class Fields(string.Formatter):
 
     def fill(self, template: str, **local) -> str:
         return self.vformat(template, (), local)
-
-    def format_field(self, value, spec: str):
-        name, _, arg = spec.partition("/")
-        return FORMATS[name](value, arg) if name in FORMATS else super().format_field(value, spec)
 
 
 def _arith(text: str):
