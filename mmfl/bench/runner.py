@@ -176,6 +176,10 @@ def redirect(grid: Grid, raw_dir: str | Path) -> Grid:
 
 
 def cmd_bench(args) -> int:
+    from mmfl.bench.perf import cmd_perf, is_perf_grid
+
+    if is_perf_grid(args.grid):  # a performance grid (kind = "perf"): measurements, not runs
+        return cmd_perf(args)
     grid = load_grid(args.grid, args.grid_set)
     if getattr(args, "raw_dir", None):  # another folder of runs (a test location): the report stays with its runs
         grid = redirect(grid, args.raw_dir)

@@ -1,0 +1,122 @@
+"""Workloads the perf grids time (``call = "mmfl.bench.perf_targets:<factory>"``): each factory does
+its setup (data loaded, experiment trained) outside the timing and returns the callable timed.
+Inputs come from real data sets through mmfl's loaders, never random tensors."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+from mmfl.bench.timing import Sample, cpu_clock
+
+
+@functools.lru_cache(maxsize=4)
+def _images(name: str, rows: int) -> torch.Tensor:
+    """``rows`` training rows of a data set (flattened, centred per column), read through mmfl."""
+    from mmfl.config import load_config
+    from mmfl.data.federation import build_federation
+
+    fed = build_federation(load_config(None, [f"data.name={name}", "partition.num_clients=1",
+                                              f"data.train_limit={rows}"]))
+    c = fed.clients[0]
+    x = torch.cat([v.reshape(len(v), -1).float() for v in c.features.values()], 1)[:rows]
+    return x - x.mean(0)
+
+
+def _fresh_chunks(local, glob, chunk):
+    """eq. 4 chunked as before one buffer was reused: fresh logits and exponentials per chunk."""
+    C, P, _ = local.shape
+    out = torch.empty(C, P)
+    g_t = glob.t()
+    for c in range(C):
+        for s in range(0, P, chunk):
+            e = min(P, s + chunk)
+            rows = local[c, s:e]
+            out[c, s:e] = (rows * glob[s:e]).sum(-1) - torch.logsumexp(rows @ g_t, dim=1)
+    return out
+
+
+def public_scores(variant: str, public: int, clients: int, dim: int, chunk: int, data: str = "fashion_mnist"):
+    """CreamFL's public-set scores (eq. 4) of ``clients`` local and one global representation
+    set: real images of ``data`` (their first ``dim`` centred pixels, unit norm) as the rows.
+    ``variant``: ``"before"`` (fresh temporaries per chunk) or ``"after"`` (mmfl's, one buffer)."""
+    from mmfl.algorithms.public_terms import global_local_contrastive_scores
+
+    x = torch.nn.functional.normalize(_images(data, public * (clients + 1))[:, :dim], dim=-1)
+    local, glob = x[:public * clients].reshape(clients, public, dim).contiguous(), x[public * clients:].contiguous()
+    fn = _fresh_chunks if variant == "before" else global_local_contrastive_scores
+    return lambda: fn(local, glob, chunk)
+
+
+@functools.lru_cache(maxsize=1)
+def _moon_state() -> dict:
+    """MOON's CNN on Fashion-MNIST, its seeded initial weights as a client's ``prev/`` state."""
+    from mmfl.config import load_config
+    from mmfl.data.federation import build_federation
+    from mmfl.models.factory import model_factory
+
+    cfg = load_config(None, ["data.name=fashion_mnist", "model.name=simple_cnn", "partition.num_clients=2"])
+    sd = model_factory(cfg, build_federation(cfg).meta)().state_dict()
+    return {f"prev/{k}": v.detach().clone() for k, v in sd.items()}
+
+
+def store_checkpoints(store: str, clients: int, per_round: int, every: int, rounds: int = 10):
+    """CPU seconds in checkpoint.save + the store's commit over ``rounds`` rounds of ``per_round``
+    clients saving MOON's CNN as state, a checkpoint every ``every`` rounds (as the runner does)."""
+    from mmfl.engine import checkpoint
+    from mmfl.engine.state_store import ClientStateStore, DiskClientStateStore
+
+    state = _moon_state()
+
+    def run() -> Sample:
+        spent = Sample(0.0, 0.0)
+        with tempfile.TemporaryDirectory(prefix="mmfl-perf-") as tmp:
+            root = Path(tmp)
+            st = DiskClientStateStore(root / "store") if store == "disk" else ClientStateStore()
+            for rnd in range(rounds):
+                for cid in range(rnd * per_round, (rnd + 1) * per_round):
+                    st.save(cid % clients, state)
+                if (rnd + 1) % every == 0 or rnd + 1 == rounds:
+                    t = cpu_clock()
+                    checkpoint.save(root / "ckpt", rnd + 1, {"w": torch.zeros(1)}, st.write_checkpoint,
+                                    {"round": rnd + 1})
+                    st.commit()
+                    spent.cpu += cpu_clock() - t
+            if store == "disk":
+                st.close()
+        return spent
+    return run
+
+
+def state_kb() -> float:
+    return sum(t.numel() * t.element_size() for t in _moon_state().values()) / 1024
+
+
+def personal_eval(sets: list[str]):
+    """An mmfl run (``sets``), then its personalized evaluation through the clients, as on Flower
+    (each client is sent its personalized model and scores it on its own test rows); the call
+    returns the evaluation's metrics, a hash of the per-client accuracies and the clients per send."""
+    import dataclasses
+
+    from mmfl.config import load_config
+    from mmfl.core import evaluation
+    from mmfl.engine.runner import Experiment
+
+    tmp = tempfile.mkdtemp(prefix="mmfl-perf-")
+    exp = Experiment(load_config(None, [f"output_dir={tmp}", "name=m", *sets]), progress=False)
+    exp.run()
+    ctx = dataclasses.replace(exp.eval_context(0), personal_rows=None)  # through the clients, as on Flower
+    exp.transport.begin_round(1)
+
+    def run() -> dict:
+        row = exp.server.evaluate_personalized(ctx)
+        acc = json.dumps(row["client_accuracy"], sort_keys=True)
+        return {"chunk": evaluation.PERSONAL_CHUNK, "clients_scored": len(row["client_accuracy"]),
+                "client_accuracy_sha256": hashlib.sha256(acc.encode()).hexdigest(),
+                **{k: row[k] for k in ("accuracy", "uar", "test_loss")}}
+    return run
