@@ -76,8 +76,13 @@ def measure_cell(cell: dict) -> dict:
     return {**head, "runs": runs}
 
 
+def report_path(grid: dict, report: dict) -> Path:
+    """Where a report is written: its ``file``, or that name in ``--raw-dir`` (a trial)."""
+    return Path(grid["out"]) / Path(report["file"]).name if grid.get("out") else grid["root"] / report["file"]
+
+
 def data_path(grid: dict, report: dict) -> Path:
-    return (grid["root"] / report["file"]).with_suffix(".json")
+    return report_path(grid, report).with_suffix(".json")
 
 
 def run(grid: dict, only: list[str] | None = None, tables_only: bool = False) -> list[Path]:
@@ -96,7 +101,7 @@ def run(grid: dict, only: list[str] | None = None, tables_only: bool = False) ->
             if todo or tables_only:
                 print(f"mmfl: note: {rname}: no data yet for {', '.join(missing)}; report not written", flush=True)
             continue
-        out = grid["root"] / rep["file"]
+        out = report_path(grid, rep)
         out.write_text("\n".join(render_blocks(rep["blocks"], data)))
         wrote.append(out)
     return wrote
@@ -104,6 +109,9 @@ def run(grid: dict, only: list[str] | None = None, tables_only: bool = False) ->
 
 def cmd_perf(args) -> int:
     grid = load_perf(args.grid, getattr(args, "grid_set", []))
+    if getattr(args, "raw_dir", None):  # a trial: data and reports there, the committed ones untouched
+        grid["out"] = Path(args.raw_dir)
+        grid["out"].mkdir(parents=True, exist_ok=True)
     only = getattr(args, "group", None) or None
     names = set(grid.get("cells", {})) | set(grid.get("reports", {}))
     if only and (unknown := [o for o in only if o not in names]):

@@ -138,13 +138,23 @@ def cpu(cell: dict, params: dict) -> dict:
         return run
     res = interleave({n: keep(n, f) for n, f in fns.items()}, cell.get("repeats", 3), cell.get("warmup", 1),
                      log=lambda m: print(m, flush=True))
-    if cell.get("same"):
-        import torch
+    _same(cell, list(outs.values()))
+    return res.to_dict()
 
-        a, b = (outs[n] for n in list(outs)[:2])
+
+def _same(cell: dict, outs: list) -> None:
+    """``same = true``: the variants returned equal results (tensors: the same bits); ``same = [keys]``:
+    equal at these keys of the returned dicts."""
+    import torch
+
+    keys = cell.get("same")
+    if not keys:
+        return
+    pick = (lambda o: o) if keys is True else (lambda o: {k: o[k] for k in keys})
+    for o in outs[1:]:
+        a, b = pick(outs[0]), pick(o)
         if not (torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b):
             raise AssertionError(f"perf: the variants of {cell['name']} returned different results")
-    return res.to_dict()
 
 
 def _kb(field: str) -> int:
@@ -173,9 +183,7 @@ def peak_memory(cell: dict, params: dict) -> dict:
         if p.returncode:
             raise ConfigError(f"perf grid: {cell['name']}/{name} failed: {p.stderr.strip().splitlines()[-1:]}")
         res["cells"][name] = json.loads(p.stdout.strip().splitlines()[-1])
-    got = [c["result"] for c in res["cells"].values()]
-    if cell.get("same") and any(g != got[0] for g in got):
-        raise AssertionError(f"perf: the variants of {cell['name']} returned different results")
+    _same(cell, [c["result"] for c in res["cells"].values()])
     res["load_end"] = os.getloadavg()[0]
     return res
 

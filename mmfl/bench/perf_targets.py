@@ -93,8 +93,9 @@ def store_checkpoints(store: str, clients: int, per_round: int, every: int, roun
     return run
 
 
-def state_kb() -> float:
-    return sum(t.numel() * t.element_size() for t in _moon_state().values()) / 1024
+def state_size():
+    """KB of the state :func:`store_checkpoints` saves per client."""
+    return lambda: sum(t.numel() * t.element_size() for t in _moon_state().values()) / 1024
 
 
 def personal_eval(sets: list[str]):
