@@ -122,6 +122,8 @@ class Comparison:
         for n, ss in self.samples.items():
             cells[n] = {w: self.of(n, w) for w in (*FIELDS, "sys_share") if self.of(n, w)["n"]}
             cells[n]["samples"] = [[s.cpu, s.wall] for s in ss]
+            if ss and ss[0].user is not None:  # user s, system s, minor faults of each sample
+                cells[n]["usage"] = [[s.user, s.sys, s.minflt] for s in ss]
         return {"load_start": self.load_start, "load_end": self.load_end, "order": self.order, "cells": cells}
 
 
