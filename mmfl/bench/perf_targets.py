@@ -121,3 +121,64 @@ def personal_eval(sets: list[str]):
                 "client_accuracy_sha256": hashlib.sha256(acc.encode()).hexdigest(),
                 **{k: row[k] for k in ("accuracy", "uar", "test_loss")}}
     return run
+
+
+def _ce(m, inputs, labels):
+    return torch.nn.functional.cross_entropy(m(inputs)["logits"], labels, reduction="none")
+
+
+@functools.lru_cache(maxsize=2)
+def _federation(config: str):
+    from mmfl.config import load_config
+    from mmfl.data.federation import build_federation
+    from mmfl.models.factory import model_factory
+
+    from mmfl.core.training import state_of
+
+    cfg = load_config(config, ["threads=1"])
+    fed = build_federation(cfg)
+    model = model_factory(cfg, fed.meta)()
+    return cfg, fed, model, state_of(model)  # the model and its initial (seeded) state
+
+
+def local_round(config: str, dp: bool, clip: float = 1.0, noise: float = 1.0):
+    """One round of local training of every client of ``config`` from the initial model: plain
+    SGD (mmfl.core.training.local_train) or DP-SGD (mmfl.core.dpsgd.dpsgd_train, clip C, noise z)."""
+    from mmfl.core.dpsgd import dpsgd_train
+    from mmfl.core.training import load_into, local_train
+
+    cfg, fed, model, init = _federation(config)
+
+    def run():
+        for c, data in enumerate(fed.clients):
+            g = torch.Generator().manual_seed(c)
+            if dp:
+                dpsgd_train(load_into(model, init), data, cfg.train, clip, noise, g,
+                            torch.Generator().manual_seed(100 + c), _ce)
+            else:
+                local_train(load_into(model, init), data, cfg.train, g)
+    return run
+
+
+def grad_norms(config: str, clip: float = 1.0):
+    """Per-sample gradient norms of every client's rows at the initial model: 10 / 50 / 90 %
+    quantiles and the share above ``clip`` (how much DP-SGD's clipping shortens a step)."""
+    from mmfl.core.dpsgd import per_sample_gradients
+    from mmfl.core.training import load_into
+
+    def run() -> dict:
+        cfg, fed, model, init = _federation(config)
+        load_into(model, init).train()
+        norms = []
+        with per_sample_gradients(model):
+            for data in fed.clients:
+                _ce(model, *data.get()).sum().backward()
+                gs = [p.grad_sample for p in model.parameters()]
+                norms.append(torch.stack([g.reshape(len(g), -1).norm(dim=1) for g in gs], 1).norm(dim=1))
+                for p in model.parameters():
+                    p.grad_sample, p.grad = None, None
+        n = torch.cat(norms)
+        q = torch.quantile(n, torch.tensor([0.1, 0.5, 0.9])).tolist()
+        return {"rows": len(n), "q10": q[0], "q50": q[1], "q90": q[2], "above_clip": float((n > clip).double().mean()),
+                "client_rows": [len(c) for c in fed.clients]}
+    return run
