@@ -182,3 +182,54 @@ def grad_norms(config: str, clip: float = 1.0):
         return {"rows": len(n), "q10": q[0], "q50": q[1], "q90": q[2], "above_clip": float((n > clip).double().mean()),
                 "client_rows": [len(c) for c in fed.clients]}
     return run
+
+
+def stacked_drift(optimizer: str, clients: int = 2, images: int = 3000):
+    """How far stacked training (``batch_clients``, mmfl.core.batched.train_stacked) drifts from
+    one-by-one training, next to float32's own drift: ``clients`` clients of the issue's workload
+    (MOON's simple CNN on Fashion-MNIST, ``images`` each, batch 64, 1 epoch) trained from one start
+    one by one in float32 and in float64 and stacked in float32; the largest parameter difference of
+    each pair, per client."""
+    from mmfl.config import TrainConfig, load_config
+    from mmfl.core.batched import BatchedClient, BatchedTask, train_stacked
+    from mmfl.core.training import local_train
+    from mmfl.engine.runner import Experiment
+
+    class CrossEntropy(BatchedClient):
+        def batched_loss(self, forward, params, inputs, labels, extras, shared):
+            return _ce(lambda x: forward(params, x), inputs, labels)
+
+    class Float64(torch.nn.Module):  # a float64 copy of a model that takes mmfl's float32 inputs
+        def __init__(self, model):
+            super().__init__()
+            self.model = model.double()
+
+        def forward(self, inputs):
+            return self.model({k: v.double() for k, v in inputs.items()})
+
+    def diff(a, b):
+        return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+    def run() -> list[dict]:
+        exp = Experiment(load_config(None, ["data.name=fashion_mnist", "partition.name=iid", "partition.num_clients=10", "model.name=simple_cnn",
+                                            f"clients_per_round={clients}", "rounds=1", "output_dir=/tmp/mmfl-perf-drift"]),
+                         progress=False)
+        datas = [exp.federation.clients[c].subset(torch.arange(images).numpy()) for c in range(clients)]
+        train = TrainConfig(optimizer=optimizer, local_epochs=1, batch_size=64, momentum=0.9, weight_decay=1e-5,
+                            lr=0.001 if optimizer == "adam" else 0.01)
+        start = exp.make_model().state_dict()
+        gens = lambda i: torch.Generator().manual_seed(7 + i)  # noqa: E731
+        stacked = train_stacked(exp.make_model(), CrossEntropy(), [BatchedTask(start=start) for _ in datas], datas,
+                                [gens(i) for i in range(clients)], train)
+        rows = []
+        for i, d in enumerate(datas):
+            f32, f64 = exp.make_model(), exp.make_model()
+            f32.load_state_dict(start)
+            f64.load_state_dict(start)
+            steps = local_train(f32, d, train, gens(i))["steps"]
+            local_train(Float64(f64), d, train, gens(i))
+            s32, s64, sb = f32.state_dict(), f64.state_dict(), stacked[i][0]
+            rows.append({"client": i, "steps": steps, "float32_vs_float64": diff(s32, s64),
+                         "stacked_vs_one_by_one": diff(sb, s32), "stacked_vs_float64": diff(sb, s64)})
+        return rows
+    return run
