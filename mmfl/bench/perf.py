@@ -39,7 +39,8 @@ def load_perf(path, grid_set: list[str] = ()) -> dict:
         raise ConfigError(f"{path}: unknown key {sorted(bad)[0]!r}")
     for name, c in g.get("cells", {}).items():
         if bad := set(c) - CELL_KEYS:
-            raise ConfigError(f"{path}: cells.{name}: unknown key {sorted(bad)[0]!r} (allowed: {', '.join(sorted(CELL_KEYS))})")
+            raise ConfigError(f"{path}: cells.{name}: unknown key {sorted(bad)[0]!r} "
+                              f"(allowed: {', '.join(sorted(CELL_KEYS))})")
         if c.get("measure") not in MEASURES:
             raise ConfigError(f"{path}: cells.{name}.measure: one of {', '.join(MEASURES)}, got {c.get('measure')!r}")
         if not c.get("variants"):

@@ -38,7 +38,8 @@ def _mmr(d: dict, digits: int = 2, fmt: str = "") -> str:
 
 
 FUNCS = {"min": min, "max": max, "sum": sum, "len": len, "median": statistics.median, "range": range,
-         "round": round, "abs": abs, "zip": lambda *a: [list(x) for x in zip(*a)], "iqr": _iqr, "mmr": _mmr, "pct": lambda x: f"{x:.0%}"}
+         "round": round, "abs": abs, "zip": lambda *a: [list(x) for x in zip(*a)], "iqr": _iqr, "mmr": _mmr,
+         "pct": lambda x: f"{x:.0%}"}
 
 
 def _key(obj, name):

@@ -211,9 +211,9 @@ def stacked_drift(optimizer: str, clients: int = 2, images: int = 3000):
         return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
     def run() -> list[dict]:
-        exp = Experiment(load_config(None, ["data.name=fashion_mnist", "partition.name=iid", "partition.num_clients=10", "model.name=simple_cnn",
-                                            f"clients_per_round={clients}", "rounds=1", "output_dir=/tmp/mmfl-perf-drift"]),
-                         progress=False)
+        sets = ["data.name=fashion_mnist", "partition.name=iid", "partition.num_clients=10", "model.name=simple_cnn",
+                f"clients_per_round={clients}", "rounds=1", "output_dir=/tmp/mmfl-perf-drift"]
+        exp = Experiment(load_config(None, sets), progress=False)
         datas = [exp.federation.clients[c].subset(torch.arange(images).numpy()) for c in range(clients)]
         train = TrainConfig(optimizer=optimizer, local_epochs=1, batch_size=64, momentum=0.9, weight_decay=1e-5,
                             lr=0.001 if optimizer == "adam" else 0.01)
