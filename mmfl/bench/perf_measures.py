@@ -5,10 +5,10 @@ cell's ``over`` (its sizes), filled into the variants' templates.
 - ``cpu``: CPU time, interleaved repeats (:func:`mmfl.bench.timing.interleave`): per variant the
   median and spread of CPU, wall, user and system seconds, minor page faults and the system share,
   the load average around them; ``same = true`` asserts the variants return equal results.
-- ``peak_memory``: each variant in a fresh process: its target's setup, then the peak resident
+- ``peak_memory`` (``repeats``, interleaved; default 1): each variant in a fresh process: its target's setup, then the peak resident
   memory during the timed call (``VmHWM``, reset through /proc/self/clear_refs) minus the resident
   memory before it; ``same`` compares the calls' returned metrics.
-- ``per_call``: an mmfl run per variant, one row per call of the ``hook`` function (e.g.
+- ``per_call`` (``repeats`` as ``peak_memory``): an mmfl run per variant, one row per call of the ``hook`` function (e.g.
   ``mmfl.engine.checkpoint:save``): its CPU and wall seconds, the bytes the process wrote during
   it (``wchar``, /proc/self/io), the size of its first argument's folder (``kept``) and the length
   of Experiment attributes named in ``lengths``; with the run's own CPU time and the load average;
@@ -175,16 +175,29 @@ def child(spec: str) -> None:
         print(json.dumps({"extra_kb": _kb("VmHWM") - rss, "rss_kb": rss, "cpu": s.cpu, "result": out}))
 
 
+def _repeated(cell: dict, params: dict, one) -> dict:
+    """``one(name, variant) -> dict`` for every variant, ``repeats`` times interleaved (A B, B A, ...):
+    per variant the last repeat's fields, with every repeat's under ``repeats`` when there are several."""
+    vs, n = variants(cell, params), cell.get("repeats", 1)
+    res, got = {"load_start": os.getloadavg()[0], "cells": {}}, {k: [] for k in vs}
+    for r in range(n):
+        for name in (list(vs) if r % 2 == 0 else list(vs)[::-1]):
+            got[name].append(one(name, vs[name]))
+    for name, rs in got.items():
+        res["cells"][name] = {**rs[-1], **({"repeats": rs} if n > 1 else {})}
+    res["load_end"] = os.getloadavg()[0]
+    return res
+
+
 def peak_memory(cell: dict, params: dict) -> dict:
-    res = {"load_start": os.getloadavg()[0], "cells": {}}
-    for name, v in variants(cell, params).items():
+    def one(name, v):
         code = "import sys; from mmfl.bench.perf_measures import child; child(sys.argv[1])"
         p = subprocess.run([sys.executable, "-c", code, json.dumps([v, params])], capture_output=True, text=True)
         if p.returncode:
             raise ConfigError(f"perf grid: {cell['name']}/{name} failed: {p.stderr.strip().splitlines()[-1:]}")
-        res["cells"][name] = json.loads(p.stdout.strip().splitlines()[-1])
+        return json.loads(p.stdout.strip().splitlines()[-1])
+    res = _repeated(cell, params, one)
     _same(cell, [c["result"] for c in res["cells"].values()])
-    res["load_end"] = os.getloadavg()[0]
     return res
 
 
@@ -204,8 +217,7 @@ def per_call(cell: dict, params: dict) -> dict:
     from mmfl.config import load_config
     from mmfl.engine.runner import Experiment
 
-    res = {"load_start": os.getloadavg()[0], "cells": {}}
-    for name, v in variants(cell, params).items():
+    def one(name, v):
         rows, box = [], {}
         owner, attr, orig = resolve(cell["hook"])
 
@@ -229,9 +241,9 @@ def per_call(cell: dict, params: dict) -> dict:
                 s, _ = measure(box["exp"].run)
             finally:
                 setattr(owner, attr, orig)
-        res["cells"][name] = {"calls": rows, "run": {"cpu": s.cpu, "wall": s.wall}}
-    res["load_end"] = os.getloadavg()[0]
-    return res
+        return {"calls": rows, "run": {"cpu": s.cpu, "wall": s.wall},
+                "calls_total": {"cpu": sum(r["cpu"] for r in rows), "wall": sum(r["wall"] for r in rows)}}
+    return _repeated(cell, params, one)
 
 
 def value(cell: dict, params: dict) -> dict:

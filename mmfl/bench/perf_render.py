@@ -6,7 +6,7 @@ optional ``text`` head). A template's ``{...}`` field is an expression over the 
 optional format spec: ``{runs[0].cells.after.cpu.median:.2f}``, ``{before[-1].written / before[0].written:.1f}``,
 ``{max(after.written) / 1e6:.2f}``. In an expression a dotted name reads a key of a dict and, on a list,
 that key of every element (``after.written``: a list); ``[i]`` indexes; ``+ - * / // %`` and the
-functions ``min max sum len median range round abs zip`` plus ``iqr(spread, digits)`` ("median (q1–q3)"),
+functions ``min max sum len median range round abs zip spread`` (median, quartiles, min, max of a list) plus ``iqr(spread, digits)`` ("median (q1–q3)"),
 ``mmr(spread, digits[, fmt])`` ("median (min–max)") and ``pct(x)`` ("24%"). In a ``rows`` block the element is
 ``r`` (its keys also as names) and its index ``i``. Format: docs/benchmarks.md "Performance grids".
 """
@@ -30,6 +30,12 @@ def _iqr(d: dict, digits: int = 2) -> str:
     return fmt_spread(d, digits)
 
 
+def _spread(values):
+    from mmfl.bench.timing import spread
+
+    return spread(values)
+
+
 def _mmr(d: dict, digits: int = 2, fmt: str = "") -> str:
     if d.get("median") is None:
         return "—"
@@ -38,7 +44,7 @@ def _mmr(d: dict, digits: int = 2, fmt: str = "") -> str:
 
 
 FUNCS = {"min": min, "max": max, "sum": sum, "len": len, "median": statistics.median, "range": range,
-         "round": round, "abs": abs, "zip": lambda *a: [list(x) for x in zip(*a)], "iqr": _iqr, "mmr": _mmr,
+         "round": round, "abs": abs, "zip": lambda *a: [list(x) for x in zip(*a)], "iqr": _iqr, "mmr": _mmr, "spread": lambda v: _spread(v),
          "pct": lambda x: f"{x:.0%}"}
 
 
