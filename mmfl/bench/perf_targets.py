@@ -28,6 +28,14 @@ def _images(name: str, rows: int) -> torch.Tensor:
     return x - x.mean(0)
 
 
+def real_rows(data: str, rows: int, dim: int) -> torch.Tensor:
+    """``rows`` x ``dim`` unit-norm rows of real data (the first ``dim`` centred columns; cycled when
+    ``dim`` exceeds the data's width): stand-in representations for arithmetic benchmarks."""
+    x = _images(data, rows)
+    x = x.repeat(1, -(-dim // x.shape[1]))[:, :dim] if dim > x.shape[1] else x[:, :dim]
+    return torch.nn.functional.normalize(x, dim=-1)
+
+
 def _fresh_chunks(local, glob, chunk):
     """eq. 4 chunked as before one buffer was reused: fresh logits and exponentials per chunk."""
     C, P, _ = local.shape
@@ -47,7 +55,7 @@ def public_scores(variant: str, public: int, clients: int, dim: int, chunk: int,
     ``variant``: ``"before"`` (fresh temporaries per chunk) or ``"after"`` (mmfl's, one buffer)."""
     from mmfl.algorithms.public_terms import global_local_contrastive_scores
 
-    x = torch.nn.functional.normalize(_images(data, public * (clients + 1))[:, :dim], dim=-1)
+    x = real_rows(data, public * (clients + 1), dim)
     local, glob = x[:public * clients].reshape(clients, public, dim).contiguous(), x[public * clients:].contiguous()
     fn = _fresh_chunks if variant == "before" else global_local_contrastive_scores
     return lambda: fn(local, glob, chunk)
