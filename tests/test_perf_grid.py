@@ -38,6 +38,7 @@ def test_committed_reports_regenerate_from_their_committed_data(tmp_path):
             assert "\n".join(render_blocks(rep["blocks"], json.loads(js.read_text()))) == md.read_text(), name
 
 
+@pytest.mark.slow
 def test_checkpoint_bytes_per_round_stay_flat_and_the_whole_store_rewrite_grows(tmp_path):
     """per_call on checkpoint.save inside real runs (MOON, digits): the incremental store writes the
     same bytes every round; with ``ClientStateStore.incremental = False`` they grow with clients seen."""
@@ -96,3 +97,28 @@ def test_bad_grids_and_expressions_are_one_line(tmp_path):
     with pytest.raises(ConfigError, match="only names"):
         evaluate("__import__('os')", {})
     assert evaluate("max(rows.b) / rows[0].b", {"rows": [{"b": 2}, {"b": 6}]}) == 3
+
+
+@pytest.mark.slow
+def test_peak_memory_of_an_mmfl_run_in_fresh_processes_interleaved(tmp_path):
+    grid = tmp_path / "m.toml"
+    grid.write_text(f'''kind = "perf"
+[cells.mem]
+measure = "peak_memory"
+repeats = 2
+set = ["data.name=digits", "partition.num_clients=4", "model.name=mlp", "model.hidden=[16]", "rounds=1",
+       "train.local_epochs=1", "threads=1", "algorithm.name=$algo", "output_dir={tmp_path}/runs", "name=$algo"]
+variants = {{ fedavg = {{ params = {{ algo = "fedavg" }} }}, moon = {{ params = {{ algo = "moon" }} }} }}
+[reports.m]
+file = "m.md"
+cells = ["mem"]
+[[reports.m.blocks]]
+rows = "[mem.cells.fedavg, mem.cells.moon]"
+row = "{{len(repeats)}} runs, last: {{extra_kb / 1024:.1f}} MB above {{rss_kb / 1024:.0f}} MB"
+''')
+    out = subprocess.run([sys.executable, "-m", "mmfl.cli", "bench", str(grid)], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    cells = json.loads((tmp_path / "m.json").read_text())["mem"]["cells"]
+    for c in cells.values():
+        assert len(c["repeats"]) == 2 and c["rss_kb"] > 50_000 and c["extra_kb"] > 0 and c["cpu"] > 0
+    assert (tmp_path / "m.md").read_text().startswith("2 runs, last: ")

@@ -172,7 +172,7 @@ def child(spec: str) -> None:
         Path("/proc/self/clear_refs").write_text("5")  # reset the peak
         rss = _kb("VmRSS")
         s, out = measure(fn)
-        print(json.dumps({"extra_kb": _kb("VmHWM") - rss, "rss_kb": rss, "cpu": s.cpu, "result": out}))
+        print(json.dumps({"extra_kb": _kb("VmHWM") - rss, "rss_kb": rss, "cpu": s.cpu, "result": out}, default=str))
 
 
 def _repeated(cell: dict, params: dict, one) -> dict:
