@@ -5,11 +5,11 @@ cell's ``over`` (its sizes), filled into the variants' templates.
 - ``cpu``: CPU time, interleaved repeats (:func:`mmfl.bench.timing.interleave`): per variant the
   median and spread of CPU, wall, user and system seconds, minor page faults and the system share,
   the load average around them; ``same = true`` asserts the variants return equal results.
-- ``peak_memory`` (``repeats``, interleaved; default 1): each variant in a fresh process: its target's setup, then the peak resident
-  memory during the timed call (``VmHWM``, reset through /proc/self/clear_refs) minus the resident
+- ``peak_memory`` (``repeats``, interleaved; default 1): each variant in a fresh process: its
+  target's setup, then the peak resident memory during the timed call (``VmHWM``, reset through /proc/self/clear_refs) minus the resident
   memory before it; ``same`` compares the calls' returned metrics.
-- ``per_call`` (``repeats`` as ``peak_memory``): an mmfl run per variant, one row per call of the ``hook`` function (e.g.
-  ``mmfl.engine.checkpoint:save``): its CPU and wall seconds, the bytes the process wrote during
+- ``per_call`` (``repeats`` as ``peak_memory``): an mmfl run per variant, one row per call of the
+  ``hook`` function (e.g. ``mmfl.engine.checkpoint:save``): its CPU and wall seconds, the bytes the process wrote during
   it (``wchar``, /proc/self/io), the size of its first argument's folder (``kept``) and the length
   of Experiment attributes named in ``lengths``; with the run's own CPU time and the load average;
 - ``value``: each variant's callable called once, what it returns recorded (a size, a quantile).
