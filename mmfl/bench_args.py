@@ -7,11 +7,12 @@ def add_bench_parser(sub) -> None:
                        description="Run the runs of a benchmark grid file that are not finished yet "
                                    "(worker processes, one torch thread each; resumable) and write its "
                                    "report from the finished runs. Grid format: docs/benchmarks.md.")
-    p.add_argument("grid", help="grid file (TOML), e.g. benchmarks/moon/grid.toml")
+    p.add_argument("grid", help="grid file (TOML), e.g. benchmarks/moon/grid.toml; or a performance grid "
+                                "(kind = \"perf\", benchmarks/perf/measures.toml): its cells measured, reports rendered")
     p.add_argument("--tables-only", action="store_true", help="run nothing; rebuild the report from finished runs")
     p.add_argument("--workers", type=int, help="worker processes (default: the grid's workers)")
     p.add_argument("--seeds", type=int, nargs="+", help="run only these seeds (the tables use every finished run)")
-    p.add_argument("--group", action="append", default=[], help="run only this group (repeatable)")
+    p.add_argument("--group", action="append", default=[], help="run only this group (repeatable; a perf grid: a cell or a report)")
     p.add_argument("--raw-dir", help="folder of the run folders instead of the grid's raw_dir (the report is "
                                      "written there too)")
     p.add_argument("--grid-set", action="append", default=[], metavar="KEY=VALUE",

@@ -1,7 +1,7 @@
 """A short run pays no fixed cost it does not need (issue 17 item 6): a fresh process that runs
 a tiny experiment end to end imports neither ``torch._dynamo`` (torch.optim's first optimizer,
 1-1.5 s; mmfl.core.optim avoids it) nor matplotlib (the accuracy plot, 0.5-1 s; drawn by
-``mmfl report RUN`` instead). benchmarks/perf/fixed_costs.py measures both."""
+``mmfl report RUN`` instead). The cells of report fixed_costs in benchmarks/perf/measures.toml measure both."""
 
 import subprocess
 from conftest import patience

@@ -3,9 +3,9 @@
     .venv/bin/python benchmarks/perf/public_agg.py                      # |P| = 50,000, 10 clients, d = 512
     .venv/bin/python benchmarks/perf/public_agg.py --public 10000       # quicker
 
-Runs in a child process: builds the inputs in place (10 clients' image representations
-of the public set, ``[10, P, 512]`` float32 = 1 GB at P = 50,000, and the global text
-representations), then reads its resident memory, runs
+Runs in a child process: builds the inputs (10 clients' image representations of the public
+set, ``[10, P, 512]`` float32 = 1 GB at P = 50,000, and the global text representations: real
+Fashion-MNIST images read through mmfl, ``mmfl.bench.perf_targets.real_rows``), then reads its resident memory, runs
 :func:`mmfl.algorithms.public_terms.global_local_contrastive_aggregation` (image side;
 the text side is the same computation again) and reports the time and the peak extra
 resident memory (peak RSS during the call minus RSS before it; ``ru_maxrss`` and
@@ -34,11 +34,11 @@ from mmfl.algorithms.public_terms import global_local_contrastive_aggregation
 C, P, d, chunk, threads = map(int, sys.argv[1:6])
 if threads:
     torch.set_num_threads(threads)
-g = torch.Generator().manual_seed(0)
-local = torch.empty(C, P, d).normal_(generator=g)
-local.div_(local.norm(dim=-1, keepdim=True))
-glob = torch.empty(P, d).normal_(generator=g)
-glob.div_(glob.norm(dim=-1, keepdim=True))
+from mmfl.bench.perf_targets import real_rows
+x = real_rows("fashion_mnist", P, d)  # real images as representations (first d centred pixels, unit norm)
+local = x.expand(C, P, d).contiguous()  # every client's the same rows: the arithmetic is the same
+glob = x.roll(1, 0).contiguous()
+del x
 
 def rss_kb(field):
     for line in open("/proc/self/status"):

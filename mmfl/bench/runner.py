@@ -188,8 +188,11 @@ def redirect(grid: Grid, raw_dir: str | Path) -> Grid:
 def cmd_bench(args) -> int:
     import time
 
+    from mmfl.bench.perf import cmd_perf, is_perf_grid
     from mmfl.bench.plan import plan, run_sets
 
+    if is_perf_grid(args.grid):  # a performance grid (kind = "perf"): measurements, not runs
+        return cmd_perf(args)
     sets = run_sets(getattr(args, "device", None), getattr(args, "batch_clients", None))
     grid = load_grid(args.grid, [*args.grid_set, *sets])
     if getattr(args, "raw_dir", None):  # another folder of runs (a test location): the report stays with its runs

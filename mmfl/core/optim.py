@@ -3,7 +3,7 @@
 The first call of a few ``torch.optim.Optimizer`` methods (``add_param_group`` in the constructor,
 ``zero_grad``, ``step``, ``state_dict``) imports ``torch._dynamo`` through ``torch._disable_dynamo``
 or ``_use_grad_for_differentiable``: 1.0-1.5 s of CPU once per process (most of a short run, a
-sweep's job or a Flower client process; ``benchmarks/perf/fixed_costs.py`` measures it). Those
+sweep's job or a Flower client process; ``benchmarks/results/fixed_costs.md`` measures it). Those
 decorators only matter under ``torch.compile``, which mmfl does not use.
 
 :class:`SGD` and :class:`Adam` are subclasses of torch's classes (``isinstance(opt,
