@@ -106,11 +106,10 @@ def test_server_declares_its_evaluations(tmp_path):
 flwr = pytest.importorskip("flwr", reason='Flower not installed (pip install -e ".[flower]")')
 
 try:
-    from test_flower import InProcessGrid, finished
+    from test_flower import InProcessGrid
 except ImportError:  # run as the package tests.*
-    from tests.test_flower import InProcessGrid, finished
+    from tests.test_flower import InProcessGrid
 
-from mmfl.flower.deploy import LocalDeployment  # noqa: E402
 from mmfl.flower.transport import FlowerTransport  # noqa: E402
 
 
@@ -136,20 +135,6 @@ def test_personalized_algorithms_run_on_the_flower_transport(tmp_path, algo):
     same_personal_metrics(rows(cfg.run_dir), rows(sim.run_dir))
 
 
-@pytest.mark.slow
-def test_loopback_fedfomo_runs_on_real_flower_processes(tmp_path_factory):
-    # a SuperLink and three SuperNodes on 127.0.0.1; FedFomo evaluates per device: the
-    # server's copy of each client's model goes to that client's SuperNode, which scores it
-    tmp = tmp_path_factory.mktemp("fomo")
-    dep = LocalDeployment(3, tmp / "flower")
-    try:
-        dep.start()
-        cfg = cfg_of(tmp / "run", "fedfomo", "algorithm.name=fedfomo")
-        run = finished(dep, dep.submit(cfg), cfg)
-    finally:
-        dep.stop()
-    sim = cfg_of(tmp / "sim", "fedfomo", "algorithm.name=fedfomo")
-    run_config(sim)
-    got = rows(run)
-    assert [r["round"] for r in got] == [1, 2] and all(0.0 < r["accuracy"] <= 1.0 for r in got)
-    same_personal_metrics(got, rows(sim.run_dir))
+# FedFomo (the server's copy of each client's model sent to that client's SuperNode, which scores
+# it) and FedMSplit (each SuperNode scores its client's own model) run on a real loopback deployment
+# in tests/test_flower_missing.py::test_loopback_deployment_equals_simulator: one deployment for both
