@@ -31,7 +31,7 @@ os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(_SESSION_TMP, "triton"))
 # otherwise hands out the files with the most tests first, which put these last (seen in a
 # timed run: test_docs_commands, test_capabilities and test_privacy_corpus started first).
 _SLOW_FILES = ("test_flower.py", "test_flower_missing.py", "test_flower_secagg.py", "test_flower_resume.py",
-               "test_flower_deploy.py", "test_evaluation.py", "test_mutants.py", "test_flower_device.py")
+               "test_flower_deploy.py", "test_mutants.py", "test_flower_device.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -1,15 +1,18 @@
-"""The tests' one helper for a run: a config from a base list of overrides, an Experiment run,
-its metrics rows (issue 28, item 5).
+"""The tests' one helper for a run: a config from a base list of overrides (or a raw config
+dict), an Experiment built and run, its metrics rows (issue 28, item 5).
 
 A test file that trains end to end writes ``from helpers import DIGITS, config, run, rows`` and
 passes its own overrides; the defaults are the tiny digits run most files used to hand-roll:
 3 clients, an MLP with one hidden layer of 16, one local epoch, SGD, one thread, 2 rounds.
+A file whose config is a raw dict (``{"data": {...}, "model": {...}}``) or a Config it built
+itself writes ``experiment(raw)`` (built, not run: to spy on its transport or server first) or
+``run_config(raw)``.
 """
 
 import json
 from pathlib import Path
 
-from mmfl.config import load_config
+from mmfl.config import ExperimentConfig, load_config, resolve
 from mmfl.engine.runner import Experiment  # the one place the tests' runs name the runner's module
 
 # the tiny digits run (about a second a round on one thread)
@@ -21,20 +24,36 @@ MFEAT_D = ("data.name=mfeat", 'data.views=["pix", "fou"]', 'case="D"', "partitio
            "train.batch_size=64", "threads=1", "clients_per_round=3")
 
 
-def config(tmp_path, name, *overrides, base=DIGITS, rounds: int | None = 2):
-    """The run's config: ``base``, then the output folder, name and rounds (none when ``rounds`` is
-    None: the base's or the default), then ``overrides`` (the last value of a key wins)."""
+def config(tmp_path, name, *overrides, base=DIGITS, rounds: int | None = 2, path=None) -> ExperimentConfig:
+    """The run's config: the file ``path`` (none: the defaults), ``base``, then the output folder,
+    name and rounds (none when ``rounds`` is None: the base's or the file's), then ``overrides``
+    (the last value of a key wins)."""
     head = [*base, f"output_dir={tmp_path}", f"name={name}"]
     if rounds is not None:
         head.append(f"rounds={rounds}")
-    return load_config(None, [*head, *overrides])
+    return load_config(path, [*head, *overrides])
 
 
-def run(tmp_path, name, *overrides, base=DIGITS, rounds: int | None = 2, resume=False, overwrite=False) -> Experiment:
-    """Build and run the experiment (no progress bar); returns it (``exp.run_dir``, ``exp.server``)."""
-    exp = Experiment(config(tmp_path, name, *overrides, base=base, rounds=rounds), progress=False)
+def experiment(cfg: ExperimentConfig | dict, **kw) -> Experiment:
+    """The experiment of ``cfg`` (a Config, or a raw config dict: resolved first), built, not run;
+    no progress bar unless ``progress=True``; ``kw`` go to Experiment (``transport``, ``stages``)."""
+    kw.setdefault("progress", False)
+    return Experiment(resolve(cfg) if isinstance(cfg, dict) else cfg, **kw)
+
+
+def run_config(cfg: ExperimentConfig | dict, *, resume=False, overwrite=False, **kw) -> Experiment:
+    """Build (as :func:`experiment`) and run ``cfg``; returns the experiment."""
+    exp = experiment(cfg, **kw)
     exp.run(resume=resume, overwrite=overwrite)
     return exp
+
+
+def run(tmp_path, name, *overrides, base=DIGITS, rounds: int | None = 2, path=None, resume=False,
+        overwrite=False, **kw) -> Experiment:
+    """Build and run the experiment of :func:`config` (no progress bar); returns it (``exp.run_dir``,
+    ``exp.server``); ``kw`` go to Experiment (``transport``, ``stages``, ``progress``)."""
+    return run_config(config(tmp_path, name, *overrides, base=base, rounds=rounds, path=path),
+                      resume=resume, overwrite=overwrite, **kw)
 
 
 def rows(run_or_dir) -> list[dict]:

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from mmfl.algorithms import ALGORITHMS
-from mmfl.config import resolve
-from mmfl.engine.runner import Experiment
+
+from helpers import experiment, rows
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -81,9 +81,8 @@ def test_the_docs_quote_does_not_change(added):
 def test_it_runs_streamed_through_the_server_step_hook(added):
     raw = {**test_device.registered_cases()[NAME], "name": "recipe", "device": "cpu",
            "output_dir": str(added / "runs"), "stream_aggregation": "on"}
-    exp = Experiment(resolve(raw), progress=False)
+    exp = experiment(raw)
     before = {k: v.clone() for k, v in exp.server.model.state_dict().items()}
     exp.run()
-    rows = [json.loads(x) for x in (exp.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["replies_streamed"] for r in rows] == [3, 3]  # the fold, then server_step
+    assert [r["replies_streamed"] for r in rows(exp)] == [3, 3]  # the fold, then server_step
     assert any(not torch.equal(before[k], v) for k, v in exp.server.model.state_dict().items())

@@ -18,9 +18,8 @@ from mmfl.algorithms.moon import l2_representation_loss, model_contrastive_loss
 from mmfl.algorithms.scaffold import C, DC, control_variate_update, param_names
 from mmfl.data import DATASETS
 from mmfl.core.message import Message
-from mmfl.engine.runner import Experiment
 
-from helpers import config as make_cfg, rows as rows_of, run as run_exp
+from helpers import config as make_cfg, rows as rows_of, run as run_exp, experiment
 
 # Tiny and fast: sklearn digits (1,437 train / 360 test), 3 clients, a 16-unit MLP,
 # one local epoch of large batches, one torch thread.
@@ -126,8 +125,7 @@ def test_scaffold_round_one_equals_fedavg_then_variates_move(tmp_path):
 
 def test_scaffold_client_variate_follows_option_two(tmp_path):
     # option II as printed, (x - y) / (K lr); the default's K for momentum: tests/test_scaffold.py
-    exp = Experiment(make_cfg(tmp_path, "sca-client", "algorithm.name=scaffold", "algorithm.option2=printed"),
-                     progress=False)
+    exp = experiment(make_cfg(tmp_path, "sca-client", "algorithm.name=scaffold", "algorithm.option2=printed"))
     srv, tr = exp.server, exp.transport
     tr.begin_round(0)
     msg = srv.configure_train(0, [1])[1]

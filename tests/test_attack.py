@@ -16,11 +16,11 @@ from mmfl.core.message import Message
 from mmfl.core.replies import MAX_COUNT, ReplySchema, check_reply, model_schema
 from mmfl.data.base import ArrayDataset
 from mmfl.engine.attack import Attack, attack_arrays, malicious_clients
-from mmfl.engine.runner import Experiment
+
 from mmfl.errors import ConfigError, MMFLError
 from mmfl.schema import AttackConfig
 
-from helpers import DIGITS as BASE, rows, run
+from helpers import DIGITS as BASE, experiment, rows, run
 
 
 def run_exp(tmp_path, name, *over, rounds=2) -> list[dict]:
@@ -111,7 +111,7 @@ def test_attack_config_errors_name_the_field():
 def test_representation_attack_on_a_weight_averaging_algorithm_is_a_config_error(tmp_path):
     cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", "attack.kind=\"shuffle_reps\""])
     with pytest.raises(ConfigError, match="attack.kind"):
-        Experiment(cfg, progress=False)
+        experiment(cfg)
 
 
 # ----------------------------------------------------------------------------- the reply check by hand
@@ -150,7 +150,7 @@ def test_default_schema_allows_only_the_modules_of_the_clients_modalities(tmp_pa
     cfg = load_config(None, ["data.name=mfeat", 'data.views=["pix", "fou"]', 'case="D"', "partition.num_clients=4",
                              "model.name=multimodal", "model.feat_dim=8", "model.mlp_hidden=[8]", "threads=1",
                              f"output_dir={tmp_path}"])
-    exp = Experiment(cfg, progress=False)
+    exp = experiment(cfg)
     fed = exp.federation
     uni = next(c for c in range(fed.num_clients) if len(fed.modalities_of(c)) == 1)
     other = next(m for m in fed.meta.modalities if m not in fed.modalities_of(uni))

@@ -9,8 +9,8 @@ import numpy as np
 
 from mmfl.audit.audit import audit, lines
 from mmfl.audit.label_skew import sample_rows, score, simplex
-from mmfl.config import resolve
-from mmfl.engine.runner import Experiment
+
+from helpers import run_config
 
 
 def creamfl_run(tmp_path, name, partition):
@@ -20,7 +20,7 @@ def creamfl_run(tmp_path, name, partition):
            "model": {"name": "multimodal", "feat_dim": 16, "cnn_channels": [8, 8], "mlp_hidden": [64]},
            "algorithm": {"name": "creamfl", "server_batch_size": 64, "public_size": 300},
            "train": {"local_epochs": 1, "batch_size": 64, "optimizer": "adam", "lr": 0.001}}
-    Experiment(resolve(raw), progress=False).run()
+    run_config(raw)
     return audit(tmp_path / name, rounds=1, invert=0, shadows=48)
 
 

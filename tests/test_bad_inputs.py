@@ -24,6 +24,8 @@ from mmfl.core.replies import check_reply, model_schema
 from mmfl.engine import pieces
 from mmfl.engine.state_store import ClientStateStore
 
+from helpers import config, run_config
+
 BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
         "train.local_epochs=1", "train.batch_size=128", "threads=1"]
 
@@ -136,14 +138,12 @@ def test_a_round_with_every_reply_dropped_is_kept_with_skip(tmp_path, capsys, cl
 
 def test_an_overflow_in_training_is_one_line(tmp_path):
     # past the config's bounds (a value set in code): torch's "cannot be converted ... without overflow"
-    from mmfl.config import load_config
-    from mmfl.engine.runner import Experiment
     from mmfl.errors import MMFLError
 
-    cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", "name=o", "rounds=1", 'train.optimizer="sgd"'])
+    cfg = config(tmp_path, "o", 'train.optimizer="sgd"', base=BASE, rounds=1)
     cfg.train.lr = 1e300
     with pytest.raises(MMFLError, match=r"^round 1: a value overflows float32 in training .*train.lr") as e:
-        Experiment(cfg, progress=False).run()
+        run_config(cfg)
     assert "\n" not in str(e.value)
 
 

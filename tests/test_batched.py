@@ -4,7 +4,6 @@ visible fallback where batching cannot apply; resume-exact."""
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from pathlib import Path
@@ -12,11 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmfl.config import TrainConfig, load_config
+from mmfl.config import TrainConfig
 from mmfl.data.base import ArrayDataset
 from mmfl.core.batched import BatchedClient, BatchedTask, client_batches, train_stacked
-from mmfl.engine.runner import Experiment
 from mmfl.core.training import local_train
+
+from helpers import config, rows, run, run_config, timeless
 
 sys.path.insert(0, str(Path(__file__).parent))
 from data_fixtures import write_mnist_dir  # noqa: E402
@@ -34,15 +34,10 @@ def mnist_root(tmp_path_factory):
 def cnn_cfg(tmp_path, root, name, *over, rounds=3):
     # 4 clients of unequal size (Dirichlet), 3 per round: client state from earlier rounds
     # matters (MOON's previous model, SCAFFOLD's c_i) and step counts differ within a round
-    return load_config(None, [
+    return config(tmp_path, name, *over, rounds=rounds, base=(
         "data.name=mnist_idx", f"data.root={root}", "partition.name=dirichlet", "partition.num_clients=4",
         "partition.beta=0.5", "clients_per_round=3", "model.name=simple_cnn", "model.out_dim=32",
-        "train.local_epochs=1", "train.batch_size=16", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1",
-        f"rounds={rounds}", f"output_dir={tmp_path}", f"name={name}", *over])
-
-
-def rows_of(exp) -> list[dict]:
-    return [json.loads(x) for x in (exp.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        "train.local_epochs=1", "train.batch_size=16", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1"))
 
 
 def comparable(rows):
@@ -67,6 +62,10 @@ def assert_close_states(a: dict, b: dict, control_atol: float = ATOL):
         assert torch.allclose(a[k], b[k], rtol=0, atol=atol), (k, float((a[k] - b[k]).abs().max()))
 
 
+# three real mfeat views, Dirichlet labels over 5 clients, the multimodal model (one encoder per view)
+MFEAT3 = ("data.name=mfeat", 'data.views=["pix", "fou", "zer"]', "partition.name=dirichlet", "partition.num_clients=5",
+          "partition.beta=0.5", "model.name=multimodal", "model.feat_dim=16", "model.mlp_hidden=[16]",
+          'train.optimizer="sgd"', "train.lr=0.01", "train.local_epochs=1", "train.batch_size=32", "threads=1")
 ADAM = ["train.optimizer=\"adam\"", "train.lr=0.001", "train.weight_decay=0.0001"]  # the default optimizer
 
 
@@ -77,14 +76,12 @@ def test_batched_training_equals_sequential_within_float_tolerance(tmp_path, mni
     # Adam: per-client moments and step counts, fresh every round as local_train's optimizer
     over = [f"algorithm.name={algo}"] + (["algorithm.mu=0.5"] if algo == "fedprox" else []) \
         + (ADAM if opt == "adam" else [])
-    seq = Experiment(cnn_cfg(tmp_path, mnist_root, "seq", *over, "batch_clients=false"), progress=False)
-    seq.run()
-    bat = Experiment(cnn_cfg(tmp_path, mnist_root, "bat", *over, "batch_clients=true"), progress=False)
-    bat.run()
-    rows = rows_of(bat)
-    assert all(r["batched_clients"] == 3 and "batched_fallback" not in r for r in rows)
-    assert not any(k.startswith("batched") for r in rows_of(seq) for k in r)
-    assert_close_rows(rows_of(seq), rows)
+    seq = run_config(cnn_cfg(tmp_path, mnist_root, "seq", *over, "batch_clients=false"))
+    bat = run_config(cnn_cfg(tmp_path, mnist_root, "bat", *over, "batch_clients=true"))
+    got = rows(bat)
+    assert all(r["batched_clients"] == 3 and "batched_fallback" not in r for r in got)
+    assert not any(k.startswith("batched") for r in rows(seq) for k in r)
+    assert_close_rows(rows(seq), got)
     # SCAFFOLD's control variates are (x - y_i) / (K lr): a parameter difference d is d / (K lr) in
     # c_i, and Adam moves every parameter by about lr per step whatever its gradient's scale, so
     # rounding differences in tiny gradients reach y_i: the variates are compared to ATOL / lr
@@ -137,14 +134,12 @@ def test_fallback_is_automatic_and_visible(tmp_path, mnist_root, caplog):
     # reported per round, and then bit-for-bit the sequential run
     over = ["model.name=mlp", "model.hidden=[16]", "model.dropout=0.2", "algorithm.name=fedavg"]
     with caplog.at_level(logging.WARNING, logger="mmfl"):
-        bat = Experiment(cnn_cfg(tmp_path, mnist_root, "bat", *over, "batch_clients=true", rounds=2), progress=False)
-        bat.run()
+        bat = run_config(cnn_cfg(tmp_path, mnist_root, "bat", *over, "batch_clients=true", rounds=2))
     assert any("dropout" in r.getMessage() for r in caplog.records)
-    rows = rows_of(bat)
-    assert all("dropout" in r["batched_fallback"] and "batched_clients" not in r for r in rows)
-    seq = Experiment(cnn_cfg(tmp_path, mnist_root, "seq", *over, "batch_clients=false", rounds=2), progress=False)
-    seq.run()
-    assert comparable(rows) == comparable(rows_of(seq))
+    got = rows(bat)
+    assert all("dropout" in r["batched_fallback"] and "batched_clients" not in r for r in got)
+    seq = run_config(cnn_cfg(tmp_path, mnist_root, "seq", *over, "batch_clients=false", rounds=2))
+    assert comparable(got) == comparable(rows(seq))
     # SGD and Adam are stacked (tests above); an optimizer without a stacked version would fall back
     from types import SimpleNamespace
 
@@ -157,13 +152,10 @@ def test_fallback_is_automatic_and_visible(tmp_path, mnist_root, caplog):
 
 def test_batched_run_resumes_exactly(tmp_path, mnist_root):
     over = ["algorithm.name=moon", "batch_clients=true"]
-    full = Experiment(cnn_cfg(tmp_path, mnist_root, "full", *over, rounds=3), progress=False)
-    full.run()
-    Experiment(cnn_cfg(tmp_path, mnist_root, "split", *over, rounds=2), progress=False).run()
-    resumed = Experiment(cnn_cfg(tmp_path, mnist_root, "split", *over, rounds=3), progress=False)
-    resumed.run(resume=True)
-    strip = [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rows_of(full)]
-    assert strip == [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rows_of(resumed)]
+    full = run_config(cnn_cfg(tmp_path, mnist_root, "full", *over, rounds=3))
+    run_config(cnn_cfg(tmp_path, mnist_root, "split", *over, rounds=2))
+    resumed = run_config(cnn_cfg(tmp_path, mnist_root, "split", *over, rounds=3), resume=True)
+    assert timeless(rows(full)) == timeless(rows(resumed))
     for k, v in full.server.state_dict().items():
         assert torch.equal(v, resumed.server.state_dict()[k]), k
     for k, v in full.store.state_dict().items():
@@ -181,11 +173,9 @@ def test_a_subclass_that_changes_training_without_batched_methods_is_not_batched
 
     assert "overrides train" in capability_blocker(ALGORITHMS.get(NAN_ALGO).factory.client)
     assert capability_blocker(MoonClient) is None
-    exp = Experiment(cnn_cfg(tmp_path, mnist_root, "nan", f"algorithm.name={NAN_ALGO}", "on_nonfinite=drop",
-                             "clients_per_round=4", "batch_clients=true", rounds=1),
-                     progress=False)
-    exp.run()
-    row = rows_of(exp)[0]
+    exp = run_config(cnn_cfg(tmp_path, mnist_root, "nan", f"algorithm.name={NAN_ALGO}", "on_nonfinite=drop",
+                             "clients_per_round=4", "batch_clients=true", rounds=1))
+    row = rows(exp)[0]
     assert row["dropped"] == [1] and "overrides train" in row["batched_fallback"]
 
 
@@ -193,20 +183,13 @@ def test_a_subclass_that_changes_training_without_batched_methods_is_not_batched
 def test_multimodal_encoders_train_stacked_equal_to_sequential(tmp_path, algo, opt):
     # the multimodal model (one encoder per modality, fusion, classifier) over three real mfeat
     # views: every encoder stacks over the clients, results match one-by-one training
-    def run(batched: bool):
-        cfg = load_config(None, [
-            "data.name=mfeat", 'data.views=["pix", "fou", "zer"]', "partition.name=dirichlet",
-            "partition.num_clients=5", "partition.beta=0.5", "model.name=multimodal", "model.feat_dim=16",
-            "model.mlp_hidden=[16]", f"algorithm.name={algo}", "train.optimizer=\"sgd\"", "train.lr=0.01", "train.local_epochs=1", "train.batch_size=32",
-            "threads=1", "rounds=2", f"output_dir={tmp_path}", f"name={algo}-{opt}-{batched}",
-            f"batch_clients={'true' if batched else 'false'}", *(ADAM if opt == "adam" else [])])
-        exp = Experiment(cfg, progress=False)
-        exp.run()
-        return exp
+    def trained(batched: bool):
+        return run(tmp_path, f"{algo}-{opt}-{batched}", f"algorithm.name={algo}", f"batch_clients={'true' if batched else 'false'}",
+                   *(ADAM if opt == "adam" else []), base=MFEAT3)
 
-    seq, bat = run(False), run(True)
-    assert all(r.get("batched_clients") == 5 for r in rows_of(bat))
-    assert_close_rows(rows_of(seq), rows_of(bat))
+    seq, bat = trained(False), trained(True)
+    assert all(r.get("batched_clients") == 5 for r in rows(bat))
+    assert_close_rows(rows(seq), rows(bat))
     a, b = seq.server.model.state_dict(), bat.server.model.state_dict()
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < ATOL
 
@@ -250,19 +233,16 @@ def test_batchnorm_stacks_with_per_client_running_statistics_equal_to_local_trai
 @pytest.mark.parametrize("opt", ["sgd", "adam"])
 def test_moon_with_batchnorm_trains_stacked_equal_to_sequential(tmp_path, mnist_root, opt):
     # the multimodal model's CNN encoder has BatchNorm: MOON's frozen references run in eval mode
-    def run(name, batched):
-        exp = Experiment(load_config(None, [
+    def trained(name, batched):
+        return run(tmp_path, name, f"batch_clients={batched}", *(ADAM if opt == "adam" else []), base=(
             "data.name=mnist_idx", f"data.root={mnist_root}", "partition.name=dirichlet", "partition.num_clients=4",
             "partition.beta=0.5", "clients_per_round=3", "model.name=multimodal", "model.feat_dim=16",
-            "algorithm.name=moon", "train.local_epochs=1", "train.batch_size=16", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1",
-            "rounds=2", f"output_dir={tmp_path}", f"name={name}", f"batch_clients={batched}",
-            *(ADAM if opt == "adam" else [])]), progress=False)
-        exp.run()
-        return exp
+            "algorithm.name=moon", "train.local_epochs=1", "train.batch_size=16", "train.optimizer=\"sgd\"", "train.lr=0.05",
+            "threads=1"))
 
-    seq, bat = run("bnseq", "false"), run("bnbat", "true")
-    assert all(r.get("batched_clients") == 3 for r in rows_of(bat))
-    assert_close_rows(rows_of(seq), rows_of(bat))
+    seq, bat = trained("bnseq", "false"), trained("bnbat", "true")
+    assert all(r.get("batched_clients") == 3 for r in rows(bat))
+    assert_close_rows(rows(seq), rows(bat))
     a, b = seq.server.model.state_dict(), bat.server.model.state_dict()
     assert any("running_mean" in k for k in a)
     assert max(float((a[k].double() - b[k].double()).abs().max()) for k in a) < ATOL

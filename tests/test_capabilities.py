@@ -15,10 +15,11 @@ from mmfl.algorithms import ALGORITHMS
 from mmfl.algorithms.capabilities import DP_MODES, algorithms_with, capabilities
 from mmfl.algorithms.fedavg import FedAvgServer
 from mmfl.cli import main as cli_main
-from mmfl.config import load_config, resolve_dp, resolve_secure_aggregation
-from mmfl.engine.runner import Experiment
+from mmfl.config import resolve_dp, resolve_secure_aggregation
 from mmfl.errors import ConfigError
 from mmfl.schema import Component
+
+from helpers import config, experiment, run
 
 def own(names) -> list[str]:
     """mmfl's algorithms among ``names`` (other tests of the same process register their own)."""
@@ -117,8 +118,7 @@ def test_fedavg_family_streams_as_declared(name):
 @pytest.mark.parametrize("name", [n for n in NAMES if ALGORITHMS.get(n).factory.server.runs_on == "single"
                                   and not ALGORITHMS.get(n).factory.pooled])
 def test_stream_aggregation_on_takes_the_list_path_exactly_when_not_declared(tmp_path, capsys, name):
-    cfg = load_config(None, [*BASE, f"algorithm.name={name}", f"output_dir={tmp_path}", "stream_aggregation=on"])
-    Experiment(cfg, progress=False)
+    experiment(config(tmp_path, "demo", f"algorithm.name={name}", "stream_aggregation=on", base=BASE, rounds=None))
     noted = "needs the whole list of replies" in capsys.readouterr().err
     assert noted == (not caps(name).streaming), name
 
@@ -139,8 +139,5 @@ def test_mmfl_list_shows_the_capabilities(capsys):
 def test_declared_stateful_clients_are_the_ones_leaving_state_in_the_store(tmp_path, name):
     """One round of 4 clients (tiny MLP on digits): the engine's client store holds state exactly
     when the algorithm declares stateful clients."""
-    cfg = load_config(None, [*BASE, f"algorithm.name={name}", f"output_dir={tmp_path}", "rounds=1",
-                             "eval_every=5"])
-    exp = Experiment(cfg, progress=False)
-    exp.run()
+    exp = run(tmp_path, "demo", f"algorithm.name={name}", "eval_every=5", base=BASE, rounds=1)
     assert (exp.transport.store.nbytes() > 0) == caps(name).stateful_clients, name

@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mmfl.engine.runner import Experiment
+
 from mmfl.engine.state_store import DiskClientStateStore
 
-from helpers import config, rows, timeless as timeless_rows
+from helpers import timeless as timeless_rows, config, experiment, rows
 
 
 BASE = ["data.name=digits", "partition.num_clients=6", "clients_per_round=3", "model.name=mlp",
@@ -21,7 +21,7 @@ BASE = ["data.name=digits", "partition.num_clients=6", "clients_per_round=3", "m
 
 
 def make(tmp_path, name, *over, rounds=5):
-    return Experiment(config(tmp_path, name, *over, base=BASE, rounds=rounds), progress=False)
+    return experiment(config(tmp_path, name, *over, base=BASE, rounds=rounds))
 
 
 def timeless(exp):

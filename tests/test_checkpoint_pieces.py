@@ -6,6 +6,7 @@ mid-round resumes bit-exact."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -17,21 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmfl.config import load_config
 from mmfl.engine import checkpoint, pieces
-from mmfl.engine.runner import Experiment
 from mmfl.engine.state_store import ClientStateStore
 
-BASE = ["data.name=digits", "partition.num_clients=20", "clients_per_round=2", "model.name=mlp",
-        "model.hidden=[16]", "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"",
-        "train.lr=0.05", "threads=1", "algorithm.name=moon", 'state_store="memory"']
+from helpers import DIGITS, run
 
-
-def run_exp(tmp_path, name, *over, rounds, resume=False) -> Experiment:
-    cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}", *over])
-    exp = Experiment(cfg, progress=False)
-    exp.run(resume=resume)
-    return exp
+BASE = (*DIGITS, "partition.num_clients=20", "clients_per_round=2", "algorithm.name=moon", 'state_store="memory"')
+run_exp = functools.partial(run, base=BASE)
 
 
 def bytes_per_checkpoint(monkeypatch) -> list[int]:

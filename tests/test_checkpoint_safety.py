@@ -20,7 +20,7 @@ from mmfl.engine import checkpoint, runfolder
 from mmfl.engine.runner import Experiment
 from mmfl.errors import MMFLError
 
-from helpers import DIGITS as BASE, config as make_cfg, run as run_exp
+from helpers import DIGITS as BASE, config as make_cfg, run as run_exp, experiment
 
 
 def rows_of(run_dir) -> list[dict]:
@@ -168,7 +168,7 @@ def test_second_writer_fails_naming_the_folder_and_the_holder(tmp_path, capsys):
 
 
 def test_lock_is_held_during_the_run_and_released_after(tmp_path):
-    exp = Experiment(make_cfg(tmp_path, "inproc", rounds=1), progress=False)
+    exp = experiment(make_cfg(tmp_path, "inproc", rounds=1))
     with runfolder.RunLock(exp.run_dir):  # another writer (this process, another open file)
         with pytest.raises(MMFLError, match=f"in use by another mmfl process \\(pid {os.getpid()}\\)"):
             exp.run()

@@ -16,10 +16,10 @@ from mmfl.algorithms.creamfl_terms import (entropy_selection_weights, info_nce, 
                                            variance_weights)
 from mmfl.algorithms.public_terms import global_local_contrastive_scores
 from mmfl.cli import main as cli_main
-from mmfl.config import resolve
-from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
 from mmfl.report import load_metrics
+
+from helpers import experiment, run_config
 
 NAMES = ["creamfl", "reamfl_mean", "reamfl_avg", "reamfl_iot", "fedmd", "fedet", "fedgems",
          "creamfl_fedavg", "creamfl_fediot"]
@@ -175,7 +175,7 @@ def test_unimodal_clients_never_send_the_modality_they_lack_and_models_differ(tm
         return orig(self, replies, glob)
 
     monkeypatch.setattr(CreamFLServer, "aggregate_reps", spy)
-    exp = Experiment(resolve(raw_config(tmp_path)), progress=False)
+    exp = experiment(raw_config(tmp_path))
     send = exp.transport.send
 
     def spy_send(route, messages):
@@ -213,7 +213,7 @@ def _server_after_one_round(tmp_path, optimizer):
     raw.pop("client_models"), raw.pop("modalities")
     raw["model"]["encoders"] = {"image": "mlp"}  # no BatchNorm: train-mode = eval-mode representations
     raw["algorithm"].update(server_optimizer=optimizer, server_lr_schedule="constant")
-    exp = Experiment(resolve(raw), progress=False)
+    exp = experiment(raw)
     exp.run()  # one round: the server's Adam has state from a public epoch and a real distillation
     return exp.server
 
@@ -273,11 +273,10 @@ def test_target_quality_scores_the_distillation_targets_against_the_servers_own(
 
 
 def test_resume_continues_exactly(tmp_path):
-    full = Experiment(resolve(raw_config(tmp_path / "a", "fedmd")), progress=False)
-    full.run()
+    run_config(raw_config(tmp_path / "a", "fedmd"))
     raw = raw_config(tmp_path / "b", "fedmd")
-    Experiment(resolve({**raw, "rounds": 1}), progress=False).run()
-    Experiment(resolve(raw), progress=False).run(resume=True)
+    run_config({**raw, "rounds": 1})
+    run_config(raw, resume=True)
     a, b = load_metrics(tmp_path / "a" / "fedmd"), load_metrics(tmp_path / "b" / "fedmd")
     keys = ("i2t_r1", "t2i_r5", "distill_loss", "train_loss", "bytes_up")
     assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
@@ -285,13 +284,13 @@ def test_resume_continues_exactly(tmp_path):
 
 def test_weight_sharing_needs_one_architecture(tmp_path):
     with pytest.raises(ConfigError, match="server's architecture"):
-        Experiment(resolve(raw_config(tmp_path, "creamfl_fedavg")), progress=False).run()
+        run_config(raw_config(tmp_path, "creamfl_fedavg"))
 
 
 def test_weight_sharing_averages_the_held_modules(tmp_path):
     raw = raw_config(tmp_path, "creamfl_fediot", rounds=1)
     raw.pop("client_models")
-    exp = Experiment(resolve(raw), progress=False)
+    exp = experiment(raw)
     before = {k: v.clone() for k, v in exp.server.model.state_dict().items()}
     exp.run()
     after = exp.server.model.state_dict()
@@ -305,7 +304,7 @@ def test_a_data_set_without_a_public_set_is_refused(tmp_path):
     raw = raw_config(tmp_path)
     raw["data"] = {"name": "mfeat_pair"}
     with pytest.raises(ConfigError, match="no public set"):
-        Experiment(resolve(raw), progress=False)
+        experiment(raw)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from mmfl.algorithms.creamfl_terms import public_reps
-from mmfl.config import resolve
-from mmfl.engine.runner import Experiment
+
+from helpers import experiment
 
 PACKAGED = Path(__file__).resolve().parent.parent / "mmfl" / "configs" / "creamfl_mfeat.toml"
 
@@ -24,7 +24,7 @@ def _packaged_server(tmp_path, distill_norm: str):
     raw.update(rounds=1, output_dir=str(tmp_path), threads=1)
     raw["train"]["local_epochs"] = 1
     raw["algorithm"].update(distill_norm=distill_norm, server_lr_schedule="constant")
-    exp = Experiment(resolve(raw), progress=False)
+    exp = experiment(raw)
     exp.run()  # one round: a public epoch, clients, a real distillation (the Adam has state)
     return exp.server
 

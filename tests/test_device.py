@@ -21,11 +21,12 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from mmfl.cli import main as cli_main
-from mmfl.config import resolve
 from mmfl.core.device import resolve_device
 from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
 from mmfl.report import load_metrics
+
+from helpers import experiment, run_config
 
 try:
     from registry_cases import by_setting, shipped
@@ -183,7 +184,7 @@ def _tensors(tree):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_no_tensor_is_made_on_torchs_default_device(case, tmp_path):
     raw = {**CASES[case], "name": case.replace("+", "_"), "output_dir": str(tmp_path)}
-    exp = Experiment(resolve(raw), progress=False)  # data loading is not under the check
+    exp = experiment(raw)  # data loading is not under the check
     assert exp.device.type == DEVICE
     with default_device_meta():
         exp.run()
@@ -233,11 +234,9 @@ def _final(exp: Experiment) -> tuple[dict, list]:
 def test_a_cpu_checkpoint_resumes_with_device_auto_bit_for_bit(tmp_path, store):
     # MOON: the server's model and every client's previous model (client state) cross the checkpoint
     base = digits(algorithm=algo("moon"), state_store=store, output_dir=str(tmp_path))
-    full = Experiment(resolve({**base, "name": "full", "rounds": 3}), progress=False)
-    full.run()
-    Experiment(resolve({**base, "name": "part", "rounds": 1}), progress=False).run()
-    resumed = Experiment(resolve({**base, "name": "part", "rounds": 3, "device": "auto"}), progress=False)
-    resumed.run(resume=True)
+    full = run_config({**base, "name": "full", "rounds": 3})
+    run_config({**base, "name": "part", "rounds": 1})
+    resumed = run_config({**base, "name": "part", "rounds": 3, "device": "auto"}, resume=True)
     assert resumed.cfg.run.device == "auto" and resumed.device.type == DEVICE  # with a GPU: a cuda checkpoint
     (want, want_rows), (got, got_rows) = _final(full), _final(resumed)
     assert [r["round"] for r in got_rows] == [1, 2, 3]

@@ -5,7 +5,6 @@ out-of-memory error with the same result, bf16 autocast with fp32 messages."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -13,12 +12,13 @@ import pytest
 import torch
 
 import mmfl.engine.batched_delivery as engine_batched
-from mmfl.config import load_config
+
 from mmfl.core.batched import MAX_GROUP, stack_size
 from mmfl.core.device import precision_context, resolve_device, to_cpu, to_device, to_fp32
 from mmfl.data.base import ArrayDataset, Federation, DatasetMeta
-from mmfl.engine.runner import Experiment
 from mmfl.engine.state_store import ClientStateStore, make_store
+
+from helpers import config, experiment, rows, run_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 from data_fixtures import write_mnist_dir  # noqa: E402
@@ -35,15 +35,10 @@ def mnist_root(tmp_path_factory):
 
 
 def cfg_of(tmp_path, root, name, *over):
-    return load_config(None, [
+    return config(tmp_path, name, *over, base=(
         "data.name=mnist_idx", f"data.root={root}", "partition.name=dirichlet", "partition.num_clients=6",
         "partition.beta=0.5", "model.name=simple_cnn", "model.out_dim=32", "train.local_epochs=1",
-        "train.batch_size=16", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1", "rounds=2", f"device={DEVICE}",
-        f"output_dir={tmp_path}", f"name={name}", *over])
-
-
-def rows(exp) -> list[dict]:
-    return [json.loads(x) for x in (exp.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        "train.batch_size=16", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1", f"device={DEVICE}"))
 
 
 # ----------------------------------------------------------------------------- placement
@@ -113,8 +108,7 @@ def test_stack_size_follows_free_memory_within_bounds():
 
 
 def test_out_of_memory_splits_the_stack_with_the_same_result(tmp_path, mnist_root, monkeypatch):
-    whole = Experiment(cfg_of(tmp_path, mnist_root, "whole", "batch_clients=true"), progress=False)
-    whole.run()
+    whole = run_config(cfg_of(tmp_path, mnist_root, "whole", "batch_clients=true"))
     real = engine_batched.train_stacked
     sizes = []
 
@@ -125,8 +119,7 @@ def test_out_of_memory_splits_the_stack_with_the_same_result(tmp_path, mnist_roo
         return real(model, client, tasks, *args, **kw)
 
     monkeypatch.setattr(engine_batched, "train_stacked", tight)
-    split = Experiment(cfg_of(tmp_path, mnist_root, "split", "batch_clients=true"), progress=False)
-    split.run()
+    split = run_config(cfg_of(tmp_path, mnist_root, "split", "batch_clients=true"))
     assert sizes[:3] == [6, 3, 2] and all(s <= 2 for s in sizes[2:])  # halved until it fits, then kept
     a, b = rows(whole), rows(split)
     assert b[0]["batched_stack_oom"] >= 1 and b[0]["batched_clients"] == 6
@@ -140,7 +133,7 @@ def test_other_errors_in_a_stack_are_not_retried(tmp_path, mnist_root, monkeypat
         raise RuntimeError("shape mismatch")
 
     monkeypatch.setattr(engine_batched, "train_stacked", broken)
-    exp = Experiment(cfg_of(tmp_path, mnist_root, "broken", "batch_clients=true"), progress=False)
+    exp = experiment(cfg_of(tmp_path, mnist_root, "broken", "batch_clients=true"))
     with pytest.raises(RuntimeError, match="shape mismatch"):
         exp.run()
 
@@ -172,9 +165,8 @@ def test_bf16_training_learns_like_fp32_across_optimizer_steps():
 def test_bf16_autocasts_compute_but_messages_stay_fp32(tmp_path, mnist_root):
     with precision_context(CPU, "bf16"):
         assert (torch.ones(2, 3) @ torch.ones(3, 2)).dtype == torch.bfloat16
-    fp32 = Experiment(cfg_of(tmp_path, mnist_root, "fp32"), progress=False)
-    fp32.run()
-    bf16 = Experiment(cfg_of(tmp_path, mnist_root, "bf16", "precision=bf16"), progress=False)
+    fp32 = run_config(cfg_of(tmp_path, mnist_root, "fp32"))
+    bf16 = experiment(cfg_of(tmp_path, mnist_root, "bf16", "precision=bf16"))
     bf16.run()
     a, b = rows(fp32), rows(bf16)
     assert [r["bytes_up"] for r in a] == [r["bytes_up"] for r in b]  # replies are fp32 either way

@@ -21,9 +21,10 @@ from mmfl.config import TrainConfig, resolve
 from mmfl.core.dp_rows import batch_dpsgd_train, batch_private_gradients, privatize_rows, row_epsilon
 from mmfl.core.dpsgd import history_epsilon, record_steps, sample_rate, steps_per_epoch
 from mmfl.data.base import ArrayDataset
-from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
 from mmfl.report import load_metrics
+
+from helpers import experiment, run_config
 
 
 def opacus_epsilon(z, q, steps, delta):
@@ -133,8 +134,8 @@ def test_split_learning_rows_dp_clips_and_noises_every_activation_gradient_and_w
     server receives has norm <= C without noise and far above C with it; the sl_end weights are
     within C of the session's start; epsilon counts each row's releases."""
     c = 0.05
-    exp = Experiment(resolve(split_raw(tmp_path / "clip", "split_learning_u",
-                                       {"mode": "rows", "clip_norm": c, "noise_multiplier": 0.0})), progress=False)
+    exp = experiment(split_raw(tmp_path / "clip", "split_learning_u",
+                               {"mode": "rows", "clip_norm": c, "noise_multiplier": 0.0}))
     sent = spied(exp)
     exp.run()
     acts = [t for r, _, _, rep in sent if r == "sl_forward" for k, t in rep.arrays.items() if k.startswith("act/")]
@@ -149,8 +150,8 @@ def test_split_learning_rows_dp_clips_and_noises_every_activation_gradient_and_w
             assert float(d) <= c * (1 + 1e-4)
 
     z = 2.0
-    exp = Experiment(resolve(split_raw(tmp_path / "noise", "split_learning_u",
-                                       {"mode": "rows", "clip_norm": c, "noise_multiplier": z})), progress=False)
+    exp = experiment(split_raw(tmp_path / "noise", "split_learning_u",
+                               {"mode": "rows", "clip_norm": c, "noise_multiplier": z}))
     sent = spied(exp)
     exp.run()
     acts = [t for r, _, _, rep in sent if r == "sl_forward" for k, t in rep.arrays.items() if k.startswith("act/")]
@@ -180,7 +181,7 @@ def raw_config(tmp_path, algo="partialfl", **over):
 def test_partialfl_rows_dp_clips_and_noises_the_shared_rows_embeddings_and_model(tmp_path):
     c, z = 0.05, 3.0
     raw = raw_config(tmp_path, rounds=1, clients_per_round=3, dp={"mode": "rows", "clip_norm": c, "noise_multiplier": 0.0})
-    exp = Experiment(resolve(raw), progress=False)
+    exp = experiment(raw)
     sent = spied(exp)
     exp.run()
     shared = [t for r, _, _, rep in sent if r in ("upload", "train") for k, t in rep.arrays.items()
@@ -194,7 +195,7 @@ def test_partialfl_rows_dp_clips_and_noises_the_shared_rows_embeddings_and_model
             assert float(d) <= c * (1 + 1e-4)
 
     raw = raw_config(tmp_path / "z", rounds=1, clients_per_round=3, dp={"mode": "rows", "clip_norm": c, "noise_multiplier": z})
-    exp = Experiment(resolve(raw), progress=False)
+    exp = experiment(raw)
     sent = spied(exp)
     exp.run()
     for r, _, _, rep in sent:
@@ -212,8 +213,7 @@ def test_fedcmi_dpsgd_batch_level_epsilon_is_opacus_at_half_the_multiplier(tmp_p
            "model": {"name": "multimodal", "feat_dim": 16, "mlp_hidden": [32], "two_projector": True},
            "algorithm": {"name": "fedcmi"}, "dp": {"mode": "sample", "noise_multiplier": 1.5},
            "train": {"local_epochs": 1, "batch_size": 64}}
-    exp = Experiment(resolve(raw), progress=False)
-    exp.run()
+    exp = run_config(raw)
     rows = load_metrics(tmp_path / "cmi")
     sizes = [len(exp.federation.clients[c]) for c in range(4)]
     want = [opacus_epsilon(0.75, sample_rate(n, 64), 2 * steps_per_epoch(n, 64), 1e-5) for n in sizes]
@@ -232,7 +232,7 @@ def test_creamfl_dpsgd_batch_level_trains_the_private_task_privately_and_account
            "model": {"name": "multimodal", "feat_dim": 8, "cnn_channels": [4], "mlp_hidden": [16]},
            "algorithm": {"name": "creamfl", "server_batch_size": 64}, "dp": {"mode": "sample", "noise_multiplier": 2.0},
            "train": {"local_epochs": 2, "batch_size": 32, "optimizer": "adam", "lr": 0.001}}
-    exp = Experiment(resolve(raw), progress=False)
+    exp = experiment(raw)
     sent = spied(exp)
     exp.run()
     row = load_metrics(tmp_path / "cream")[-1]
@@ -241,7 +241,7 @@ def test_creamfl_dpsgd_batch_level_trains_the_private_task_privately_and_account
     assert row["dp/epsilon"] == pytest.approx(max(want), rel=1e-6)
     assert row["dp/epsilon_mean"] == pytest.approx(sum(want) / 3, rel=1e-6)
     raw2 = dict(raw, seed=0, name="cream2", dp={"mode": "sample", "noise_multiplier": 0.0})
-    exp2 = Experiment(resolve(raw2), progress=False)
+    exp2 = experiment(raw2)
     sent2 = spied(exp2)
     exp2.run()
     reps = {cid: rep.arrays for r, cid, _, rep in sent if r == "train"}

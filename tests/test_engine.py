@@ -14,11 +14,11 @@ from mmfl.algorithms import ALGORITHMS
 from mmfl.algorithms.fedavg import FedAvgClient, FedAvgServer
 from mmfl.engine import checkpoint
 from mmfl.core.message import Message, scalar_bytes, tensor_bytes
-from mmfl.engine.runner import Experiment, sample_cohort
+from mmfl.engine.runner import sample_cohort
 from mmfl.engine.state_store import ClientStateStore
 from mmfl.errors import ConfigError, MMFLError
 
-from helpers import config as make_cfg, rows as read_rows, run as run_exp, timeless
+from helpers import config as make_cfg, rows as read_rows, run as run_exp, experiment, timeless
 
 
 # ----------------------------------------------------------------------------- bytes
@@ -182,7 +182,7 @@ def test_nonfinite_reply_dropped(tmp_path):
     assert all(bool(torch.isfinite(v).all()) for v in exp.server.model.state_dict().values())
     assert len(exp.store) == 0  # FedAvg keeps no client state (and the dropped one saved none)
     # round 1's global model is FedAvg's average over clients 0 and 2 only
-    plain = Experiment(make_cfg(tmp_path, "plain"), progress=False)
+    plain = experiment(make_cfg(tmp_path, "plain"))
     plain.transport.begin_round(0)
     replies = plain.transport.send("train", plain.server.configure_train(0, [0, 2]))
     expected = plain.server.aggregate(0, replies)

@@ -12,9 +12,8 @@ import pytest
 
 from mmfl.core import evaluation
 from mmfl.core.evaluation import PERSONAL_ROUTE, run_evaluations
-from mmfl.engine.runner import Experiment
 
-from helpers import config, rows
+from helpers import config, experiment, rows, run_config
 
 BASE = ["data.name=mfeat", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
         "train.local_epochs=1", "train.batch_size=64", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1", "rounds=2"]
@@ -32,8 +31,7 @@ def cfg_of(tmp_path, name, *over, base=BASE):
 @pytest.mark.parametrize("algo,base", [("fedfomo", MULTIMODAL), ("fedamp", BASE), ("fedmsplit", MULTIMODAL),
                                        ("pfedwireless", MULTIMODAL), ("local", BASE), ("mfedavg", MULTIMODAL)])
 def test_personalized_evaluation_on_the_server_equals_the_message_route(tmp_path, algo, base):
-    exp = Experiment(cfg_of(tmp_path, algo, f"algorithm.name={algo}", "rounds=1", base=base), progress=False)
-    exp.run()
+    exp = run_config(cfg_of(tmp_path, algo, f"algorithm.name={algo}", "rounds=1", base=base))
     direct = exp.eval_context(0)
     if algo == "local":  # only the clients hold SOLO's models: both go through the clients
         assert direct.personal_rows is not None
@@ -59,9 +57,7 @@ def test_personalized_evaluation_on_the_server_equals_the_message_route(tmp_path
 @pytest.mark.parametrize("algo", ["fedamp", "local"])
 def test_the_message_route_sends_a_chunk_of_clients_at_a_time_with_the_same_numbers(tmp_path, monkeypatch, algo):
     # issue 28 item 7: memory bounded by a chunk's messages (each holds a model), not the client count
-    exp = Experiment(cfg_of(tmp_path, algo, f"algorithm.name={algo}", "rounds=1", "partition.num_clients=5"),
-                     progress=False)
-    exp.run()
+    exp = run_config(cfg_of(tmp_path, algo, f"algorithm.name={algo}", "rounds=1", "partition.num_clients=5"))
     sizes = []
 
     def send(route, msgs):
@@ -82,8 +78,8 @@ def test_the_message_route_sends_a_chunk_of_clients_at_a_time_with_the_same_numb
 def test_personal_eval_switch_adds_personalized_metrics_and_changes_nothing_else(tmp_path):
     off = cfg_of(tmp_path, "off", "algorithm.name=fedavg")
     on = cfg_of(tmp_path, "on", "algorithm.name=fedavg", "personal_eval=true")
-    Experiment(off, progress=False).run()
-    Experiment(on, progress=False).run()
+    run_config(off)
+    run_config(on)
     r_off, r_on = rows(off.run_dir), rows(on.run_dir)
     assert not any(k.startswith("personal/") for r in r_off for k in r)
     for a, b in zip(r_off, r_on):
@@ -95,11 +91,11 @@ def test_personal_eval_switch_adds_personalized_metrics_and_changes_nothing_else
 
 
 def test_server_declares_its_evaluations(tmp_path):
-    exp = Experiment(cfg_of(tmp_path, "fomo", "algorithm.name=fedfomo"), progress=False)
+    exp = experiment(cfg_of(tmp_path, "fomo", "algorithm.name=fedfomo"))
     assert exp.evaluations() == {"personalized": ""}
-    exp = Experiment(cfg_of(tmp_path, "fedmsplit", "algorithm.name=fedmsplit", base=MULTIMODAL), progress=False)
+    exp = experiment(cfg_of(tmp_path, "fedmsplit", "algorithm.name=fedmsplit", base=MULTIMODAL))
     assert exp.evaluations() == {"personalized": "", "global": "global/"}
-    exp = Experiment(cfg_of(tmp_path, "avg", "algorithm.name=fedavg", "personal_eval=true"), progress=False)
+    exp = experiment(cfg_of(tmp_path, "avg", "algorithm.name=fedavg", "personal_eval=true"))
     assert exp.evaluations() == {"global": "", "personalized": "personal/"}
     with pytest.raises(NotImplementedError, match="evaluate_nothing"):
         run_evaluations(exp.server, {"nothing": ""}, exp.eval_context(0))
@@ -110,11 +106,10 @@ def test_server_declares_its_evaluations(tmp_path):
 flwr = pytest.importorskip("flwr", reason='Flower not installed (pip install -e ".[flower]")')
 
 try:
-    from test_flower import InProcessGrid, finished
+    from test_flower import InProcessGrid
 except ImportError:  # run as the package tests.*
-    from tests.test_flower import InProcessGrid, finished
+    from tests.test_flower import InProcessGrid
 
-from mmfl.flower.deploy import LocalDeployment  # noqa: E402
 from mmfl.flower.transport import FlowerTransport  # noqa: E402
 
 
@@ -133,27 +128,13 @@ def test_personalized_algorithms_run_on_the_flower_transport(tmp_path, algo):
     nodes = {11: {"partition-id": 0, "num-partitions": 2}, 22: {"partition-id": 1, "num-partitions": 2}}
     cfg = cfg_of(tmp_path / "grid", algo, f"algorithm.name={algo}", base=MULTIMODAL)
     grid = InProcessGrid(cfg.to_toml(), nodes)
-    Experiment(cfg, progress=False, transport=lambda e: FlowerTransport(grid, e.federation, cfg.run,
-                                                                       wait_for_nodes_s=0)).run()
+    run_config(cfg, transport=lambda e: FlowerTransport(grid, e.federation, cfg.run,
+                                                        wait_for_nodes_s=0))
     sim = cfg_of(tmp_path / "sim", algo, f"algorithm.name={algo}", base=MULTIMODAL)
-    Experiment(sim, progress=False).run()
+    run_config(sim)
     same_personal_metrics(rows(cfg.run_dir), rows(sim.run_dir))
 
 
-@pytest.mark.slow
-def test_loopback_fedfomo_runs_on_real_flower_processes(tmp_path_factory):
-    # a SuperLink and three SuperNodes on 127.0.0.1; FedFomo evaluates per device: the
-    # server's copy of each client's model goes to that client's SuperNode, which scores it
-    tmp = tmp_path_factory.mktemp("fomo")
-    dep = LocalDeployment(3, tmp / "flower")
-    try:
-        dep.start()
-        cfg = cfg_of(tmp / "run", "fedfomo", "algorithm.name=fedfomo")
-        run = finished(dep, dep.submit(cfg), cfg)
-    finally:
-        dep.stop()
-    sim = cfg_of(tmp / "sim", "fedfomo", "algorithm.name=fedfomo")
-    Experiment(sim, progress=False).run()
-    got = rows(run)
-    assert [r["round"] for r in got] == [1, 2] and all(0.0 < r["accuracy"] <= 1.0 for r in got)
-    same_personal_metrics(got, rows(sim.run_dir))
+# FedFomo (the server's copy of each client's model sent to that client's SuperNode, which scores
+# it) and FedMSplit (each SuperNode scores its client's own model) run on a real loopback deployment
+# in tests/test_flower_missing.py::test_loopback_deployment_equals_simulator: one deployment for both

@@ -12,14 +12,15 @@ from mmfl.algorithms import ALGORITHMS
 from mmfl.algorithms.base import ClientContext
 from mmfl.algorithms.fedcmi import (FedCMIClient, class_temperatures, discrepancy_ratio, response_distillation,
                                     true_class_prob)
-from mmfl.config import TrainConfig, resolve
+from mmfl.config import TrainConfig
 from mmfl.data.base import ArrayDataset, DatasetMeta
 from mmfl.core.message import Message
-from mmfl.engine.runner import Experiment
 from mmfl.core.training import load_into, state_of
 from mmfl.errors import ConfigError
 from mmfl.report import load_metrics
 from mmfl.models.multimodal import MultimodalModel
+
+from helpers import experiment, run_config
 
 META = DatasetMeta("tiny", 3, {"a": (4,), "b": (3,)})
 
@@ -154,9 +155,9 @@ def test_fedcmi_needs_infiltration_projectors(tmp_path):
            "partition": {"num_clients": 2}, "model": {"name": "multimodal", "feat_dim": 8},
            "algorithm": {"name": "fedcmi"}}
     with pytest.raises(ConfigError, match="model.two_projector"):
-        Experiment(resolve(raw), progress=False)
+        experiment(raw)
     raw["algorithm"]["projector"] = "uni"  # the UP ablation needs none
-    Experiment(resolve(raw), progress=False)
+    experiment(raw)
 
 
 def test_fedcmi_end_to_end_case_d_and_resume(tmp_path):
@@ -166,14 +167,14 @@ def test_fedcmi_end_to_end_case_d_and_resume(tmp_path):
            "model": {"name": "multimodal", "feat_dim": 16, "mlp_hidden": [32], "two_projector": True},
            "algorithm": {"name": "fedcmi"}, "train": {"local_epochs": 1, "batch_size": 64,
                                                       "lr_schedule": "constant"}}  # extended on resume: no cosine period
-    full = Experiment(resolve(raw), progress=False).run()
+    full = experiment(raw).run()  # the summary
     rows = load_metrics(tmp_path / "cmi")
     assert all(math.isfinite(r["accuracy/pix"]) and math.isfinite(r["accuracy/fou"]) for r in rows)
     assert any("cmi_rho" in r for r in rows)
     assert any("cmi_teacher/pix" in r and "cmi_rd_share" in r for r in rows)  # reported per round
     raw2 = dict(raw, name="cmi2", rounds=2)
-    Experiment(resolve(raw2), progress=False).run()
-    resumed = Experiment(resolve(dict(raw2, rounds=3)), progress=False).run(resume=True)
+    run_config(raw2)
+    resumed = experiment(dict(raw2, rounds=3)).run(resume=True)
     assert resumed["final_accuracy"] == full["final_accuracy"]
 
 
@@ -181,7 +182,7 @@ def test_server_never_sends_infiltration_projectors(tmp_path):
     raw = {"name": "x", "rounds": 1, "output_dir": str(tmp_path), "case": "B",
            "data": {"name": "mfeat", "views": ["pix", "fou"]}, "partition": {"num_clients": 4},
            "model": {"name": "multimodal", "feat_dim": 8, "two_projector": True}, "algorithm": {"name": "fedcmi"}}
-    exp = Experiment(resolve(raw), progress=False)
+    exp = experiment(raw)
     msgs = exp.server.configure_train(0, [0, 1, 2, 3])
     assert all(not any(k.startswith("infil.") for k in m.arrays) for m in msgs.values())
     assert any(k.startswith("infil.") for k in exp.server.model.state_dict())  # the server's copy exists

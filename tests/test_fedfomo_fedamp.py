@@ -17,14 +17,15 @@ from mmfl.algorithms.fedamp import FedAMPParams, attention_weights, cloud_model,
 from mmfl.algorithms.fedfomo import (DELTA, PEER, PEERS, WEIGHTS, FedFomoClient, FedFomoParams, affinity_update,
                                      fomo_update, fomo_weights, mean_loss, select_peers, shared_distance,
                                      split_validation)
-from mmfl.config import TrainConfig, resolve
+from mmfl.config import TrainConfig
 from mmfl.data.base import ArrayDataset, DatasetMeta
 from mmfl.core.message import Message
-from mmfl.engine.runner import Experiment
 from mmfl.core.training import load_into, local_train, state_of
 from mmfl.errors import ConfigError
 from mmfl.models.multimodal import MultimodalModel, branch_of
 from mmfl.report import load_metrics
+
+from helpers import experiment, run_config
 
 # ----------------------------------------------------------------------------- FedFomo by hand
 
@@ -215,7 +216,7 @@ def check_personalized(rows, n_clients):
 @pytest.mark.parametrize("algo", ["fedfomo", "fedamp"])
 def test_end_to_end_mixed_modalities_personalized_and_resume(tmp_path, algo):
     assert ALGORITHMS.get(algo).help
-    full = Experiment(resolve(raw_config(tmp_path, algo, "full")), progress=False)
+    full = experiment(raw_config(tmp_path, algo, "full"))
     holds = full.federation.client_modalities
     assert holds is not None and any(len(h) == 1 for h in holds)  # some clients are unimodal
     full.run()
@@ -235,17 +236,16 @@ def test_end_to_end_mixed_modalities_personalized_and_resume(tmp_path, algo):
     else:
         assert 0.0 <= rows[1]["amp_self_weight"] <= 1.0
     # resume: one round, then the second from the checkpoint = the uninterrupted run
-    Experiment(resolve(raw_config(tmp_path, algo, "split", rounds=1)), progress=False).run()
-    resumed = Experiment(resolve(raw_config(tmp_path, algo, "split", rounds=2)), progress=False)
-    resumed.run(resume=True)
+    run_config(raw_config(tmp_path, algo, "split", rounds=1))
+    resumed = run_config(raw_config(tmp_path, algo, "split", rounds=2), resume=True)
     assert timeless(load_metrics(resumed.run_dir)) == timeless(rows)
     a, b = server.state_dict(), resumed.server.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_fedamp_attention_rows_over_a_real_federation(tmp_path):
-    exp = Experiment(resolve(raw_config(tmp_path, "fedamp", "rows", rounds=1, attention="normalized",
-                                        self_weight=0.3)), progress=False)
+    exp = experiment(raw_config(tmp_path, "fedamp", "rows", rounds=1, attention="normalized",
+                                self_weight=0.3))
     exp.run()
     server = exp.server
     for cid in range(4):

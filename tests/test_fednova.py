@@ -14,10 +14,10 @@ from mmfl.algorithms.fedavg import FedAvgServer
 from mmfl.algorithms.fednova import FedNovaServer, normalizer, nova_step
 import mmfl.algorithms.capabilities as capabilities_module
 from mmfl.config import load_config
-from mmfl.engine.runner import Experiment
+
 from mmfl.errors import ConfigError
 
-from helpers import config
+from helpers import config, experiment
 
 
 BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
@@ -26,7 +26,7 @@ BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.
 
 
 def run(tmp_path, name, *overrides, rounds=1):
-    exp = Experiment(config(tmp_path, name, *overrides, base=BASE, rounds=rounds), progress=False)
+    exp = experiment(config(tmp_path, name, *overrides, base=BASE, rounds=rounds))
     start = {k: v.clone() for k, v in exp.server.model.state_dict().items()}
     exp.run()
     return exp, start

@@ -4,19 +4,16 @@ server's persistent optimizer follows it, resume stays exact, bad values are one
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 
 from mmfl.algorithms.fedavg import FedAvgClient
-from mmfl.config import TrainConfig, load_config
-from mmfl.engine.runner import Experiment
+from mmfl.config import TrainConfig
 from mmfl.core.training import cosine_lr, train_at_round, train_for_run
 from mmfl.errors import ConfigError
 
-BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
-        "train.optimizer=\"sgd\"", "train.local_epochs=1", "train.batch_size=128", "train.lr=0.05", "threads=1"]
+from helpers import config, rows, run
 
 
 def test_cosine_lr_by_hand():
@@ -59,14 +56,12 @@ def test_every_client_of_a_round_trains_with_that_rounds_lr(tmp_path, monkeypatc
             return orig_stacked(model, client, tasks, datas, gens, train, epochs)
 
         monkeypatch.setattr(batched, "train_stacked", spy_stacked)
-    cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", "name=cos", "rounds=4", 'train.lr_schedule="cosine"',
-                             "train.lr_min=0.01", f"batch_clients={'true' if batch else 'false'}"])
-    Experiment(cfg, progress=False).run()
+    run(tmp_path, "cos", 'train.lr_schedule="cosine"', "train.lr_min=0.01",
+        f"batch_clients={'true' if batch else 'false'}", rounds=4)
     assert sorted(seen) == [0, 1, 2, 3]
     for r, lrs in seen.items():  # one lr per round, the schedule's
         assert len(lrs) == 1 and lrs.pop() == pytest.approx(0.01 + 0.04 * (1 + math.cos(math.pi * r / 4)) / 2)
-    rows = [json.loads(line) for line in (tmp_path / "cos" / "metrics.jsonl").read_text().splitlines()]
-    assert all(r.get("batched_clients", 0) == (3 if batch else 0) for r in rows)
+    assert all(r.get("batched_clients", 0) == (3 if batch else 0) for r in rows(tmp_path / "cos"))
     saved = (tmp_path / "cos" / "config.toml").read_text()
     assert "lr_rounds = 0" in saved  # the period stays 'the run's rounds', so resume may extend it
 
@@ -74,15 +69,13 @@ def test_every_client_of_a_round_trains_with_that_rounds_lr(tmp_path, monkeypatc
 def test_resume_with_a_cosine_schedule_equals_the_uninterrupted_run(tmp_path):
     over = ['train.lr_schedule="cosine"', "train.lr_rounds=3"]
 
-    def rows(name, rounds, resume=False):
-        cfg = load_config(None, [*BASE, *over, f"output_dir={tmp_path}", f"name={name}", f"rounds={rounds}"])
-        Experiment(cfg, progress=False).run(resume=resume)
-        return [{k: v for k, v in json.loads(line).items() if "time" not in k}
-                for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    def timeless_rows(name, rounds, resume=False):
+        return [{k: v for k, v in r.items() if "time" not in k}
+                for r in rows(run(tmp_path, name, *over, rounds=rounds, resume=resume))]
 
-    full = rows("a", 3)
-    rows("b", 1)
-    assert rows("b", 3, resume=True) == full
+    full = timeless_rows("a", 3)
+    timeless_rows("b", 1)
+    assert timeless_rows("b", 3, resume=True) == full
 
 
 @pytest.mark.parametrize("over, field", [
@@ -92,4 +85,4 @@ def test_resume_with_a_cosine_schedule_equals_the_uninterrupted_run(tmp_path):
 ])
 def test_bad_schedule_values_are_one_line_errors(tmp_path, over, field):
     with pytest.raises(ConfigError, match=field):
-        load_config(None, [*BASE, f"output_dir={tmp_path}", over])
+        config(tmp_path, "bad", over, rounds=None)

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from mmfl.config import resolve
 from mmfl.data import DATASETS
-from mmfl.engine.runner import Experiment
 from mmfl.report import load_metrics
+
+from helpers import experiment
 
 try:
     from test_manifest_runs import text_config, text_manifest
@@ -30,7 +30,7 @@ def test_default_text_encoder_is_frozen_minilm_and_short_texts_train_above_chanc
     assert b.meta.modalities == {"tweet": (384,)} and b.meta.info["text_encoder"] == {"tweet": "minilm"}
     x = torch.cat([b.train.features["tweet"], b.test.features["tweet"]])
     assert torch.allclose(x.norm(dim=1), torch.ones(len(x)), atol=1e-5)  # L2-normalised sentence embeddings
-    exp = Experiment(resolve(text_config(tmp_path)), progress=False)  # no text_encoder: the default
+    exp = experiment(text_config(tmp_path))  # no text_encoder: the default
     exp.run()
     rows = load_metrics(tmp_path / "runs" / "tweets")
     assert all(math.isfinite(r["train_loss"]) for r in rows)

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from mmfl.config import resolve
 from mmfl.data.base import PRESENT
-from mmfl.engine.runner import Experiment
 from mmfl.report import load_metrics
+
+from helpers import experiment
 
 try:
     from data_fixtures import write_manifest
@@ -133,7 +133,7 @@ def test_every_multimodal_algorithm_runs_on_a_manifest_with_empty_cells(case, ma
     raw = CASES[case](tmp_path)
     raw["data"]["root"] = str(manifest_root)
     raw["name"] = case
-    exp = Experiment(resolve(raw), progress=False)
+    exp = experiment(raw)
     fed = exp.federation
     assert any(PRESENT + "features" in c.features for c in fed.clients)
     assert PRESENT + "features" in fed.test.features
@@ -169,7 +169,7 @@ def test_the_masks_reach_training(manifest_root, tmp_path):
         raw = _plain("mfedavg")(tmp_path)
         raw.update(name=data, rounds=1)
         raw["data"] = {"name": data, "root": str(manifest_root)}
-        exp = Experiment(resolve(raw), progress=False)
+        exp = experiment(raw)
         assert (PRESENT + "features" in exp.federation.test.features) == (data == "manifest")
         exp.run()
         states.append({k: v.clone() for k, v in exp.server.model.state_dict().items()})
@@ -195,7 +195,7 @@ def test_absent_sequences_and_token_texts_train_finite(algorithm, tmp_path):
     write_manifest(tmp_path / "m.jsonl", rows)
     raw = _raw(tmp_path, {"name": algorithm}, model={**MODEL, "two_projector": algorithm == "fedcmi"})
     raw["data"].update(manifest="m.jsonl", pad=True, text_encoder="tokens", text_max_tokens=4)
-    exp = Experiment(resolve(raw), progress=False)
+    exp = experiment(raw)
     tr = exp.federation.clients[0]
     assert type(exp.make_model().encoders["text"]).__name__ == "TokenEncoder"
     assert PRESENT + "seq" in tr.features and PRESENT + "text" in tr.features

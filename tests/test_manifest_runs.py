@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from mmfl.config import resolve
-from mmfl.engine.runner import Experiment
 from mmfl.report import load_metrics
+
+from helpers import experiment, run_config
 
 try:
     from data_fixtures import write_manifest, write_png
@@ -53,8 +53,7 @@ def text_config(tmp_path, **data) -> dict:
 
 def test_short_text_manifest_trains_above_chance_with_the_hash_encoder_and_saves_labels(tmp_path):
     text_manifest(tmp_path)
-    exp = Experiment(resolve(text_config(tmp_path, text_encoder="hash:256")), progress=False)
-    exp.run()
+    run_config(text_config(tmp_path, text_encoder="hash:256"))
     rows = load_metrics(tmp_path / "runs" / "tweets")
     assert all(math.isfinite(r["train_loss"]) and r["train_loss"] < 2.0 for r in rows)
     assert rows[-1]["accuracy"] >= 0.8  # chance is 1/3 (30 test texts, 10 per class)
@@ -68,8 +67,7 @@ def test_token_ids_train_the_models_embedding_encoder_above_chance(tmp_path):
     text_manifest(tmp_path)
     cfg = text_config(tmp_path, text_encoder="tokens", text_max_tokens=8)
     cfg["model"] = {"name": "multimodal", "feat_dim": 32}
-    exp = Experiment(resolve(cfg), progress=False)
-    exp.run()
+    exp = run_config(cfg)
     assert type(exp.server.model.encoders["tweet"]).__name__ == "TokenEncoder"
     rows = load_metrics(tmp_path / "runs" / "tweets")
     assert all(math.isfinite(r["train_loss"]) for r in rows) and rows[-1]["accuracy"] >= 0.8  # chance 1/3
@@ -103,7 +101,7 @@ def test_creamfl_uses_a_manifests_public_rows_as_its_public_set(tmp_path):
     text_manifest(tmp_path / "tweets")
     raw["client_data"] = [{"data": {"name": "manifest", "root": str(tmp_path / "tweets"), "text_encoder": "hash:64",
                                     "rename": {"tweet": "text"}}, "partition": {"name": "natural"}}]
-    exp = Experiment(resolve(raw), progress=False)
+    exp = experiment(raw)
     fed = exp.federation
     assert len(fed.public) == 18 and set(fed.public.features) == {"image", "text"}
     assert len(fed.clients) == 5 and [set(c.features) for c in fed.clients[2:]] == [{"text"}] * 3
@@ -117,7 +115,7 @@ def test_creamfl_uses_a_manifests_public_rows_as_its_public_set(tmp_path):
     rows = [r for r in __import__("csv").DictReader(open(tmp_path / "pairs.csv")) if r["split"] != "public"]
     write_manifest(tmp_path / "pairs.csv", rows)
     with pytest.raises(Exception, match=r"has no public set.*split = \"public\" rows in a manifest"):
-        Experiment(resolve(raw), progress=False)
+        experiment(raw)
 
 
 def _sensor_manifest(root) -> None:
@@ -144,7 +142,7 @@ def test_fedcmi_runs_on_variable_length_two_sensor_sequences(tmp_path):
            "model": {"name": "multimodal", "feat_dim": 16, "mlp_hidden": [32], "two_projector": True},
            "algorithm": {"name": "fedcmi"},
            "train": {"optimizer": "sgd", "local_epochs": 2, "batch_size": 8, "lr": 0.01}}
-    exp = Experiment(resolve(raw), progress=False)
+    exp = experiment(raw)
     meta = exp.federation.meta
     assert meta.modalities == {"acc": (3, 40), "gyro": (3, 40)}
     assert abs(np.mean(meta.info["standardize"]["gyro"]["mean"]) - 100.0) < 1.0

@@ -19,9 +19,11 @@ import torch
 
 from mmfl.algorithms import ALGORITHMS
 from mmfl.algorithms.base import ClientContext
-from mmfl.config import TrainConfig, resolve
+from mmfl.config import TrainConfig
 from mmfl.core.message import Message
 from mmfl.engine.runner import Experiment
+
+from helpers import experiment
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -64,7 +66,7 @@ def creamfl_exp(tmp_path, seed: int = 0) -> Experiment:
     """PAIR with run seed ``seed``; the server has trained ``SERVER_EPOCHS`` epochs on the public pairs, so
     its global representations pair image and features row by row better than chance."""
     raw = {**copy.deepcopy(PAIR), "seed": seed, "output_dir": str(tmp_path)}
-    exp = Experiment(resolve(raw), progress=False)
+    exp = experiment(raw)
     for r in range(SERVER_EPOCHS):
         exp.server.train_public(r)
     return exp
@@ -179,7 +181,7 @@ def gca_round(tmp_path, seed: int = 0, aggregation: str = "gca") -> dict:
            "attack": {"kind": "shuffle_reps", "fraction": 0.25}}
     raw["algorithm"].update(aggregation=aggregation, server_public_epochs=GCA_SERVER_EPOCHS)
     raw["train"]["local_epochs"] = GCA_LOCAL_EPOCHS
-    exp = Experiment(resolve(raw), progress=False)
+    exp = experiment(raw)
     bad = exp.attack.clients
     fed = exp.federation
     used: list[torch.Tensor] = []
@@ -263,7 +265,7 @@ def masked_public_run(tmp_path, fill: bool) -> tuple[dict, list[dict]]:
     raw = raw_config(tmp_path / ("filled" if fill else "zeros"), "creamfl", **copy.deepcopy(CREAM))
     raw["algorithm"] = {"name": "creamfl", "server_batch_size": 64}
     raw["rounds"] = 1  # one round has every term: the clients' LCR, GCA, the distillation
-    exp = Experiment(resolve(raw), progress=False)
+    exp = experiment(raw)
     for i, name in enumerate(("test", "public")):
         mask_rows(getattr(exp.federation, name), seed=17 + i)
     with pytest.MonkeyPatch.context() as mp:

@@ -16,14 +16,15 @@ import torch
 
 from mmfl.algorithms.multimodal import MFedAvgClient, MFedAvgParams
 from mmfl.algorithms.base import ClientContext
-from mmfl.config import TrainConfig, resolve
+from mmfl.config import TrainConfig
 from mmfl.core.message import Message
 from mmfl.core.patterns import pattern_name, pool_patterns
 from mmfl.core.training import evaluate_model
 from mmfl.data.base import PRESENT, ArrayDataset, DatasetMeta
-from mmfl.engine.runner import Experiment
 from mmfl.models.multimodal import MultimodalModel
 from mmfl.report import compare, load_metrics, pattern_columns
+
+from helpers import experiment
 
 GARBAGE = 1e30
 
@@ -76,7 +77,7 @@ def fill_absent(datasets, value: float) -> int:
 
 def run(out_dir, raw, value: float, masked_sets=("test",)):
     raw = {**copy.deepcopy(raw), "output_dir": str(out_dir)}
-    exp = Experiment(resolve(raw), progress=False)
+    exp = experiment(raw)
     fed = exp.federation
     for i, name in enumerate(masked_sets):
         if getattr(fed, name) is not None:
@@ -265,7 +266,7 @@ def test_personalized_patterns_are_the_same_on_the_server_and_through_the_client
     import dataclasses
 
     raw = raw_config(tmp_path, "mfedavg", rounds=1)
-    exp = Experiment(resolve(raw), progress=False)
+    exp = experiment(raw)
     mask_rows(exp.federation.test, seed=5)
     exp.run()
     table = compare([exp.run_dir])  # mmfl report: the pattern accuracies as extra columns

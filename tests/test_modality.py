@@ -12,11 +12,12 @@ from mmfl.algorithms.fedavg import weighted_average
 from mmfl.config import load_config, resolve
 from mmfl.data.base import PRESENT, ArrayDataset
 from mmfl.data.modality import MODALITY_ASSIGNERS, missing_masks, modality_summary
-from mmfl.engine.runner import Experiment
 from mmfl.data.federation import build_federation
 from mmfl.core.training import class_recall
 from mmfl.errors import ConfigError
 from mmfl.report import load_metrics
+
+from helpers import experiment, run_config
 
 MODS = ["audio", "image"]
 
@@ -130,7 +131,7 @@ def test_unimodal_clients_build_only_their_encoders_train_and_upload_only_them(t
     assert modality_summary(holds) == {"fou": 1, "pix+fou": 2, "pix": 1}
     uni = holds.index(("pix",))
     assert fed.clients[uni].modalities == ["pix"]  # its data carries only its modality
-    exp = Experiment(cfg, progress=False)
+    exp = experiment(cfg)
     summary = exp.run()
     rows = load_metrics(tmp_path / "mfedavg")
     last = rows[-1]
@@ -155,13 +156,13 @@ def test_unimodal_clients_build_only_their_encoders_train_and_upload_only_them(t
 def test_single_modality_model_rejects_partial_clients(tmp_path):
     cfg = mm_config(tmp_path, "fedavg", model={"name": "mlp"})
     with pytest.raises(ConfigError, match="needs every modality on every client"):
-        Experiment(cfg, progress=False)
+        experiment(cfg)
 
 
 def test_multimodal_algorithm_needs_multimodal_model(tmp_path):
     cfg = mm_config(tmp_path, case="A", model={"name": "mlp"})
     with pytest.raises(ConfigError, match="needs model.name = \"multimodal\""):
-        Experiment(cfg, progress=False)
+        experiment(cfg)
 
 
 def test_load_config_case_from_file(tmp_path):
@@ -174,8 +175,7 @@ def test_load_config_case_from_file(tmp_path):
 
 def test_local_training_of_unimodal_clients_evaluates_on_the_multimodal_test_set(tmp_path):
     cfg = mm_config(tmp_path, "local", eval_every=2)
-    exp = Experiment(cfg, progress=False)
-    exp.run()
+    run_config(cfg)
     last = load_metrics(tmp_path / "local")[-1]
     assert len(last["client_accuracy"]) == 4 and all(0.0 <= a <= 1.0 for a in last["client_accuracy"])
 
@@ -187,7 +187,7 @@ def test_client_models_give_clients_their_own_architecture(tmp_path):
     cfg = mm_config(tmp_path, "local", eval_every=2,
                     client_models=[{"for_clients": [0, 1], "feat_dim": 8},
                                    {"for_modalities": ["pix"], "mlp_hidden": [8]}])
-    exp = Experiment(cfg, progress=False)
+    exp = experiment(cfg)
     fed = exp.federation
     assert fed.client_groups[:2] == [0, 0]
     held = fed.client_modalities
@@ -202,7 +202,7 @@ def test_client_models_give_clients_their_own_architecture(tmp_path):
     assert all(widths[c] == 2 * 16 for c in (2, 3))
     saved = (tmp_path / "local" / "config.toml").read_text()
     assert "for_clients = [" in saved and "[[client_models]]" in saved
-    resumed = Experiment(resolve({**cfg.to_dict()}), progress=False)  # the saved form resolves again
+    resumed = experiment({**cfg.to_dict()})  # the saved form resolves again
     assert resumed.federation.client_groups == fed.client_groups
 
 
@@ -228,7 +228,7 @@ def test_client_data_adds_clients_from_another_data_set_with_their_own_model(tmp
            "client_models": [{"for_clients": [2, 3, 4], "hidden": [16]}],
            "train": {"local_epochs": 1}}
     cfg = resolve(raw)
-    exp = Experiment(cfg, progress=False)
+    exp = experiment(cfg)
     fed = exp.federation
     assert fed.num_clients == 5 and fed.client_sources == [None, None, 0, 0, 0]
     assert fed.meta_of(3).name == "digits" and fed.clients[3].modalities == ["image"]
@@ -287,5 +287,5 @@ def test_server_sees_the_public_set(tmp_path, monkeypatch):
     monkeypatch.setitem(DATASETS._entries, "digits", dataclasses.replace(entry, factory=with_public))
     cfg = resolve({"name": "p", "output_dir": str(tmp_path), "data": {"name": "digits"},
                    "partition": {"name": "iid", "num_clients": 2}, "model": {"name": "mlp"}})
-    exp = Experiment(cfg, progress=False)
+    exp = experiment(cfg)
     assert len(exp.server.ctx.public) == 5 and exp.federation.public is exp.server.ctx.public

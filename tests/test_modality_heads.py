@@ -6,27 +6,25 @@ result); MFedAvg's probes do (and not with ``probe = false``); FedCMI always."""
 import pytest
 
 from mmfl.algorithms.registry import ALGORITHMS
-from mmfl.config import resolve
-from mmfl.engine.runner import Experiment
-from mmfl.report import load_metrics
+
+from helpers import rows, run_config
 
 
-def run(tmp_path, algorithm: dict):
+def last_row(tmp_path, algorithm: dict) -> dict:
     name = algorithm["name"] + ("_noprobe" if algorithm.get("probe") is False else "")
     raw = {"name": name, "rounds": 1, "seed": 0, "output_dir": str(tmp_path), "threads": 1,
            "data": {"name": "mfeat", "views": ["pix", "fou"]}, "partition": {"num_clients": 3},
            "model": {"name": "multimodal", "feat_dim": 8, "mlp_hidden": [16],
                      "two_projector": algorithm["name"] == "fedcmi"},
            "algorithm": algorithm, "train": {"local_epochs": 1, "batch_size": 64}}
-    Experiment(resolve(raw), progress=False).run()
-    return load_metrics(tmp_path / name)[-1]
+    return rows(run_config(raw))[-1]
 
 
 @pytest.mark.parametrize("algorithm,trained", [
     ({"name": "centralized"}, False), ({"name": "fedavg"}, False), ({"name": "mfedavg"}, True),
     ({"name": "mfedavg", "probe": False}, False), ({"name": "fedcmi"}, True)])
 def test_rows_hold_per_modality_metrics_only_of_trained_heads(tmp_path, algorithm, trained):
-    row = run(tmp_path, algorithm)
+    row = last_row(tmp_path, algorithm)
     assert "accuracy" in row and "uar" in row and "class_accuracy" in row  # the joint output: always
     per_mod = {k for k in row if k.split("/")[0] in ("accuracy", "uar", "class_accuracy") and "/" in k}
     assert per_mod == ({f"{b}/{m}" for b in ("accuracy", "uar", "class_accuracy") for m in ("pix", "fou")}

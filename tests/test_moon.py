@@ -11,11 +11,10 @@ import pytest
 import torch
 
 from mmfl.algorithms.moon import PREV, MoonParams, model_contrastive_loss, representation_probe
-from mmfl.config import load_config
-from mmfl.engine.runner import Experiment
+
 from mmfl.errors import ConfigError
 
-from helpers import DIGITS, rows, run
+from helpers import DIGITS, config, experiment, rows, run
 
 BASE = [*DIGITS, "rounds=3", "algorithm.name=moon"]
 
@@ -58,8 +57,7 @@ def test_moon_global_and_previous_models_are_frozen_in_eval_mode(tmp_path):
     from mmfl.algorithms.base import ClientContext
     from mmfl.algorithms.moon import MoonClient
 
-    exp = Experiment(load_config(None, [*BASE, f"output_dir={tmp_path}", "name=frozen", "rounds=1"]),
-                     progress=False)
+    exp = experiment(config(tmp_path, "frozen", base=BASE, rounds=1))
     fed, pool = exp.federation, {}
     make = exp.make_model
 

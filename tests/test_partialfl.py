@@ -14,12 +14,14 @@ import torch.nn.functional as F
 
 from mmfl.algorithms import ALGORITHMS
 from mmfl.algorithms.partialfl import anchored_contrastive
-from mmfl.config import TrainConfig, resolve
+from mmfl.config import TrainConfig
 from mmfl.core.message import Message
 from mmfl.engine.privacy import PrivacyError
 from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
 from mmfl.report import load_metrics
+
+from helpers import experiment, run_config
 
 NAMES = ["partialfl", "partialfl_prox", "pfl_fedavg", "pfl_fedprox", "pfl_centralized"]
 
@@ -54,7 +56,7 @@ def raw_config(tmp_path, algo="partialfl", **over):
 
 
 def test_what_crosses_and_the_server_model_stays_on_the_server(tmp_path):
-    exp = Experiment(resolve(raw_config(tmp_path)), progress=False)
+    exp = experiment(raw_config(tmp_path))
     sent, got = [], []
     send = exp.transport.send
 
@@ -92,11 +94,11 @@ def test_what_crosses_and_the_server_model_stays_on_the_server(tmp_path):
 def test_the_shareable_modality_declared_private_is_refused(tmp_path):
     raw = raw_config(tmp_path, privacy={"modalities": {"image": "private", "features": "private"}})
     with pytest.raises(PrivacyError, match="x/features"):
-        Experiment(resolve(raw), progress=False).run()
+        run_config(raw)
 
 
 def test_server_embeddings_change_between_rounds(tmp_path):
-    exp = Experiment(resolve(raw_config(tmp_path, rounds=2)), progress=False)
+    exp = experiment(raw_config(tmp_path, rounds=2))
     zts = []
     send = exp.transport.send
 
@@ -115,11 +117,11 @@ def test_a_client_without_the_private_modality_is_refused(tmp_path):
     raw = raw_config(tmp_path)
     raw["modalities"]["holds"] = [["image", "features"], ["image"], ["features"]]
     with pytest.raises(ConfigError, match="client 2 lacks the private modality 'image'"):
-        Experiment(resolve(raw), progress=False)
+        experiment(raw)
 
 
 def test_centralized_ignores_clients_per_round(tmp_path):
-    Experiment(resolve(raw_config(tmp_path, "pfl_centralized", rounds=1, clients_per_round=2)), progress=False).run()
+    run_config(raw_config(tmp_path, "pfl_centralized", rounds=1, clients_per_round=2))
     assert load_metrics(tmp_path / "pfl_centralized")[-1]["clients"] == 1
 
 
@@ -127,16 +129,16 @@ def test_multimodal_global_model_needs_a_feat_dim_fusion(tmp_path):
     raw = raw_config(tmp_path)
     raw["algorithm"]["global_model"] = "both"
     with pytest.raises(ConfigError, match="model.fusion"):
-        Experiment(resolve(raw), progress=False)
+        experiment(raw)
     raw["model"]["fusion"] = "sum"
-    Experiment(resolve({**raw, "rounds": 1}), progress=False).run()
+    run_config({**raw, "rounds": 1})
     assert math.isfinite(load_metrics(tmp_path / "partialfl")[-1]["accuracy"])
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_method_runs(tmp_path, name):
     raw = raw_config(tmp_path, name, rounds=1)
-    Experiment(resolve(raw), progress=False).run()
+    run_config(raw)
     row = load_metrics(tmp_path / name)[-1]
     assert math.isfinite(row["accuracy"]) and math.isfinite(row["uar"])
     if name.startswith("pfl_"):
@@ -144,9 +146,9 @@ def test_every_method_runs(tmp_path, name):
 
 
 def test_resume_continues_exactly(tmp_path):
-    Experiment(resolve(raw_config(tmp_path / "a")), progress=False).run()
-    Experiment(resolve(raw_config(tmp_path / "b", rounds=1)), progress=False).run()
-    Experiment(resolve(raw_config(tmp_path / "b")), progress=False).run(resume=True)
+    run_config(raw_config(tmp_path / "a"))
+    run_config(raw_config(tmp_path / "b", rounds=1))
+    run_config(raw_config(tmp_path / "b"), resume=True)
     a, b = load_metrics(tmp_path / "a" / "partialfl"), load_metrics(tmp_path / "b" / "partialfl")
     keys = ("accuracy", "server_align_loss", "train_loss", "bytes_up")
     assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
@@ -163,7 +165,7 @@ def pfl_exp(tmp_path, seed: int = 0) -> Experiment:
     raw = {**copy.deepcopy(PAIR), "seed": seed, "name": "pfl", "output_dir": str(tmp_path),
            "partition": {"name": "iid", "num_clients": 3}, "modalities": {"name": "all"},
            "algorithm": {"name": "partialfl", "shareable": "features"}}
-    return Experiment(resolve(raw), progress=False)
+    return experiment(raw)
 
 
 def off_diagonal_mean(sim: torch.Tensor) -> float:

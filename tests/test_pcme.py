@@ -17,12 +17,12 @@ from mmfl.algorithms.creamfl import CreamFLParams
 from mmfl.algorithms.creamfl_terms import info_nce, pair_loss
 from mmfl.algorithms.pcme import (kl_to_standard_normal, match_logits, match_probability, pcme_loss,
                                   pcme_pair_loss, sample_embeddings, soft_contrastive_loss)
-from mmfl.config import resolve
-from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
 from mmfl.models.multimodal import MultimodalModel, MultimodalParams
 from mmfl.models.uncertainty import INIT_A, INIT_B
 from mmfl.report import load_metrics
+
+from helpers import run_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_creamfl import raw_config  # noqa: E402  (the tiny CreamFL federation)
@@ -239,8 +239,7 @@ def run_creamfl(tmp_path, rounds=2, loss="infonce", uncertainty=False):
     raw = raw_config(tmp_path, rounds=rounds)
     raw["model"] = {**raw["model"], "uncertainty": uncertainty}
     raw["algorithm"] = {**raw["algorithm"], "multimodal_loss": loss}
-    exp = Experiment(resolve(raw), progress=False)
-    exp.run()
+    exp = run_config(raw)
     return exp, load_metrics(tmp_path / "creamfl")
 
 
@@ -281,10 +280,10 @@ def test_a_pcme_run_resumes_exactly(tmp_path):
     raw = raw_config(tmp_path / "a", rounds=2)
     raw["model"] = {**raw["model"], "uncertainty": True}
     raw["algorithm"] = {**raw["algorithm"], "multimodal_loss": "pcme"}
-    Experiment(resolve(raw), progress=False).run()
+    run_config(raw)
     half = {**raw, "output_dir": str(tmp_path / "b")}
-    Experiment(resolve({**half, "rounds": 1}), progress=False).run()
-    Experiment(resolve(half), progress=False).run(resume=True)
+    run_config({**half, "rounds": 1})
+    run_config(half, resume=True)
     keys = ("r1_sum", "rsum", "train_loss", "server_public_loss", "distill_loss")
     a, b = load_metrics(tmp_path / "a" / "creamfl"), load_metrics(tmp_path / "b" / "creamfl")
     assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]

@@ -6,7 +6,6 @@ without [system] (finite personalized accuracy, resume = uninterrupted run)."""
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
@@ -22,9 +21,10 @@ from mmfl.algorithms.pfedwireless_math import (SHARED, aggregate_row, coefficien
 from mmfl.algorithms.wireless_scheduling import ranking_values, scheduled_count, select_devices
 from mmfl.config import TrainConfig, load_config
 from mmfl.data.base import DatasetMeta
-from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
 from mmfl.models.multimodal import MultimodalParams, multimodal
+
+from helpers import config, experiment, rows, run
 
 MM = ["data.name=mfeat", 'data.views=["pix", "fou", "kar"]', "modalities.name=mixed", "partition.num_clients=6",
       "model.name=multimodal", "model.feat_dim=16", "model.mlp_hidden=[32]", "train.local_epochs=1",
@@ -264,9 +264,8 @@ def _spy(exp):
 
 
 def test_unscheduled_group_keeps_its_parameters_on_both_sides(tmp_path):
-    cfg = load_config(None, [*MM, f"output_dir={tmp_path}", "name=keep", "algorithm.k_hat=0.2",
-                             "algorithm.a_th=0"])
-    exp = Experiment(cfg, progress=False)
+    cfg = config(tmp_path, "keep", "algorithm.k_hat=0.2", "algorithm.a_th=0", base=MM, rounds=None)
+    exp = experiment(cfg)
     srv, tr, fed = exp.server, exp.transport, exp.federation
     seen = _spy(exp)
     cohort = list(range(fed.num_clients))
@@ -305,9 +304,8 @@ def test_unscheduled_group_keeps_its_parameters_on_both_sides(tmp_path):
 
 
 def test_coefficients_update_only_for_rows_that_uploaded_twice(tmp_path):
-    cfg = load_config(None, [*MM, f"output_dir={tmp_path}", "name=rows", "algorithm.k_hat=0.5",
-                             "algorithm.a_th=0", "algorithm.eta_hat=10"])
-    exp = Experiment(cfg, progress=False)
+    exp = experiment(config(tmp_path, "rows", "algorithm.k_hat=0.5", "algorithm.a_th=0", "algorithm.eta_hat=10",
+                            base=MM, rounds=None))
     srv, tr = exp.server, exp.transport
     seen = _spy(exp)
     cohort = list(range(6))
@@ -327,25 +325,21 @@ def test_coefficients_update_only_for_rows_that_uploaded_twice(tmp_path):
 # ----------------------------------------------------------------------------- end to end
 
 
-def _rows(exp):
-    return [json.loads(x) for x in (exp.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-
-
 @pytest.mark.parametrize("extra", [[], ["system.name=wireless"],
                                    ["system.name=wireless", "algorithm.schedule=linear", "algorithm.alpha=0.01",
                                     "algorithm.eval_model=server", "algorithm.probe=true"]])
 def test_end_to_end_finishes_with_finite_personalized_accuracy(tmp_path, extra):
-    cfg = load_config(None, [*MM, f"output_dir={tmp_path}", "name=e2e", "rounds=3", "algorithm.a_th=2", *extra])
-    exp = Experiment(cfg, progress=False)
+    cfg = config(tmp_path, "e2e", "algorithm.a_th=2", *extra, base=MM, rounds=3)
+    exp = experiment(cfg)
     summary = exp.run()
-    rows = _rows(exp)
+    got = rows(exp)
     assert np.isfinite(summary["final_accuracy"]) and 0 <= summary["final_accuracy"] <= 1
-    for r in rows:
+    for r in got:
         assert np.isfinite(r["accuracy"]) and np.isfinite(r["uar"])
         assert len(r["client_accuracy"]) == 6 and r["uploads"] >= 1
         assert ("sim_time_s" in r) == bool(extra)
-    assert rows[0]["xi_rows_updated"] == 0 and rows[0]["bytes_down"] < 1000  # round 1: only the schedule goes down
-    assert rows[1]["bytes_down"] > 1000  # then the aggregated groups
+    assert got[0]["xi_rows_updated"] == 0 and got[0]["bytes_down"] < 1000  # round 1: only the schedule goes down
+    assert got[1]["bytes_down"] > 1000  # then the aggregated groups
     # the checkpointed state round-trips
     sd = exp.server.state_dict()
     fresh = PFedWirelessServer(cfg.algorithm.params, exp.server.ctx)
@@ -355,15 +349,13 @@ def test_end_to_end_finishes_with_finite_personalized_accuracy(tmp_path, extra):
 
 
 def test_resumed_run_equals_uninterrupted_run(tmp_path):
-    over = [*MM, f"output_dir={tmp_path}", "algorithm.a_th=2", "algorithm.k_hat=0.5"]
-    full = Experiment(load_config(None, [*over, "name=full", "rounds=3"]), progress=False)
-    full.run()
-    Experiment(load_config(None, [*over, "name=split", "rounds=2"]), progress=False).run()
-    resumed = Experiment(load_config(None, [*over, "name=split", "rounds=3"]), progress=False)
-    resumed.run(resume=True)
+    over = ["algorithm.a_th=2", "algorithm.k_hat=0.5"]
+    full = run(tmp_path, "full", *over, base=MM, rounds=3)
+    run(tmp_path, "split", *over, base=MM, rounds=2)
+    resumed = run(tmp_path, "split", *over, base=MM, rounds=3, resume=True)
     drop = ("train_time_s", "wall_time_s")
-    a = [{k: v for k, v in r.items() if k not in drop} for r in _rows(full)]
-    b = [{k: v for k, v in r.items() if k not in drop} for r in _rows(resumed)]
+    a = [{k: v for k, v in r.items() if k not in drop} for r in rows(full)]
+    b = [{k: v for k, v in r.items() if k not in drop} for r in rows(resumed)]
     assert a == b
 
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import json
 
 import pytest
 
-from mmfl.config import load_config
 from mmfl.engine import pipeline
 from mmfl.engine.cohort import sample_cohort
 from mmfl.engine.runner import Experiment
 from mmfl.engine.stages.record import Checkpoint, Metrics
 from mmfl.errors import ConfigError
+
+from helpers import config, experiment, rows, run_config
 
 BASE = ["data.name=digits", "partition.num_clients=4", "model.name=mlp", "model.hidden=[8]", "train.local_epochs=1",
         "train.batch_size=128", "threads=1", "clients_per_round=2", "rounds=2"]
@@ -40,11 +40,7 @@ class CohortSum(Stage):
 
 
 def cfg(tmp_path, name, *over):
-    return load_config(None, [*BASE, f"output_dir={tmp_path}", f"name={name}", *over])
-
-
-def rows(exp) -> list[dict]:
-    return [json.loads(line) for line in (exp.run_dir / "metrics.jsonl").read_text().splitlines()]
+    return config(tmp_path, name, *over, base=BASE, rounds=None)
 
 
 def stage_module(tmp_path):
@@ -59,12 +55,10 @@ def stage_module(tmp_path):
 
 def test_a_new_stage_is_one_module_and_one_line_in_the_declared_list(tmp_path, monkeypatch):
     new = stage_module(tmp_path).CohortSum
-    plain = Experiment(cfg(tmp_path, "plain"), progress=False)
-    plain.run()
+    plain = run_config(cfg(tmp_path, "plain"))
     # the one line: the stage's place in STAGES, here before the row is written
     monkeypatch.setattr(pipeline, "STAGES", pipeline.with_stage(pipeline.STAGES, new, before=Metrics))
-    exp = Experiment(cfg(tmp_path, "with"), progress=False)
-    exp.run()
+    exp = run_config(cfg(tmp_path, "with"))
     got, want = rows(exp), rows(plain)
     assert [r["cohort_sum"] for r in got] == [sum(sample_cohort(exp.cfg, rnd, 4)) for rnd in range(2)]
     untimed = lambda r: {k: v for k, v in r.items() if k != "cohort_sum" and not k.endswith("_time_s")}  # noqa: E731
@@ -75,26 +69,24 @@ def test_a_new_stage_is_one_module_and_one_line_in_the_declared_list(tmp_path, m
 
 def test_a_stage_after_the_row_is_written_records_nothing(tmp_path):
     new = stage_module(tmp_path).CohortSum
-    exp = Experiment(cfg(tmp_path, "x"), progress=False, stages=pipeline.with_stage(pipeline.STAGES, new, after=Metrics))
-    exp.run()
+    exp = run_config(cfg(tmp_path, "x"), stages=pipeline.with_stage(pipeline.STAGES, new, after=Metrics))
     assert all("cohort_sum" not in r for r in rows(exp))
     assert (exp.run_dir / "seen.json").read_text() == "[0, 1]"
 
 
 def test_a_stage_left_out_is_not_done(tmp_path):
-    exp = Experiment(cfg(tmp_path, "nockpt"), progress=False, stages=[s for s in pipeline.STAGES if s is not Checkpoint])
-    exp.run()
+    exp = run_config(cfg(tmp_path, "nockpt"), stages=[s for s in pipeline.STAGES if s is not Checkpoint])
     assert [r["round"] for r in rows(exp)] == [1, 2]
     assert not list((exp.run_dir / "checkpoints").glob("round_*"))
 
 
 def test_stages_that_do_not_apply_are_not_built_and_a_refusal_comes_before_the_folder(tmp_path):
-    names = [type(s).__name__ for s in Experiment(cfg(tmp_path, "a"), progress=False).stages]
+    names = [type(s).__name__ for s in experiment(cfg(tmp_path, "a")).stages]
     assert "DPEpsilon" not in names and "Latency" not in names and "AttackRecord" not in names
     assert "Track" not in names and "Progress" not in names
     assert names[0] == "Train" and names.index("Metrics") < names.index("Checkpoint")
     with pytest.raises(ConfigError, match="attack.kind: 'shuffle_reps' changes exchanged representations"):
-        Experiment(cfg(tmp_path, "b", "attack.kind=\"shuffle_reps\""), progress=False)
+        experiment(cfg(tmp_path, "b", "attack.kind=\"shuffle_reps\""))
     assert not (tmp_path / "b").exists()
 
 
@@ -110,8 +102,8 @@ def test_with_stage_needs_one_anchor_and_the_round_loop_fits_one_screen():
 def test_a_rejected_reply_is_counted_once_in_a_round_without_evaluation(tmp_path):
     """The Dropped stage adds the evaluation's rejected replies only when an evaluation ran: before,
     a round without one listed training's rejected replies twice (the log is reset only to evaluate)."""
-    exp = Experiment(cfg(tmp_path, "inflate", "attack.kind=\"inflate_examples\"", "attack.fraction=0.5",
-                         "clients_per_round=4", "eval_every=2", "rounds=2"), progress=False)
+    exp = experiment(cfg(tmp_path, "inflate", "attack.kind=\"inflate_examples\"", "attack.fraction=0.5",
+                         "clients_per_round=4", "eval_every=2", "rounds=2"))
     exp.run()
     got = rows(exp)
     assert "accuracy" not in got[0] and "accuracy" in got[1]  # round 1 without evaluation, round 2 with

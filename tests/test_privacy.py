@@ -18,7 +18,7 @@ from mmfl.engine.runner import Experiment
 from mmfl.engine.simulation import SimulationTransport
 from mmfl.errors import ConfigError, MMFLError
 
-from helpers import config
+from helpers import config, experiment, run_config
 
 C = 10  # classes
 
@@ -220,7 +220,7 @@ def test_rules_naming_a_modality_the_data_set_lacks_fail_before_the_run(tmp_path
         make_checker(PrivacyConfig(modalities={"audio": "private"}), ["image", "features"])
     cfg = tiny_config(tmp_path, "bad", 'privacy.modalities={audio = "private"}')
     with pytest.raises(ConfigError, match="privacy.modalities.audio: unknown modality"):
-        Experiment(cfg, progress=False, transport=simulation_with_privacy)
+        experiment(cfg, transport=simulation_with_privacy)
 
 
 # ----------------------------------------------------------------------------- runs
@@ -265,12 +265,12 @@ def leak(monkeypatch, cls, method: str, what: str):
 def test_a_run_within_the_rules_passes_with_the_same_bytes(tmp_path):
     from mmfl.report import load_metrics
 
-    exp = Experiment(tiny_config(tmp_path, "ok"), progress=False, transport=simulation_with_privacy)
+    exp = experiment(tiny_config(tmp_path, "ok"), transport=simulation_with_privacy)
     assert exp.transport.privacy is not None
     exp.run()
     plain = tiny_config(tmp_path, "plain")
     plain.privacy = None
-    Experiment(plain, progress=False, transport=simulation_with_privacy).run()
+    run_config(plain, transport=simulation_with_privacy)
     strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith("_time_s")} for r in rows]  # noqa: E731
     assert strip(load_metrics(tmp_path / "ok")) == strip(load_metrics(tmp_path / "plain"))
 
@@ -285,14 +285,13 @@ def test_a_leaking_client_fails_the_run_with_one_line(tmp_path, monkeypatch, wha
     from mmfl.algorithms.multimodal import MFedAvgClient
 
     leak(monkeypatch, MFedAvgClient, "train", what)
-    exp = Experiment(tiny_config(tmp_path, what), progress=False, transport=simulation_with_privacy)
+    exp = experiment(tiny_config(tmp_path, what), transport=simulation_with_privacy)
     with pytest.raises(PrivacyError, match=message):
         exp.run()
     # the same leak is allowed where the rules allow it
     allow = ['privacy.modalities={image = "shareable", features = "private"}', "privacy.labels=shareable",
              'on_no_valid_reply="skip"']  # the check lets it leave; the server's schema then drops the extra array
-    Experiment(tiny_config(tmp_path, what + "-allowed", *allow), progress=False,
-               transport=simulation_with_privacy).run()
+    run_config(tiny_config(tmp_path, what + "-allowed", *allow), transport=simulation_with_privacy)
 
 
 @pytest.mark.parametrize("near", [False, True])
@@ -315,7 +314,7 @@ def test_labels_sent_as_scalars_beside_num_examples_fail_the_run(tmp_path, monke
         return reply
 
     monkeypatch.setattr(MFedAvgClient, "train", leaky)
-    exp = Experiment(tiny_config(tmp_path, f"scalars{near}"), progress=False, transport=simulation_with_privacy)
+    exp = experiment(tiny_config(tmp_path, f"scalars{near}"), transport=simulation_with_privacy)
     with pytest.raises(PrivacyError, match=r"^client 0, route train: the \d+ numeric scalars .* carries the "
                                            r"client's labels \("):
         exp.run()
@@ -328,7 +327,7 @@ def test_batched_replies_are_checked_too(tmp_path, monkeypatch):
             "model.hidden=[16]", "algorithm.name=fedavg", "batch_clients=true", "privacy.labels=private",
             "train.local_epochs=1", "train.batch_size=128", "threads=1", "rounds=1", 'train.optimizer="sgd"']
     leak(monkeypatch, FedAvgClient, "batched_finish", "labels")  # only the batched path leaks
-    exp = Experiment(tiny_config(tmp_path, "batched", base=base), progress=False, transport=simulation_with_privacy)
+    exp = experiment(tiny_config(tmp_path, "batched", base=base), transport=simulation_with_privacy)
     with pytest.raises(PrivacyError, match=r"^client 0, route train: array 'debug/y' carries the client's labels"):
         exp.run()
 
@@ -336,7 +335,7 @@ def test_batched_replies_are_checked_too(tmp_path, monkeypatch):
 def test_the_default_experiment_transport_enforces_the_rules(tmp_path, monkeypatch):
     from mmfl.algorithms.multimodal import MFedAvgClient
 
-    exp = Experiment(tiny_config(tmp_path, "default"), progress=False)
+    exp = experiment(tiny_config(tmp_path, "default"))
     assert getattr(exp.transport, "privacy", None) is not None
     leak(monkeypatch, MFedAvgClient, "train", "image")
     with pytest.raises(PrivacyError, match="carries private modality 'image' raw data"):
@@ -357,8 +356,8 @@ def test_the_flower_client_app_checks_replies_before_they_leave(tmp_path, monkey
         cfg = tiny_config(tmp_path, name)
         grid = InProcessGrid(cfg.to_toml(), {11: {"partition-id": 0, "num-partitions": 2},
                                              22: {"partition-id": 1, "num-partitions": 2}})
-        Experiment(cfg, progress=False, transport=lambda e: FlowerTransport(grid, e.federation, cfg.run,
-                                                                           wait_for_nodes_s=0)).run()
+        run_config(cfg, transport=lambda e: FlowerTransport(grid, e.federation, cfg.run,
+                                                            wait_for_nodes_s=0))
 
     grid_run("flower-ok")
     leak(monkeypatch, MFedAvgClient, "train", "labels")

@@ -7,13 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mmfl.config import load_config
 from mmfl.engine import progress as progress_mod
 from mmfl.engine.progress import RunProgress, run_eta
-from mmfl.engine.runner import Experiment
 
-BASE = ["data.name=digits", "partition.num_clients=4", "model.name=mlp", "model.hidden=[16]",
-        "train.local_epochs=1", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1"]
+from helpers import DIGITS, run
+
+BASE = (*DIGITS, "partition.num_clients=4")
 
 
 def test_run_eta_from_the_current_rounds_pace_then_from_finished_rounds():
@@ -50,8 +49,7 @@ def _run(tmp_path, monkeypatch, *overrides):
     import mmfl.engine.stages.progress_bar as progress_bar  # the Progress stage (mmfl.engine.pipeline)
 
     monkeypatch.setattr(progress_bar, "RunProgress", make)
-    cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", "name=p", "rounds=2", *overrides])
-    Experiment(cfg, progress=True).run()
+    run(tmp_path, "p", *overrides, base=BASE, progress=True)
     return made
 
 
@@ -83,9 +81,7 @@ def test_run_eta_appears_on_the_rounds_bar_before_round_one_ends(monkeypatch):
 
 def test_progress_off_makes_no_bar(tmp_path, monkeypatch):
     monkeypatch.setattr(progress_mod.RunProgress, "__init__", lambda *a: pytest.fail("a bar was made"))
-    cfg = load_config(None, [*BASE, f"output_dir={tmp_path}", "name=q", "rounds=1"])
-    exp = Experiment(cfg, progress=False)
-    exp.run()
+    exp = run(tmp_path, "q", base=BASE, rounds=1)
     assert exp.transport.progress is None
 
 

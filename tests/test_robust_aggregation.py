@@ -12,8 +12,9 @@ import torch
 
 from mmfl.config import load_config
 from mmfl.core.aggregation import AGGREGATION_RULES, aggregate, per_sample
-from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
+
+from helpers import run, run_config
 
 ROBUST = ["median", "trimmed_mean", "krum", "multi_krum", "bulyan", "norm_clip", "norm_clip_adaptive"]
 
@@ -187,10 +188,7 @@ BASE = ["data.name=digits", "partition.num_clients=7", "model.name=mlp", "model.
 @pytest.mark.parametrize("rule", ROBUST)
 def test_a_two_round_fedavg_run_on_digits_finishes_with_each_robust_rule(tmp_path, rule):
     over = ['algorithm.aggregation_params.clip_norm=0.5'] if rule == "norm_clip" else []
-    cfg = load_config(None, [*BASE, "algorithm.name=fedavg", f"algorithm.aggregation={rule}", *over,
-                             f"output_dir={tmp_path}", f"name={rule}"])
-    exp = Experiment(cfg, progress=False)
-    exp.run()
+    exp = run(tmp_path, rule, "algorithm.name=fedavg", f"algorithm.aggregation={rule}", *over, base=BASE, rounds=None)
     state = exp.server.model.state_dict()
     assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
     rows = [json.loads(line) for line in (exp.run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -247,8 +245,7 @@ def _demo_accuracy(tmp_path, name, *over):
     cfg = load_config("mmfl/configs/demo.toml", ["threads=1", "rounds=5", f"output_dir={tmp_path}", f"name={name}",
                                                  'attack.kind="sign_flip"', "attack.fraction=0.1", "attack.scale=10.0",
                                                  *over])
-    exp = Experiment(cfg, progress=False)
-    exp.run()
+    exp = run_config(cfg)
     return [json.loads(line)["accuracy"] for line in (exp.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 

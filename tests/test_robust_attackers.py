@@ -9,9 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmfl.engine.runner import Experiment
-
-from helpers import config, rows as read_rows
+from helpers import rows as read_rows, config, experiment
 
 
 BASE = ["data.name=digits", "partition.num_clients=10", "model.name=mlp", "model.hidden=[16]",
@@ -35,8 +33,8 @@ def lowered(rule: str, attackers: int) -> str | None:
 @pytest.mark.parametrize("attackers", [1, 3, 5])
 @pytest.mark.parametrize("rule", RULES)
 def test_invalid_reply_attackers_never_stop_a_rule(tmp_path, capsys, rule, attackers):
-    exp = Experiment(config(tmp_path, rule, f"algorithm.aggregation={rule}", *PARAMS.get(rule, []),
-                            f"attack.fraction={attackers / 10}", base=BASE, rounds=None), progress=False)
+    exp = experiment(config(tmp_path, rule, f"algorithm.aggregation={rule}", *PARAMS.get(rule, []),
+                            f"attack.fraction={attackers / 10}", base=BASE, rounds=None))
     capsys.readouterr()
     exp.run()  # no error: the run finishes
     err = capsys.readouterr().err.splitlines()

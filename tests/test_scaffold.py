@@ -19,8 +19,9 @@ from mmfl.algorithms.scaffold import (C, DC, ScaffoldClient, ScaffoldParams, Sca
                                      server_variate_update)
 from mmfl.config import TrainConfig, load_config
 from mmfl.data.base import ArrayDataset, DatasetMeta
-from mmfl.engine.runner import Experiment
 from mmfl.errors import ConfigError
+
+from helpers import run
 
 sys.path.insert(0, str(Path(__file__).parent))
 from data_fixtures import write_mnist_dir  # noqa: E402
@@ -214,18 +215,15 @@ def mnist_root(tmp_path_factory):
 
 @pytest.mark.parametrize("correction", ["gradient", "after_step"])
 def test_scaffold_batched_equals_sequential_for_both_conventions(tmp_path, mnist_root, correction):
-    def run(name, batched):
-        cfg = load_config(None, [
-            "data.name=mnist_idx", f"data.root={mnist_root}", "partition.name=dirichlet",
-            "partition.num_clients=4", "partition.beta=0.5", "clients_per_round=3", "model.name=simple_cnn",
-            "model.out_dim=32", "train.local_epochs=1", "train.batch_size=16", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1",
-            "rounds=3", f"output_dir={tmp_path}", f"name={name}", "algorithm.name=scaffold",
-            f"algorithm.correction={correction}", f"batch_clients={str(batched).lower()}"])
-        exp = Experiment(cfg, progress=False)
-        exp.run()
-        return exp
+    def trained(name, batched):
+        return run(tmp_path, name, "algorithm.name=scaffold", f"algorithm.correction={correction}",
+                   f"batch_clients={str(batched).lower()}", rounds=3, base=(
+                       "data.name=mnist_idx", f"data.root={mnist_root}", "partition.name=dirichlet",
+                       "partition.num_clients=4", "partition.beta=0.5", "clients_per_round=3", "model.name=simple_cnn",
+                       "model.out_dim=32", "train.local_epochs=1", "train.batch_size=16", "train.optimizer=\"sgd\"",
+                       "train.lr=0.05", "threads=1"))
 
-    seq, bat = run("seq", False), run("bat", True)
+    seq, bat = trained("seq", False), trained("bat", True)
     for a, b in [(seq.server.state_dict(), bat.server.state_dict()), (seq.store.state_dict(), bat.store.state_dict())]:
         assert a.keys() == b.keys()
         for k in a:

@@ -22,6 +22,8 @@ from mmfl.models.multimodal import CNNEncoder, MLPEncoder, MultimodalModel, defa
 from mmfl.models.sequence import Conv1dEncoder, GRUEncoder, TokenEncoder
 from mmfl.registry import Entry
 
+from helpers import config, run_config
+
 torch.set_num_threads(1)
 
 
@@ -168,21 +170,17 @@ class _SeqParams:
 
 
 def test_fedcmi_runs_on_two_variable_length_sensor_modalities(tmp_path, monkeypatch):
-    from mmfl.config import load_config
-    from mmfl.engine.runner import Experiment
-
     def factory(p):
         meta = DatasetMeta("seq_test", 3, {"acc": (3, 16), "gyro": (3, 16)}, class_names=["a", "b", "c"])
         return DatasetBundle(train=_seq_set(128, 16, p.seed), test=_seq_set(60, 16, p.seed + 1), meta=meta)
 
     monkeypatch.setitem(DATASETS._entries, "seq_test", Entry("seq_test", factory, _SeqParams, "test"))
-    cfg = load_config(None, ["data.name=seq_test", "partition.num_clients=4", "case=D", "model.name=multimodal",
-                             "model.two_projector=true", "model.feat_dim=16", "model.conv1d_channels=[8]",
-                             "model.encoders={gyro = \"gru\"}", "model.gru_hidden=8", "algorithm.name=fedcmi",
-                             "train.local_epochs=3", "train.batch_size=16", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1",
-                             "rounds=2", f"output_dir={tmp_path}", "name=seq"])
-    exp = Experiment(cfg, progress=False)
-    exp.run()
+    cfg = config(tmp_path, "seq", base=(
+        "data.name=seq_test", "partition.num_clients=4", "case=D", "model.name=multimodal", "model.two_projector=true",
+        "model.feat_dim=16", "model.conv1d_channels=[8]", "model.encoders={gyro = \"gru\"}", "model.gru_hidden=8",
+        "algorithm.name=fedcmi", "train.local_epochs=3", "train.batch_size=16", "train.optimizer=\"sgd\"", "train.lr=0.05",
+        "threads=1"))
+    exp = run_config(cfg)
     rows = [json.loads(line) for line in (exp.run_dir / "metrics.jsonl").read_text().splitlines()]
     acc = [r["accuracy"] for r in rows if "accuracy" in r]
     assert acc and np.isfinite(acc[-1]) and acc[-1] > 0.5  # chance is 1/3

@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 
 from mmfl.config import load_config, resolve
-from mmfl.engine.runner import Experiment
 from mmfl.data.federation import build_federation
 from mmfl.models.factory import model_factory
 from mmfl.core.system import (WirelessSystem, computation_latency, dbm_to_watts, local_iterations,
                                 path_loss_db, place_devices, rayleigh_amplitude, shannon_rate,
                                 transmission_latency)
 from mmfl.errors import ConfigError
+
+from helpers import config, experiment, rows, run
 
 BASE = ["data.name=digits", "partition.num_clients=3", "model.name=mlp", "model.hidden=[16]",
         "train.local_epochs=2", "train.batch_size=128", "train.optimizer=\"sgd\"", "train.lr=0.05", "threads=1"]
@@ -163,18 +164,12 @@ def strip(rows):
     return [{k: v for k, v in r.items() if not k.startswith("sim_") and not k.endswith("_time_s")} for r in rows]
 
 
-def rows_of(exp):
-    return [json.loads(x) for x in (exp.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-
-
 @pytest.mark.parametrize("base,algo", [(BASE, "fedavg"), (MM, "mfedavg")])
 def test_system_model_adds_time_without_changing_results(tmp_path, base, algo):
-    over = [*base, f"algorithm.name={algo}", f"output_dir={tmp_path}", "rounds=2"]
-    plain = Experiment(load_config(None, [*over, "name=plain"]), progress=False)
-    plain.run()
-    timed = Experiment(load_config(None, [*over, "name=timed", "system.name=wireless"]), progress=False)
+    plain = run(tmp_path, "plain", f"algorithm.name={algo}", base=base)
+    timed = experiment(config(tmp_path, "timed", f"algorithm.name={algo}", "system.name=wireless", base=base))
     summary = timed.run()
-    a, b = rows_of(plain), rows_of(timed)
+    a, b = rows(plain), rows(timed)
     assert strip(a) == strip(b)
     assert not any(k.startswith("sim_") for r in a for k in r)
     assert plain.server.ctx.system is None and timed.server.ctx.system is timed.system
@@ -186,13 +181,10 @@ def test_system_model_adds_time_without_changing_results(tmp_path, base, algo):
 
 
 def test_resumed_run_continues_the_simulated_clock(tmp_path):
-    over = [*BASE, f"output_dir={tmp_path}", "system.name=wireless"]
-    full = Experiment(load_config(None, [*over, "name=full", "rounds=3"]), progress=False)
-    full.run()
-    Experiment(load_config(None, [*over, "name=split", "rounds=1"]), progress=False).run()
-    resumed = Experiment(load_config(None, [*over, "name=split", "rounds=3"]), progress=False)
-    resumed.run(resume=True)
-    a, b = rows_of(full), rows_of(resumed)
+    full = run(tmp_path, "full", "system.name=wireless", base=BASE, rounds=3)
+    run(tmp_path, "split", "system.name=wireless", base=BASE, rounds=1)
+    resumed = run(tmp_path, "split", "system.name=wireless", base=BASE, rounds=3, resume=True)
+    a, b = rows(full), rows(resumed)
     keep = ("sim_time_s", "sim_time_total_s", "sim_straggler", "sim_latency_per_client")
     assert [{k: r[k] for k in keep} for r in a] == [{k: r[k] for k in keep} for r in b]
 

@@ -18,11 +18,12 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.feather as feather  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from mmfl.config import apply_overrides, resolve  # noqa: E402
+from mmfl.config import apply_overrides
 from mmfl.data import DATASETS  # noqa: E402
 from mmfl.data.tables import Blob, read_rows, split_value  # noqa: E402
-from mmfl.engine.runner import Experiment  # noqa: E402
 from mmfl.errors import DataError  # noqa: E402
+
+from helpers import run_config
 
 N = 12
 RNG = np.random.default_rng(0)
@@ -234,6 +235,5 @@ def test_a_parquet_manifest_runs_an_experiment(tmp_path):
     raw = apply_overrides({}, ["data.name=manifest", f"data.root={tmp_path}", "data.manifest=d.parquet",
                                "partition.name=natural", "model.name=multimodal", "rounds=1", "threads=1",
                                "train.batch_size=8", "train.local_epochs=1", f"output_dir={tmp_path / 'runs'}", "name=tables"])
-    exp = Experiment(resolve(raw), progress=False)
-    exp.run()
+    exp = run_config(raw)
     assert (exp.run_dir / "metrics.jsonl").read_text().strip()

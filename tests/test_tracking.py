@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 
 from mmfl.cli import demo_config_path, main
-from mmfl.config import load_config
 from mmfl.engine import tracking as tracking_mod
 from mmfl.engine.runner import Experiment
 from mmfl.engine.tracking import scalars
 from mmfl.errors import ConfigError
+
+import helpers
+from helpers import rows, run_config
 
 pytest.importorskip("tensorboard", reason="the tracking extra is not installed: pip install 'mmfl[tracking]'")
 pytest.importorskip("mlflow", reason="the tracking extra is not installed: pip install 'mmfl[tracking]'")
@@ -25,27 +27,20 @@ TIMES = ("train_time_s", "wall_time_s")
 
 
 def config(out: Path, name: str, *over: str, rounds: int = 2, backends=None):
-    sets = ["threads=1", f"rounds={rounds}", f"name={name}", f"output_dir={json.dumps(str(out))}",
-            "train.local_epochs=1", *over]
-    if backends is not None:
-        sets.append(f"tracking.backends={json.dumps(backends)}")
-    return load_config(demo_config_path(), sets)
+    """The demo config on one thread, one local epoch; ``backends``: the tracking back-ends."""
+    tail = [f"tracking.backends={json.dumps(backends)}"] if backends is not None else []
+    return helpers.config(out, name, *over, *tail, base=("threads=1", "train.local_epochs=1"), rounds=rounds,
+                          path=demo_config_path())
 
 
-def run(out: Path, name: str, *over: str, resume: bool = False, **kw) -> Experiment:
-    exp = Experiment(config(out, name, *over, **kw), progress=False)
-    exp.run(resume=resume, overwrite=not resume)
-    return exp
-
-
-def rows_of(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+def run(out: Path, name: str, *over: str, resume: bool = False, **kw):
+    return run_config(config(out, name, *over, **kw), resume=resume, overwrite=not resume)
 
 
 def expected(run_dir: Path) -> dict[str, dict[int, float]]:
     """key -> {round: value} of every numeric key of metrics.jsonl (what each back-end must hold)."""
     out: dict = {}
-    for row in rows_of(run_dir):
+    for row in rows(run_dir):
         for k, v in scalars(row).items():
             out.setdefault(k, {})[row["round"]] = v
     return out
@@ -125,7 +120,7 @@ def test_scalars_flatten_tables_and_leave_out_per_client_maps_and_the_step():
 def test_tracking_does_not_change_the_results(tracked):
     exp, plain, _ = tracked
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMES} for r in rows]  # noqa: E731
-    assert strip(rows_of(exp.run_dir)) == strip(rows_of(plain.run_dir))
+    assert strip(rows(exp.run_dir)) == strip(rows(plain.run_dir))
     assert not (plain.run_dir / "tb").exists() and not (plain.run_dir / "tracking.json").exists()
 
 
@@ -216,7 +211,7 @@ def test_a_failed_run_closes_its_trackers_and_its_resume_logs_no_round_twice(tmp
     assert wandb_core_children() == []
     monkeypatch.setattr(Experiment, "_checkpoint", real)
     exp = run(tmp_path, "c", backends=backends, resume=True)  # round 2 runs again
-    assert [r["round"] for r in rows_of(d)] == [1, 2]
+    assert [r["round"] for r in rows(d)] == [1, 2]
     assert [s for s, _ in tb_scalars(d / "tb")["accuracy"]] == [1, 2]
     assert client.get_run(run_id).info.status == "FINISHED"
     assert sorted(m.step for m in client.get_metric_history(run_id, "accuracy")) == [1, 2]
@@ -248,8 +243,7 @@ def test_flower_server_app_tracks_the_same_rows(tmp_path):
         from tests.test_flower import BASE, InProcessGrid
     from mmfl.flower.server_app import run_server
 
-    cfg = load_config(None, [*BASE, f"output_dir={json.dumps(str(tmp_path))}", "name=fl",
-                             'tracking.backends=["tensorboard"]'])
+    cfg = helpers.config(tmp_path, "fl", 'tracking.backends=["tensorboard"]', base=BASE, rounds=None)
     text = cfg.to_toml()
     nodes = {11: {"partition-id": 0, "num-partitions": 2}, 22: {"partition-id": 1, "num-partitions": 2}}
     run_server(InProcessGrid(text, nodes), text, wait_for_nodes_s=0, announce=False)

@@ -9,18 +9,18 @@ import json
 
 import pytest
 
-from mmfl.config import resolve
-from mmfl.engine.runner import Experiment
 from mmfl.engine.tracking import mlflow_names, scalars
+
+from helpers import rows, run_config
 
 pytest.importorskip("tensorboard", reason="the tracking extra is not installed: pip install 'mmfl[tracking]'")
 pytest.importorskip("mlflow", reason="the tracking extra is not installed: pip install 'mmfl[tracking]'")
 pytest.importorskip("wandb", reason="the tracking extra is not installed: pip install 'mmfl[tracking]'")
 
 try:
-    from test_tracking import expected, rows_of, tb_scalars, wandb_core_children, wandb_history
+    from test_tracking import expected, tb_scalars, wandb_core_children, wandb_history
 except ImportError:  # run as the package tests.*
-    from tests.test_tracking import expected, rows_of, tb_scalars, wandb_core_children, wandb_history
+    from tests.test_tracking import expected, tb_scalars, wandb_core_children, wandb_history
 
 ALL = ["tensorboard", "mlflow", "wandb"]
 TRAIN = {"local_epochs": 1, "batch_size": 64, "optimizer": "adam", "lr": 0.001}
@@ -54,8 +54,7 @@ def family_run(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(name)
     raw = {"name": name, "rounds": 2, "seed": 0, "output_dir": str(out), "threads": 1, "train": dict(TRAIN),
            "tracking": {"backends": ALL}, **json.loads(json.dumps(FAMILIES[name]))}
-    exp = Experiment(resolve(raw), progress=False)
-    exp.run(overwrite=True)
+    exp = run_config(raw, overwrite=True)
     return name, exp.run_dir
 
 
@@ -83,7 +82,7 @@ def test_mlflow_run_finishes_with_every_metric(family_run):
 def test_wandb_offline_and_tensorboard_have_every_metric(family_run):
     name, d = family_run
     want = expected(d)
-    rounds = [r["round"] for r in rows_of(d)]
+    rounds = [r["round"] for r in rows(d)]
     history, _, _ = wandb_history(d)
     assert [h["round"] for h in history] == rounds
     got = tb_scalars(d / "tb")

@@ -22,6 +22,8 @@ from mmfl.core.vqa import (VQATrainParams, answer_counts, finetune_vqa, official
                              vqa_score, vqa_score_official)
 from mmfl.errors import ConfigError, DataError
 
+from helpers import run_config
+
 try:
     from test_emoji_bbc import write_emoji_package
 except ImportError:  # tests/ imported as a package
@@ -260,9 +262,6 @@ def test_a_head_that_cannot_see_the_image_stays_at_the_question_prior(tmp_path):
 
 
 def _emoji_run(tmp_path) -> Path:
-    from mmfl.config import resolve
-    from mmfl.engine.runner import Experiment
-
     pkg = tmp_path / "emoji"
     write_emoji_package(pkg)
     raw = {"name": "run", "rounds": 1, "seed": 0, "output_dir": str(tmp_path / "runs"), "threads": 1,
@@ -271,7 +270,7 @@ def _emoji_run(tmp_path) -> Path:
            "model": {"name": "multimodal", "feat_dim": 8, "mlp_hidden": [16]},
            "algorithm": {"name": "creamfl", "server_batch_size": 16},
            "train": {"local_epochs": 1, "batch_size": 16, "optimizer": "adam", "lr": 0.001}}
-    Experiment(resolve(raw), progress=False).run()
+    run_config(raw)
     return tmp_path / "runs" / "run"
 
 
