@@ -20,13 +20,13 @@ def split_accuracy(run_dir: str | Path) -> dict[str, float]:
     import numpy as np
     import torch
 
-    import mmfl
     from mmfl.algorithms import ALGORITHMS
+    from mmfl.api import load_run
     from mmfl.core.evaluation import global_metrics
     from mmfl.data.base import PRESENT
     from mmfl.data.federation import build_federation
 
-    res = mmfl.load_run(run_dir)
+    res = load_run(run_dir)
     cfg, fed, model = res.config, res.federation(), res.model()
     mods = cfg.modalities
     rates = {m: r for m, r in mods.params.test_missing_rate.items() if r > 0}
