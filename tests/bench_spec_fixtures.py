@@ -94,7 +94,16 @@ def _diag(grid) -> None:
                 {"probe_z/audio": round(_u(run.name, "pa"), 4), "probe_z/image": round(_u(run.name, "pi"), 4)}))
 
 
-CUSTOM = {"robust": _robust, "diagnose": _diag, "diagnose-missing": _diag}
+def _split(grid) -> None:
+    """split.json (the post-run split evaluation, mmfl.bench.split_eval) in every finished run."""
+    for run in grid.runs():
+        if (grid.raw_dir / run.name / "summary.json").is_file():
+            m = "image" if run.name.startswith("image-") else "audio"
+            (grid.raw_dir / run.name / "split.json").write_text(json.dumps(
+                {f"accuracy/with:{m}": round(_u(run.name, "w"), 4), f"accuracy/without:{m}": round(_u(run.name, "wo"), 4)}))
+
+
+CUSTOM = {"missing": _split, "robust": _robust, "diagnose": _diag, "diagnose-missing": _diag}
 CASES_BT = [  # (name, grid, make_runs keywords)
     ("robust", "benchmarks/robust/grid.toml",
      dict(keys=["replies_rejected", "dp/epsilon"], summary_keys=["final_r1_sum"], skip_every=11)),

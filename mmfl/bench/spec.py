@@ -45,6 +45,7 @@ KIND_MODULES = (
     "mmfl.bench.spec_figures",
     "mmfl.bench.spec_claims",
     "mmfl.bench.spec_facts",
+    "mmfl.bench.spec_bmissing",
 )
 
 BLOCK_KEYS = {"text", "kind", "group", "rows", "extra", "header", "cells", "metric", "row", "pairs", "scale",
@@ -189,16 +190,19 @@ class TableSpec:
             if "kind" not in bl and "text" not in bl and "parts" not in bl:
                 raise ConfigError(f"{path}: {i}: needs text, kind or parts")
         self.FILES = tuple(self.spec.get("files", ()))
-        self._hooks = path.parent / self.spec["hooks"] if "hooks" in self.spec else None
+        hooks = self.spec.get("hooks")  # a file next to the spec, or a module's dotted name (mmfl.bench.split_eval)
+        self._hooks = None if hooks is None else hooks if not hooks.endswith(".py") else path.parent / hooks
 
     def __getattr__(self, name: str):
         """The post-run hooks (``done``, ``post``, a group's ``post.call``) of the Python file the spec's
         ``hooks = "probe.py"`` names: what runs after a run is code; the report stays data."""
         if name.startswith("_") or self.__dict__.get("_hooks") is None:
             raise AttributeError(name)
-        if "_hooks_mod" not in self.__dict__:
-            import importlib.util
+        import importlib.util
 
+        if "_hooks_mod" not in self.__dict__ and isinstance(self._hooks, str):
+            self._hooks_mod = importlib.import_module(self._hooks)
+        if "_hooks_mod" not in self.__dict__:
             spec = importlib.util.spec_from_file_location(f"mmfl_bench_hooks_{self._hooks.stem}", self._hooks)
             self._hooks_mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(self._hooks_mod)
