@@ -9,6 +9,7 @@ import json
 import signal
 import time
 import uuid
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,6 @@ flwr = pytest.importorskip("flwr", reason='Flower not installed (pip install -e 
 
 from flwr.app import Context, Message as FlowerMessage, RecordDict  # noqa: E402
 from flwr.app import Error  # noqa: E402
-from flwr.common.constant import ErrorCode  # noqa: E402
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
@@ -114,7 +114,9 @@ def test_message_records_round_trip_exactly():
 class InProcessGrid(Grid):
     """A Grid whose nodes run the mmfl ClientApp handler in this process; ``dead``
     nodes never answer (a SuperNode that died after it registered); ``unavailable`` nodes
-    get the SuperLink's "node unavailable" error reply (one that left after it answered)."""
+    get the SuperLink's "node unavailable" error reply (one that left after it answered): an
+    error written by the SuperLink (``src_node_id`` 1, Flower's SUPERLINK_NODE_ID), code 5
+    (Flower's ErrorCode.NODE_UNAVAILABLE), while Flower still lists the node."""
 
     def __init__(self, config_text: str, node_configs: dict[int, dict], dead=(), unavailable=()):
         from flwr.supercore.task_identity import TaskIdentity
@@ -130,7 +132,7 @@ class InProcessGrid(Grid):
 
     @property
     def run(self):
-        return None
+        return SimpleNamespace(run_id=1)  # what Flower's legacy workflows read of a Run
 
     def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
         return FlowerMessage(content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id)
@@ -154,7 +156,9 @@ class InProcessGrid(Grid):
                 continue
             del self.inbox[mid]
             if m.metadata.dst_node_id in self.unavailable:
-                out.append(FlowerMessage(Error(ErrorCode.NODE_UNAVAILABLE, "Error: Node Unavailable"), reply_to=m))
+                err = FlowerMessage(Error(5, "Error: Node Unavailable"), reply_to=m)
+                err.metadata.__dict__["_src_node_id"] = 1  # written by the SuperLink, not the node
+                out.append(err)
                 continue
             wire = FlowerMessage(recorddict_from_proto(recorddict_to_proto(m.content)), reply_to=m)
             wire.metadata.__dict__.update(m.metadata.__dict__)
