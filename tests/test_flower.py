@@ -318,11 +318,13 @@ def test_loopback_fedcmi_unimodal_clients_equals_simulator(loopback_runs):
 
 @pytest.mark.slow
 def test_run_status_through_flwr_ls(deployment, loopback_runs):
-    # Flower's public CLI (`flwr ls --run-id N --format json`) reads a finished run and no run
+    # Flower's public CLI (`flwr ls --run-id N --format json`) reads a finished run; no run, or
+    # no SuperLink, is one line with Flower's reason
     from mmfl.flower.deploy import run_status
 
     assert run_status(deployment.run_ids["fedavg"], "loopback", deployment.home) == "finished:completed"
-    assert run_status(987654321, "loopback", deployment.home) == "unknown"
+    with pytest.raises(MMFLError, match="cannot get the status of run 987654321 from SuperLink 'loopback': .*not found"):
+        run_status(987654321, "loopback", deployment.home)
     with pytest.raises(MMFLError, match="cannot get the status of run 1 from SuperLink 'nowhere'"):
         run_status(1, "nowhere", deployment.home)
 

@@ -108,7 +108,8 @@ def run_app(app_dir: Path, connection: str, flwr_home: Path, run_config: list[st
 
 def run_status(run_id: int, connection: str, flwr_home: Path) -> str:
     """The status of run ``run_id`` as ``flwr ls --run-id N --format json`` (Flower's public CLI)
-    shows it: ``finished:completed``, ``running``, ...; ``unknown`` for no such run."""
+    shows it: ``finished:completed``, ``running``, ...; no such run, or no answer, raises
+    :class:`MMFLError` with Flower's reason (``Run ID not found``, ...)."""
     env = flower_env(flwr_home)
     cmd = [str(BIN / "flwr"), "ls", connection, "--run-id", str(run_id), "--format", "json"]
     why = ""
