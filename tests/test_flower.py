@@ -9,6 +9,7 @@ import json
 import signal
 import time
 import uuid
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,6 @@ flwr = pytest.importorskip("flwr", reason='Flower not installed (pip install -e 
 
 from flwr.app import Context, Message as FlowerMessage, RecordDict  # noqa: E402
 from flwr.app import Error  # noqa: E402
-from flwr.common.constant import ErrorCode  # noqa: E402
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
@@ -114,7 +114,9 @@ def test_message_records_round_trip_exactly():
 class InProcessGrid(Grid):
     """A Grid whose nodes run the mmfl ClientApp handler in this process; ``dead``
     nodes never answer (a SuperNode that died after it registered); ``unavailable`` nodes
-    get the SuperLink's "node unavailable" error reply (one that left after it answered)."""
+    get the SuperLink's "node unavailable" error reply (one that left after it answered): an
+    error written by the SuperLink (``src_node_id`` 1, Flower's SUPERLINK_NODE_ID), code 5
+    (Flower's ErrorCode.NODE_UNAVAILABLE), while Flower still lists the node."""
 
     def __init__(self, config_text: str, node_configs: dict[int, dict], dead=(), unavailable=()):
         from flwr.supercore.task_identity import TaskIdentity
@@ -130,7 +132,7 @@ class InProcessGrid(Grid):
 
     @property
     def run(self):
-        return None
+        return SimpleNamespace(run_id=1)  # what Flower's legacy workflows read of a Run
 
     def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
         return FlowerMessage(content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id)
@@ -154,7 +156,9 @@ class InProcessGrid(Grid):
                 continue
             del self.inbox[mid]
             if m.metadata.dst_node_id in self.unavailable:
-                out.append(FlowerMessage(Error(ErrorCode.NODE_UNAVAILABLE, "Error: Node Unavailable"), reply_to=m))
+                err = FlowerMessage(Error(5, "Error: Node Unavailable"), reply_to=m)
+                err.metadata.__dict__["_src_node_id"] = 1  # written by the SuperLink, not the node
+                out.append(err)
                 continue
             wire = FlowerMessage(recorddict_from_proto(recorddict_to_proto(m.content)), reply_to=m)
             wire.metadata.__dict__.update(m.metadata.__dict__)
@@ -313,22 +317,47 @@ def test_loopback_fedcmi_unimodal_clients_equals_simulator(loopback_runs):
 
 
 @pytest.mark.slow
-def test_run_status_through_flwr_ls_equals_the_in_process_answer(deployment, loopback_runs, monkeypatch):
-    # mmfl/flower/_flwr_private.py asks the Control API in process; where a Flower release moved
-    # that client it falls back to `flwr ls --run-id N --format json`, which must read the same
-    from mmfl.flower import _flwr_private as private
-    from mmfl.flower.deploy import BIN, flower_env, run_status
+def test_run_status_through_flwr_ls(deployment, loopback_runs):
+    # Flower's public CLI (`flwr ls --run-id N --format json`) reads a finished run; no run, or
+    # no SuperLink, is one line with Flower's reason
+    from mmfl.flower.deploy import run_status
 
-    run_id = deployment.run_ids["fedavg"]
-    assert run_status(run_id, "loopback", deployment.home) == "finished:completed"
+    assert run_status(deployment.run_ids["fedavg"], "loopback", deployment.home) == "finished:completed"
+    with pytest.raises(MMFLError, match="cannot get the status of run 987654321 from SuperLink 'loopback': .*not found"):
+        run_status(987654321, "loopback", deployment.home)
+    with pytest.raises(MMFLError, match="cannot get the status of run 1 from SuperLink 'nowhere'"):
+        run_status(1, "nowhere", deployment.home)
 
-    def moved(*a, **k):
-        raise ImportError("flwr.cli.utils moved")
 
-    monkeypatch.setattr(private, "_status_in_process", moved)
-    assert run_status(run_id, "loopback", deployment.home) == "finished:completed"
-    assert private._status_cli(run_id, "loopback", str(BIN / "flwr"), flower_env(deployment.home)) == \
-        [("finished", "completed")]
+def test_waiting_asks_flower_seldom_and_at_once_when_the_summary_appears(tmp_path, monkeypatch):
+    """``wait`` asks the SuperLink (a `flwr ls` process, about a CPU second each) at growing
+    intervals, and at once when the run's summary is written; on a fake clock: a run that
+    finishes at 300 s is seen within a second of its summary with 26 asks or fewer (a fixed
+    2 s poll asks 150 times), and without a summary within max_poll of its end."""
+    from mmfl.flower import deploy
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(deploy.time, "monotonic", lambda: clock["t"])
+    done = tmp_path / "summary.json"
+
+    def sleep(dt):
+        clock["t"] += dt
+        if clock["t"] >= 300 and not done.exists():
+            done.write_text("{}")
+
+    monkeypatch.setattr(deploy.time, "sleep", sleep)
+    for with_file in (True, False):
+        clock["t"], asks = 0.0, []
+        done.unlink(missing_ok=True)
+
+        def status(run_id, connection, home):
+            asks.append(clock["t"])
+            return "finished:completed" if clock["t"] >= 300 else "running"
+
+        monkeypatch.setattr(deploy, "run_status", status)
+        assert deploy.wait(1, "c", tmp_path, done_file=done if with_file else None) == "finished:completed"
+        assert len(asks) <= 300 / 15 + 6 and asks[0] >= 2.0  # growing to every max_poll = 15 s
+        assert asks[-1] - 300 <= (1.0 if with_file else 15.0)
 
 
 @pytest.mark.slow

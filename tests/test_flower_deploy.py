@@ -192,3 +192,70 @@ def test_documented_deployment_works_verbatim_and_keeps_outsiders_out(tmp_path):
         assert ok.returncode == 0 and run_id in ok.stdout
     finally:
         sh.stop()
+
+
+def test_the_guard_forwards_the_fleet_api_and_refuses_the_rest():
+    """``mmfl flower superlink``'s proxy (mmfl/flower/superlink.py) in process, in front of a
+    stand-in SuperLink: the Fleet API is forwarded from any address (path, query, headers and
+    body unchanged; the answer streamed back), the Control and Runtime APIs only from an
+    operator address (else 403, never forwarded); Flower's --host/--port go to the proxy."""
+    import asyncio
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from mmfl.flower.superlink import Forward, OperatorOnly, _split_args
+
+    seen = []
+
+    class Link(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["content-length"]))
+            seen.append(self.path)
+            out = f"{self.path}|{self.headers['content-type']}|".encode() + body
+            self.send_response(200)
+            self.send_header("content-length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *a):
+            pass
+
+    link = ThreadingHTTPServer(("127.0.0.1", 0), Link)
+    threading.Thread(target=link.serve_forever, daemon=True).start()
+    fwd = Forward(f"http://127.0.0.1:{link.server_address[1]}", verify=False)
+    app = OperatorOnly(fwd)
+
+    async def call(path: str, local: str, query: bytes = b"") -> tuple[int, bytes]:
+        msgs, sent = [{"type": "http.request", "body": b"\x00payload", "more_body": False}], []
+
+        async def receive():
+            return msgs.pop(0) if msgs else {"type": "http.disconnect"}
+
+        async def send(m):
+            sent.append(m)
+
+        scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": query,
+                 "headers": [(b"content-type", b"application/protobuf"), (b"host", b"public:9093")],
+                 "server": (local, 9093)}
+        await app(scope, receive, send)
+        return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+    async def calls():
+        try:
+            return [await call("/v1/fleet/pull-messages", PUBLIC, b"a=1"),
+                    await call("/v1/control/list-runs", PUBLIC), await call("/v1/runtime/acquire-task", PUBLIC),
+                    await call("/v1/control/list-runs", "127.0.0.1"), await call("/v1/control/list-runs", "::ffff:127.0.0.1")]
+        finally:
+            await fwd.client.aclose()
+
+    try:
+        fleet, control, runtime, local, mapped = asyncio.run(calls())
+    finally:
+        link.shutdown()
+    assert fleet == (200, b"/v1/fleet/pull-messages?a=1|application/protobuf|\x00payload")
+    assert control[0] == 403 and runtime[0] == 403 and b"operator addresses" in control[1]
+    assert local == mapped == (200, b"/v1/control/list-runs|application/protobuf|\x00payload")
+    assert seen == ["/v1/fleet/pull-messages?a=1", "/v1/control/list-runs", "/v1/control/list-runs"]
+    opts, rest = _split_args(["--insecure", "--host", "0.0.0.0", "--port=9093", "--enable-supernode-auth"])
+    assert (opts["host"], opts["port"], opts["insecure"]) == ("0.0.0.0", 9093, True)
+    assert rest == ["--insecure", "--enable-supernode-auth"]

@@ -7,7 +7,10 @@
 - :mod:`mmfl.flower.simulation`: Flower's simulation engine (Ray);
 - :mod:`mmfl.flower.deploy`: ``flwr run`` submission and a loopback deployment;
 - ``app/``: the Flower app folder ``flwr run`` takes;
-- :mod:`mmfl.flower._flwr_private`: the only uses of non-public Flower modules, each with its reason.
+- :mod:`mmfl.flower.secagg`: SecAgg+ with Flower's workflow and mod;
+- :mod:`mmfl.flower.superlink`: ``mmfl flower superlink``, Flower's SuperLink behind an operator guard.
+
+Only Flower's public API is used (tests/test_flower_imports.py).
 
 See docs/flower.md.
 """

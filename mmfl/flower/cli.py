@@ -139,8 +139,7 @@ def main(args) -> int:
     if cmd == "superlink":
         from mmfl.flower.superlink import run_superlink
 
-        run_superlink(args.flower_args, args.operator_address)
-        return 0
+        return run_superlink(args.flower_args, args.operator_address)
     if cmd == "simulate" and args.gpus_per_client is not None:  # the flag overrides the config's value
         args.overrides = [*args.overrides, f"gpus_per_client={args.gpus_per_client!r}"]
     cfg = _cfg(args)  # a missing config file is said before Flower is imported

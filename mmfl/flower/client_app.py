@@ -188,8 +188,8 @@ def save_state(state: RecordDict, cid: int, tensors: dict) -> None:
 
 def handle(msg: FlowerMessage, context: Context, config_text: str | None = None) -> FlowerMessage:
     """Deliver one Flower message: a stage of secure aggregation goes through Flower's
-    ``secaggplus_mod`` (:mod:`mmfl.flower.secagg`), which calls :func:`handle_plain`."""
-    from mmfl.flower.secagg import client_stage, is_secagg
+    ``secaggplus_mod`` (:mod:`mmfl.flower.secagg_node`), which calls :func:`handle_plain`."""
+    from mmfl.flower.secagg_node import client_stage, is_secagg
 
     if is_secagg(msg):
         return client_stage(msg, context, lambda m, c: handle_plain(m, c, config_text))

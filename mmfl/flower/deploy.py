@@ -107,16 +107,24 @@ def run_app(app_dir: Path, connection: str, flwr_home: Path, run_config: list[st
 
 
 def run_status(run_id: int, connection: str, flwr_home: Path) -> str:
-    """The status of run ``run_id`` as ``flwr ls --run-id`` shows it (``finished:completed``, ...;
-    ``unknown`` for no such run). Asked in this process where Flower allows (see
-    mmfl/flower/_flwr_private.py: a ``flwr`` process per poll costs a second of CPU)."""
-    from mmfl.flower._flwr_private import run_status as ask
-
+    """The status of run ``run_id`` as ``flwr ls --run-id N --format json`` (Flower's public CLI)
+    shows it: ``finished:completed``, ``running``, ...; no such run, or no answer, raises
+    :class:`MMFLError` with Flower's reason (``Run ID not found``, ...)."""
+    env = flower_env(flwr_home)
+    cmd = [str(BIN / "flwr"), "ls", connection, "--run-id", str(run_id), "--format", "json"]
+    why = ""
     try:
-        status = ask(run_id, connection, str(flwr_home), str(BIN / "flwr"), flower_env(flwr_home))
-    except Exception as e:  # noqa: BLE001 - any failure to ask is reported the same way
-        raise MMFLError(f"cannot get the status of run {run_id} from SuperLink {connection!r}: {e}") from None
-    return "unknown" if status is None else status
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        out = proc.stdout
+        res = json.loads(out[out.index("{"):]) if "{" in out else {}
+        if proc.returncode != 0 or not res.get("success", False):
+            why = str(res.get("error-message", "") or proc.stderr.strip()[-300:] or out.strip()[-300:])
+    except (OSError, ValueError, subprocess.TimeoutExpired) as e:
+        why = str(e)
+    if why:
+        raise MMFLError(f"cannot get the status of run {run_id} from SuperLink {connection!r}: {' '.join(why.split())}")
+    runs = res.get("runs", [])
+    return str(runs[0].get("status", "unknown")) if runs else "unknown"
 
 
 def run_log(run_id: int, connection: str, flwr_home: Path) -> str:
@@ -127,22 +135,36 @@ def run_log(run_id: int, connection: str, flwr_home: Path) -> str:
 
 
 def wait(run_id: int, connection: str, flwr_home: Path, timeout: float = 24 * 3600, poll: float = 2.0,
-         done_file: Path | None = None) -> str:
+         done_file: Path | None = None, max_poll: float = 15.0) -> str:
     """Block until the run finishes; its final status (``finished:completed`` on success).
 
-    The SuperLink is asked every ``poll`` seconds; with ``done_file`` (the run's
-    summary.json, when the SuperLink writes to this machine) it is also asked as
-    soon as that file appears.
+    Each ask is a ``flwr ls`` process (:func:`run_status`, about a CPU second), so the
+    SuperLink is asked after ``poll`` seconds, then at intervals growing by half up to
+    ``max_poll``. With ``done_file`` (the run's summary.json, when the SuperLink writes to
+    this machine) it is asked as soon as that file is written (appears, or changes on a
+    resume), then every ``poll`` seconds: a finished run is seen a moment after its last
+    file, a failed one (no summary) within ``max_poll``.
     """
-    deadline = time.monotonic() + timeout
-    next_ask = 0.0
+    def stamp():
+        try:
+            return done_file.stat().st_mtime_ns
+        except OSError:
+            return None
+
+    start = time.monotonic()
+    deadline, next_ask, interval = start + timeout, start + poll, poll
+    before = stamp() if done_file is not None else None
+    done = False
     while time.monotonic() < deadline:
-        now = time.monotonic()
-        if now >= next_ask or (done_file is not None and done_file.is_file()):
+        if done_file is not None and not done and stamp() not in (None, before):
+            done, next_ask, interval = True, time.monotonic(), poll
+        if time.monotonic() >= next_ask:
             status = run_status(run_id, connection, flwr_home)
             if status.startswith("finished"):
                 return status
-            next_ask = now + poll
+            if not done:
+                interval = min(max_poll, interval * 1.5)
+            next_ask = time.monotonic() + interval
         time.sleep(0.2)
     raise MMFLError(f"run {run_id} did not finish within {timeout:.0f}s")
 

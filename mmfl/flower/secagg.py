@@ -1,29 +1,35 @@
-"""Secure aggregation of the train round on Flower: SecAgg+ with Flower's own components.
+"""Secure aggregation of the train round on Flower: SecAgg+ with Flower's own components,
+used through Flower's public API the way Flower documents SecAgg+.
 
 With a ``[secure_aggregation]`` table (:class:`mmfl.schema.SecureAggregationConfig`) the
 ``train`` route of a :class:`~mmfl.flower.transport.FlowerTransport` does not send and
-collect the clients' messages directly: :meth:`SecureAggregation.send` runs Flower's
-``flwr.server.workflow.SecAggPlusWorkflow`` for that one send, and every SuperNode answers
-its four stages with Flower's ``flwr.client.mod.secaggplus_mod`` (:func:`client_stage`):
+collect the clients' messages directly: :meth:`SecureAggregation.send` runs one round of
+Flower's ``DefaultWorkflow`` whose fit step is ``flwr.server.workflow.SecAggPlusWorkflow``,
+driven by a public ``Strategy`` (:class:`_Strategy`) in a ``LegacyContext``, over a ``Grid``
+restricted to the send's SuperNodes (:class:`_StageGrid`). Every SuperNode answers the four
+stages with a ``ClientApp`` of a ``Client`` wrapped by ``flwr.client.mod.secaggplus_mod``
+(:func:`mmfl.flower.secagg_node.client_stage`):
 
 1. ``setup``: the workflow sends the protocol's parameters; each node answers two public keys;
 2. ``share_keys``: the server forwards the neighbours' public keys; each node answers its
    secrets' Shamir shares, encrypted for each neighbour;
-3. ``collect_masked_vectors``: the server forwards those shares **and mmfl's train messages**
-   (the global model, as in a plain send). The node trains its clients (mmfl's ClientApp
-   handler), and :func:`node_update` turns their replies into one vector, the
-   ``num_examples``-weighted mean of their updates ``w_k - w^t`` (a key the server did not
-   send, or an integer buffer, is handled as said below). The mod weights it by the node's
-   ``num_examples / max_weight``, quantizes it, adds its masks and sends only the masked
-   integers; it clears every array of the reply. The clients' scalars (``num_examples``,
-   ``train_loss``, ...) travel in the clear;
+3. ``collect_masked_vectors``: the server forwards those shares with the strategy's FitIns
+   (marked :data:`MARK`), to which the grid adds **mmfl's train messages** (the global
+   model, as in a plain send). The node trains its clients (mmfl's ClientApp handler), and
+   :func:`~mmfl.flower.secagg_node.node_update` turns their replies into one vector, the ``num_examples``-weighted
+   mean of their updates ``w_k - w^t`` (a key the server did not send, or an integer buffer,
+   is handled as said below); the ``Client``'s ``fit`` answers it. The mod weights it by the
+   node's ``num_examples / max_weight``, quantizes it, adds its masks and sends only the
+   masked integers; it clears every array of the reply. The clients' scalars
+   (``num_examples``, ``train_loss``, ...) travel in the clear, in mmfl's records;
 4. ``unmask``: the nodes send the shares the server needs to remove the masks of the sum.
 
-The workflow then hands the weighted mean to a stand-in strategy (:class:`_Strategy`);
+The workflow then hands the weighted mean to the strategy's ``aggregate_fit``;
 :meth:`SecureAggregation.send` adds ``w^t`` back and returns, for every client that took
 part, a reply holding that mean and its own scalars: the algorithm's server (FedAvg's
 weighted mean of identical models) gets the secure aggregate, exactly as Flower's own
-strategies do behind the workflow.
+strategies do behind the workflow. No record layout of Flower's is read or written: the
+grid finds the collect stage by the strategy's marker, the node by mmfl's ``"mmfl"`` record.
 
 Integer entries (BatchNorm's ``num_batches_tracked``) cannot be averaged by a sum that the
 server then divides; as ``weighted_mean`` takes their maximum, each node sends the maximum
@@ -42,139 +48,42 @@ from collections import defaultdict
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message as FlowerMessage, RecordDict
-from flwr.common import (Code, FitIns, FitRes, Parameters, Status, bytes_to_ndarray, ndarray_to_bytes,
-                         ndarrays_to_parameters, parameters_to_ndarrays)
+from flwr.app import Context, Message as FlowerMessage, RecordDict
+from flwr.common import FitIns, Parameters, bytes_to_ndarray, parameters_to_ndarrays
+from flwr.server import LegacyContext, ServerConfig
+from flwr.server.strategy import Strategy
+from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+from flwr.serverapp import Grid
 
 from mmfl.core.message import Message
 from mmfl.errors import MMFLError
-from mmfl.flower._flwr_private import (MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, RECORD_KEY_CONFIGS,
-                                       RECORD_KEY_STATE, Key, Stage, WorkflowKey, fitres_to_recorddict)
 from mmfl.flower.records import META, decode, encode
+from mmfl.flower.secagg_node import COLLECT
 
 log = logging.getLogger("mmfl.flower")
 ROUTE = "train"  # the route whose sum SecAgg+ computes
-TRAIN = "train"  # Flower's MessageType.TRAIN: the only message type secaggplus_mod acts on
 PROTOCOL_ROUTE = "secagg"  # CommLog route of the protocol's own records
-EXAMPLES = "examples/"  # mmfl.algorithms.fedavg.MODULE_WEIGHT (per-module data weights)
-
-
-def is_secagg(msg: FlowerMessage) -> bool:
-    """Whether ``msg`` is a stage of the SecAgg+ protocol (for :func:`client_stage`)."""
-    return msg.metadata.message_type == TRAIN and RECORD_KEY_CONFIGS in msg.content.config_records
-
-
-# ----------------------------------------------------------------------------- the SuperNode
-
-def client_stage(msg: FlowerMessage, context: Context, plain) -> FlowerMessage:
-    """Answer one SecAgg+ stage with Flower's ``secaggplus_mod``; in the collect stage it calls
-    ``plain(msg, context)`` (mmfl's handler: trains the node's clients) and masks
-    :func:`node_update` of its reply."""
-    from flwr.client.mod import secaggplus_mod
-
-    return secaggplus_mod(msg, context, lambda m, c: node_update(m, plain(m, c), c))
-
-
-def node_update(request: FlowerMessage, reply: FlowerMessage, context: Context) -> FlowerMessage:
-    """The node's FitRes for the mod: one vector, ``sum_k n_k (w_k - w^t) / sum_k n_k`` over its
-    clients with finite replies (``n_k``: ``num_examples``; float64), its ``num_examples``
-    ``sum_k n_k``; the clients' scalars and how to read the vector in the clear ``"mmfl"`` record."""
-    sent, _ = decode(request.content)
-    replies, meta = decode(reply.content)
-    state = context.state.config_records[RECORD_KEY_STATE]
-    clip, max_weight = float(state["clipping_range"]), float(state["max_weight"])
-    ok = {c: r for c, r in sorted(replies.items()) if r.nonfinite_key() is None}
-    if not ok:
-        raise MMFLError(f"secure aggregation: no finite reply from client(s) {sorted(replies)} on this SuperNode")
-    first = next(iter(ok))
-    names = sorted(ok[first].arrays)
-    floats = [k for k in names if ok[first].arrays[k].is_floating_point()]
-    ints = [k for k in names if k not in floats]
-    delta = [k for k in floats if _same_shape(sent[first].arrays.get(k), ok[first].arrays[k])]
-    acc = {k: torch.zeros(ok[first].arrays[k].shape, dtype=torch.float64) for k in floats}
-    top: dict[str, torch.Tensor] = {}
-    total = 0.0
-    for cid, r in ok.items():
-        n = _weight(cid, r)
-        if sorted(r.arrays) != names or any(r.arrays[k].shape != ok[first].arrays[k].shape for k in names):
-            raise MMFLError(f"secure aggregation sums one vector per SuperNode: clients {first} and {cid} reply "
-                            "different entries (clients holding other modalities); every client must hold every "
-                            "module ([modalities] name = \"all\")")
-        for k in floats:
-            x = r.arrays[k].to(torch.float64)
-            acc[k] += n * (x - sent[cid].arrays[k].to(torch.float64) if k in delta else x)
-        for k in ints:
-            top[k] = r.arrays[k] if k not in top else torch.maximum(top[k], r.arrays[k])
-        total += n
-    vector = [(acc[k] / total if total > 0 else acc[k]).numpy() for k in floats]
-    ratio = total / max_weight
-    if any(v.size and float(np.abs(v).max()) * ratio > clip for v in vector):
-        raise MMFLError(f"secure aggregation: an entry of this SuperNode's weighted update exceeds clipping_range "
-                        f"= {clip:g}, which SecAgg+ would clip; raise secure_aggregation.clipping_range")
-    out = encode({c: Message(scalars=dict(r.scalars)) for c, r in replies.items()},
-                 route=meta["route"], rnd=meta["rnd"])
-    info = out[META]
-    for key, value in meta.items():  # the handler's other bookkeeping (e.g. "kept-state")
-        if key not in info and key != "cids" and not key.endswith(".odd"):
-            info[key] = value
-    info["secagg.names"] = floats
-    info["secagg.shapes"] = ["x".join(map(str, ok[first].arrays[k].shape)) for k in floats]
-    info["secagg.dtypes"] = [str(ok[first].arrays[k].dtype).removeprefix("torch.") for k in floats]
-    for key, values in (("secagg.delta", delta), ("secagg.excluded", [c for c in replies if c not in ok]),
-                        ("secagg.ints", ints)):
-        if values:
-            info[key] = values
-    if ints:
-        info["secagg.int_values"] = [ndarray_to_bytes(top[k].numpy()) for k in ints]
-    fit = fitres_to_recorddict(FitRes(Status(Code.OK, ""), ndarrays_to_parameters(vector),
-                               int(total) if float(total).is_integer() else total, {}), False)
-    for name, record in fit.items():
-        out[name] = record
-    return FlowerMessage(out, reply_to=request)
-
-
-def _same_shape(sent, got) -> bool:
-    return sent is not None and sent.is_floating_point() and sent.shape == got.shape
-
-
-def _weight(cid: int, reply: Message) -> float:
-    if "num_examples" not in reply.scalars:
-        raise MMFLError(f"secure aggregation: client {cid}'s reply has no num_examples to weight it by")
-    n = float(reply.scalars["num_examples"])
-    if any(k.startswith(EXAMPLES) and float(v) != n for k, v in reply.scalars.items()):
-        raise MMFLError(f"secure aggregation: client {cid} weighs modules by their own data sizes (samples "
-                        "missing a modality); SecAgg+ sums one weight per SuperNode")
-    return n
+MARK = "mmfl.secagg"  # in the config of the strategy's FitIns: how the grid finds the collect stage
+STAGES = ("setup", "share_keys", "collect_masked_vectors", "unmask")  # SecAggPlusWorkflow's sends, in order
 
 
 # ----------------------------------------------------------------------------- the server
 
-class _Proxy:
-    """What the workflow needs of a legacy ClientProxy: the node id."""
-
-    def __init__(self, node_id: int):
-        self.node_id = node_id
-
-
-class _Manager:
-    def __init__(self, n: int):
-        self.n = n
-
-    def num_available(self) -> int:
-        return self.n
-
-
-class _Strategy:
-    """The legacy strategy the workflow drives: every node of the send gets an empty FitIns
-    (mmfl's messages join the collect stage, :class:`_StageGrid`); ``aggregate_fit`` keeps the
-    unmasked weighted mean."""
+class _Strategy(Strategy):
+    """The strategy the workflow drives (a public Flower ``Strategy``): every node of the send
+    gets a FitIns marked with :data:`MARK` (mmfl's messages join it in the collect stage,
+    :class:`_StageGrid`); ``aggregate_fit`` keeps the unmasked weighted mean; no evaluation."""
 
     def __init__(self, nodes: list[int]):
-        self.nodes = nodes
+        self.nodes = set(nodes)
         self.aggregate: list[np.ndarray] | None = None
 
+    def initialize_parameters(self, client_manager):
+        return Parameters(tensors=[], tensor_type="")  # the model travels in mmfl's own records
+
     def configure_fit(self, server_round, parameters, client_manager):
-        return [(_Proxy(n), FitIns(Parameters(tensors=[], tensor_type=""), {})) for n in self.nodes]
+        proxies = sorted((p for p in client_manager.all().values() if p.node_id in self.nodes), key=lambda p: p.node_id)
+        return [(p, FitIns(parameters, {MARK: True})) for p in proxies]
 
     def aggregate_fit(self, server_round, results, failures):
         if not results:
@@ -183,10 +92,24 @@ class _Strategy:
         self.aggregate = parameters_to_ndarrays(params)
         return params, {}
 
+    def configure_evaluate(self, server_round, parameters, client_manager):
+        return []
 
-class _StageGrid:
-    """The Grid the workflow sees: sends through the transport (its timeouts and liveness checks),
-    adds mmfl's messages to the collect stage, keeps the collect replies and counts the bytes."""
+    def aggregate_evaluate(self, server_round, results, failures):
+        return None, {}
+
+    def evaluate(self, server_round, parameters):
+        return None
+
+
+def _no_evaluation(grid, context) -> None:
+    """DefaultWorkflow's evaluate step: none (mmfl evaluates in its own round loop)."""
+
+
+class _StageGrid(Grid):
+    """The Grid the workflow sees (a public Flower ``Grid``): its nodes are the send's; it sends
+    through the transport (its timeouts and liveness checks), adds mmfl's messages to the
+    collect stage, keeps the collect replies and counts the protocol's bytes."""
 
     def __init__(self, transport, contents: dict[int, RecordDict]):
         self.t = transport
@@ -194,34 +117,63 @@ class _StageGrid:
         self.collected: dict[int, FlowerMessage] = {}
         self.bytes: dict[int, list[int]] = defaultdict(lambda: [0, 0])
         self.layout: tuple | None = None
+        self.sends = 0
+
+    # the Grid interface: the transport's grid, restricted to the send's nodes
+    def set_run(self, run_id: int) -> None:
+        self.t.grid.set_run(run_id)
+
+    @property
+    def run(self):
+        return self.t.grid.run
+
+    def create_message(self, *args, **kwargs):
+        return self.t.grid.create_message(*args, **kwargs)
+
+    def get_node_ids(self):
+        return sorted(self.contents)
+
+    def push_messages(self, messages):
+        return self.t.grid.push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        return self.t.grid.pull_messages(message_ids)
 
     def send_and_receive(self, messages, *, timeout=None):
         messages = list(messages)
         if not messages:
             return []
-        stage = messages[0].content.config_records[RECORD_KEY_CONFIGS][Key.STAGE]
+        stage = STAGES[self.sends] if self.sends < len(STAGES) else f"send {self.sends + 1}"
+        self.sends += 1
+        collect = any(MARK in rec for rec in messages[0].content.config_records.values())
         for m in messages:
             node = m.metadata.dst_node_id
-            self.bytes[node][0] += record_bytes(m.content.config_records[RECORD_KEY_CONFIGS])
-            if stage == Stage.COLLECT_MASKED_VECTORS:
+            self.bytes[node][0] += _protocol_bytes(m.content)
+            if collect:
                 for name, record in self.contents[node].items():
                     m.content[name] = record
+        from mmfl.flower.transport import unanswered
+
         got, _ = self.t._exchange(messages, self.t.timeout)
+        gone = unanswered(self.t.grid, got)
         out = []
         for node, rep in got.items():
+            if node in gone:
+                continue  # left the federation: SecAgg+ treats it as dropped
             if rep.has_error():
-                if rep.error.code in _unavailable():
-                    continue  # left the federation: SecAgg+ treats it as dropped
                 raise MMFLError(f"SuperNode {node} failed in the secure aggregation stage {stage} "
                                 f"(round {self.t.rnd + 1}): {rep.error.reason}")
-            self.bytes[node][1] += record_bytes(rep.content.config_records[RECORD_KEY_CONFIGS])
-            if stage == Stage.COLLECT_MASKED_VECTORS:
+            self.bytes[node][1] += _protocol_bytes(rep.content)
+            if collect:
                 self._check_layout(node, rep)
                 self.collected[node] = rep
             out.append(rep)
         return out
 
     def _check_layout(self, node: int, rep: FlowerMessage) -> None:
+        if META not in rep.content:
+            raise MMFLError(f"secure aggregation (round {self.t.rnd + 1}): SuperNode {node}'s masked update came "
+                            "without mmfl's record (a SuperNode running another ClientApp?)")
         meta = rep.content[META]
         layout = tuple(tuple(meta.get(k, [])) for k in ("secagg.names", "secagg.shapes", "secagg.dtypes",
                                                          "secagg.delta", "secagg.ints"))
@@ -233,10 +185,35 @@ class _StageGrid:
                             "module")
 
 
-def _unavailable() -> set:
-    from mmfl.flower.transport import _UNAVAILABLE
+def _protocol_bytes(content: RecordDict) -> int:
+    """Payload bytes of the protocol's config records in ``content``: all but mmfl's own (the
+    ``"mmfl"`` record, the clients' ``"{cid}.config"`` scalars, the FitIns marker)."""
+    ours = set()
+    if META in content:
+        ours = {META, *(f"{c}.config" for c in content[META].get("cids", []))}
+    return sum(record_bytes(rec) for name, rec in content.config_records.items()
+               if name not in ours and MARK not in rec)
 
-    return _UNAVAILABLE
+
+class _RoundLogFilter(logging.Filter):
+    """Drops DefaultWorkflow's per-run bookkeeping lines ([INIT], [ROUND 1], [SUMMARY], its
+    empty history) from Flower's log: mmfl runs one workflow round per train send."""
+
+    LINES = {"", "[INIT]", "[ROUND %s]", "[SUMMARY]", "Run finished %s round(s) in %.2fs", "%s", "\t%s",
+             "Using initial global parameters provided by strategy", "Starting evaluation of initial global parameters",
+             "Evaluation returned no results (`None`)"}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg not in self.LINES
+
+
+class _quiet_round_log:
+    def __enter__(self):
+        self.f = _RoundLogFilter()
+        logging.getLogger("flwr").addFilter(self.f)
+
+    def __exit__(self, *exc):
+        logging.getLogger("flwr").removeFilter(self.f)
 
 
 def record_bytes(record) -> int:
@@ -261,9 +238,7 @@ class SecureAggregation:
         self.cfg = cfg
         self.sizes = [len(c) for c in federation.clients]
 
-    def workflow(self, max_weight: float, timeout: float):
-        from flwr.server.workflow import SecAggPlusWorkflow
-
+    def workflow(self, max_weight: float, timeout: float) -> SecAggPlusWorkflow:
         c = self.cfg
         return SecAggPlusWorkflow(c.num_shares, c.reconstruction_threshold, max_weight=max_weight,
                                   clipping_range=c.clipping_range, quantization_range=c.quantization_range,
@@ -272,8 +247,6 @@ class SecureAggregation:
     def send(self, t, messages: dict[int, Message]) -> dict[int, Message]:
         """The replies of ``messages`` (route ``train``) through SecAgg+: every client that took part
         gets the secure weighted mean as its arrays and keeps its own scalars."""
-        from flwr.server import LegacyContext
-
         rnd = t.rnd
         by_node, missing, calls = t.group_by_node(messages)
         cfg = self.cfg
@@ -292,13 +265,17 @@ class SecureAggregation:
                 if expect:
                     contents[node][META]["expect-state"] = expect
         max_weight = cfg.max_weight or float(max(sum(self.sizes[c] for c in cids) for cids in by_node.values()))
+        for content in contents.values():  # the collect stage's: how the node checks its update
+            content[META].update({COLLECT: True, "secagg.clip": float(cfg.clipping_range),
+                                  "secagg.max_weight": float(max_weight)})
         grid = _StageGrid(t, contents)
         strategy = _Strategy(sorted(by_node))
+        # one round of Flower's DefaultWorkflow with SecAggPlusWorkflow as its fit step, as Flower
+        # documents SecAgg+ (its round counter is this workflow's own: always 1)
         ctx = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}),
-                            strategy=strategy, client_manager=_Manager(len(by_node)))
-        ctx.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({WorkflowKey.CURRENT_ROUND: rnd + 1})
-        ctx.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()
-        self.workflow(max_weight, t.timeout)(grid, ctx)
+                            config=ServerConfig(num_rounds=1), strategy=strategy)
+        with _quiet_round_log():
+            DefaultWorkflow(fit_workflow=self.workflow(max_weight, t.timeout), evaluate_workflow=_no_evaluation)(grid, ctx)
         if strategy.aggregate is None:
             raise MMFLError(f"secure aggregation halted in round {rnd + 1}: fewer SuperNodes than "
                             f"reconstruction_threshold answered ({len(grid.collected)} of {len(by_node)} sent their "

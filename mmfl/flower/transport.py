@@ -48,14 +48,25 @@ from mmfl.core.message import Message
 from mmfl.engine import runfiles
 from mmfl.engine.simulation import CommLog
 from mmfl.errors import MMFLError
-from mmfl.flower._flwr_private import UNAVAILABLE
 from mmfl.flower.records import decode, encode
 
 log = logging.getLogger("mmfl.flower")
 HELLO = "query.mmfl_hello"
 POLL_S = 0.1  # between pulls of replies
 ONLINE_CHECK_S = 1.0  # between checks that the SuperNodes still owing a reply are online
-_UNAVAILABLE = UNAVAILABLE  # a reply's error code of a SuperNode that is gone
+
+
+def unanswered(grid, replies: dict[int, FlowerMessage]) -> set[int]:
+    """The nodes of ``replies`` whose reply is an error the node did not write: the SuperLink
+    answers for a node that left (or a message that expired), so the message will never be
+    answered, as silent as a node that never answered. Read from public fields only: the
+    reply's ``src_node_id`` is not the node asked, or the node is no longer among
+    ``grid.get_node_ids()``. An error the node wrote (its ClientApp raised) is not in it."""
+    errors = {n for n, rep in replies.items() if rep.has_error()}
+    if not errors:
+        return set()
+    online = set(grid.get_node_ids())
+    return {n for n in errors if replies[n].metadata.src_node_id != n or n not in online}
 
 
 def message_type(route: str) -> str:
@@ -137,7 +148,7 @@ class FlowerTransport:
         replies, silent = self._exchange(msgs, self.timeout)
         # a node that left between answering and our pull gets an "unavailable" error reply
         # from the SuperLink instead of its answer: as silent as one that never answered
-        silent += [n for n, rep in replies.items() if rep.has_error() and rep.error.code in _UNAVAILABLE]
+        silent += sorted(unanswered(self.grid, replies))
         self.dead.update(silent)  # not asked again until Flower saw it leave (see discover)
         for node, rep in replies.items():
             if node in silent:
@@ -249,10 +260,11 @@ class FlowerTransport:
             out.append(FlowerMessage(content, dst_node_id=node, message_type=mtype,
                                      group_id=str(self.rnd + 1), ttl=self.timeout + 60))
         got, _ = self._exchange(out, self.timeout)
+        gone = unanswered(self.grid, got)
         decoded: dict[int, Message] = {}
         for node, cids in by_node.items():
             rep = got.get(node)
-            if rep is None or (rep.has_error() and rep.error.code in _UNAVAILABLE):
+            if rep is None or node in gone:
                 self.dead.add(node)
                 missing.extend(cids)
                 continue
