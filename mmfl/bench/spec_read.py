@@ -20,7 +20,8 @@ from mmfl.errors import ConfigError
 DIVERGED = ("diverged", "non-finite", "nan")
 METRIC = {"key": "accuracy", "reader": "final", "agg": "outcome", "scale": 100.0, "digits": 1, "keep_failed": False,
           "fail_words": list(DIVERGED), "eval_key": None, "minus": None, "div": 1.0}
-ROW_STATS = {"first": lambda v: v[0] if v else None, "mean": lambda v: float(np.mean(v)) if v else None,
+ROW_STATS = {"first": lambda v: v[0] if v else None, "sum": lambda v: float(sum(v)) if v else None,
+             "mean": lambda v: float(np.mean(v)) if v else None,
              "later": lambda v: float(np.mean(v[1:])) if len(v) > 1 else float("nan")}
 
 
