@@ -6,18 +6,39 @@
   per such setting, with ``{sinfo.<k>}`` (the setting's info) and ``{setting}`` (its key);
   ``split = "<info key>"``: the rows once per value of the settings' info (in order), each over the
   settings with that value (the headings from the first), ``{split}`` in ``cells`` its
-  ``split_labels`` entry.
+  ``labels`` entry (``labels = { <info value> = "<label>" }``; ``{lab.<k>}``: an info value's label).
+- ``value_list``: ``line`` with ``{items}``: per method (``methods``, default the group's) and planned
+  setting (``settings``) whose ``metric`` has values, ``item`` (``{label}``, ``{v}``: the values
+  aggregated, ``{lab.<k>}``...) joined by ``sep`` (default "; "); nothing without values.
 
 Each kind is ``fn(b, block, f) -> lines`` (docs/benchmarks.md "Table specs")."""
 
 from __future__ import annotations
 
-from mmfl.bench.spec_bwireless import setting_columns
+from mmfl.bench.spec_bwireless import _agg, _metric, by_seed, setting_columns
 
 
 def planned_settings(b, g: str, settings: list[str] | None = None) -> list[str]:
     """The settings of group ``g`` (or ``settings``) with planned runs of some method."""
     return [s for s in settings or b.grid.settings(g) if any(b.names(g, m, s) for m in b.methods(g))]
+
+
+def _local(b, g: str, s: str, block: dict) -> dict:
+    """A setting's names in a template: ``setting`` (its key), ``sinfo`` (its info), ``lab`` (its info
+    values through the block's ``labels``)."""
+    info = b.grid.settings(g)[s].info
+    return {"setting": s, "sinfo": info, "lab": {k: block.get("labels", {}).get(v, v) for k, v in info.items()}}
+
+
+def value_list(b, block: dict, f) -> list[str]:
+    g, m = block["group"], _metric(block.get("metric"))
+    items = []
+    for mk in block.get("methods") or list(b.methods(g)):
+        for s in planned_settings(b, g, block.get("settings")):
+            if vals := by_seed(b, g, mk, s, m):
+                items.append(f.fill(block["item"], label=b.grid.entry(g, mk).label, v=_agg(vals, len(b.names(g, mk, s)), m),
+                                    **_local(b, g, s, block)))
+    return [f.fill(block["line"], items=block.get("sep", "; ").join(items))] if items else []
 
 
 def planned_columns(b, block: dict, f) -> list[str]:
@@ -30,9 +51,8 @@ def planned_columns(b, block: dict, f) -> list[str]:
         cols = [s for s in settings if val is None or b.grid.settings(g)[s].info[split] == val]
         head = []
         for h in block["header"]:
-            head += [h] if isinstance(h, str) else [
-                f.fill(h["per_setting"], setting=s, sinfo=b.grid.settings(g)[s].info) for s in cols]
-        label = block.get("split_labels", {}).get(val, val)
+            head += [h] if isinstance(h, str) else [f.fill(h["per_setting"], **_local(b, g, s, block)) for s in cols]
+        label = block.get("labels", {}).get(val, val)
         cells = [c.replace("{split}", str(label)) if isinstance(c, str) else c for c in block["cells"]]
         lines = setting_columns(b, {**block, "settings": cols, "cells": cells,
                                     "header": [x.replace("{", "{{").replace("}", "}}") for x in head]}, f)
@@ -40,5 +60,5 @@ def planned_columns(b, block: dict, f) -> list[str]:
     return out
 
 
-KINDS = {"planned_columns": planned_columns}
-KEYS = {"split_labels"}
+KINDS = {"planned_columns": planned_columns, "value_list": value_list}
+KEYS = {"labels", "item", "sep"}
