@@ -10,11 +10,18 @@
 - ``value_list``: ``line`` with ``{items}``: per method (``methods``, default the group's) and planned
   setting (``settings``) whose ``metric`` has values, ``item`` (``{label}``, ``{v}``: the values
   aggregated, ``{lab.<k>}``...) joined by ``sep`` (default "; "); nothing without values.
+- ``item_rows``: a row per entry of ``items = [{ group, setting, method, <name> = ... }]`` (``planned_only``:
+  only entries with planned runs) of ``cells`` templates of the entry's names and ``{v.<name>}``, each
+  of ``values = { name = <metric> }`` (:mod:`mmfl.bench.spec_read` metrics; ``method`` / ``setting`` /
+  ``group`` read another cell's runs; ``prefix``: one "name value" per key after it, ``:func:_item_value``).
 
 Each kind is ``fn(b, block, f) -> lines`` (docs/benchmarks.md "Table specs")."""
 
 from __future__ import annotations
 
+from mmfl.bench.render import md_table
+from mmfl.bench.results import finite
+from mmfl.bench.spec_read import _m, value
 from mmfl.bench.spec_bwireless import _agg, _metric, by_seed, setting_columns
 
 
@@ -60,5 +67,41 @@ def planned_columns(b, block: dict, f) -> list[str]:
     return out
 
 
-KINDS = {"planned_columns": planned_columns, "value_list": value_list}
-KEYS = {"labels", "item", "sep"}
+def _family(b, names: dict, prefix: str) -> list[str]:
+    """The keys after ``prefix`` in the final row of the first finished run of ``names`` (sorted)."""
+    for n in names.values():
+        if r := b.results.final(n):
+            return sorted(k[len(prefix):] for k, v in r.items() if k.startswith(prefix) and finite(v))
+    return []
+
+
+def _item_value(b, it: dict, spec: dict, f) -> str:
+    """A value of an ``item_rows`` row: ``spec``'s metric (:func:`mmfl.bench.spec_read.value`) over the
+    runs of the row's group / setting / method, each overridable by ``spec``; ``prefix``: every key
+    after it in the final row (``item`` of ``{name}`` and ``{v}``, joined by ``sep``; ``absent``: none)."""
+    spec = dict(spec)
+    g, s, mk = (spec.pop(k, it.get(k)) for k in ("group", "setting", "method"))
+    other, prefix = spec.pop("absent", "—"), spec.pop("prefix", None)
+    item, sep = spec.pop("item", "{name} {v}"), spec.pop("sep", ", ")
+    if mk not in b.methods(g) or s not in b.grid.settings(g):
+        return other
+    names = b.names(g, mk, s)
+    if prefix is None:
+        return value(b, names, _m(spec))
+    keys = _family(b, names, prefix)
+    return sep.join(f.fill(item, name=k, v=value(b, names, _m({**spec, "key": prefix + k}))) for k in keys) or other
+
+
+def item_rows(b, block: dict, f) -> list[str]:
+    body = []
+    for it in block["items"]:
+        it = {"group": block.get("group"), **it}
+        if block.get("planned_only") and not b.names(it["group"], it["method"], it.get("setting")):
+            continue
+        v = {k: _item_value(b, it, spec, f) for k, spec in block.get("values", {}).items()}
+        body.append([f.fill(c, **it, v=v) for c in block["cells"]])
+    return md_table([f.fill(h) for h in block["header"]], body)
+
+
+KINDS = {"planned_columns": planned_columns, "value_list": value_list, "item_rows": item_rows}
+KEYS = {"labels", "item", "sep", "items", "planned_only"}
