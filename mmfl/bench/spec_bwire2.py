@@ -10,6 +10,8 @@
 - ``value_list``: ``line`` with ``{items}``: per method (``methods``, default the group's) and planned
   setting (``settings``) whose ``metric`` has values, ``item`` (``{label}``, ``{v}``: the values
   aggregated, ``{lab.<k>}``...) joined by ``sep`` (default "; "); nothing without values.
+- ``best_vs``: one sentence: the sides' means, and the best one tested against the first (:func:`best_vs`).
+- ``order_line``: one sentence: the methods by their means, and by reference values (:func:`order_line`).
 - ``item_rows``: a row per entry of ``items = [{ group, setting, method, <name> = ... }]`` (``planned_only``:
   only entries with planned runs) of ``cells`` templates of the entry's names and ``{v.<name>}``, each
   of ``values = { name = <metric> }`` (:mod:`mmfl.bench.spec_read` metrics; ``method`` / ``setting`` /
@@ -19,10 +21,12 @@ Each kind is ``fn(b, block, f) -> lines`` (docs/benchmarks.md "Table specs")."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from mmfl.bench.render import md_table
 from mmfl.bench.results import finite
 from mmfl.bench.spec_read import _m, value
-from mmfl.bench.spec_bwireless import _agg, _metric, by_seed, setting_columns
+from mmfl.bench.spec_bwireless import _agg, _metric, by_seed, claim_verdict, setting_columns
 
 
 def planned_settings(b, g: str, settings: list[str] | None = None) -> list[str]:
@@ -103,5 +107,45 @@ def item_rows(b, block: dict, f) -> list[str]:
     return md_table([f.fill(h) for h in block["header"]], body)
 
 
-KINDS = {"planned_columns": planned_columns, "value_list": value_list, "item_rows": item_rows}
-KEYS = {"labels", "item", "sep", "items", "planned_only"}
+def best_vs(b, block: dict, f) -> list[str]:
+    """``line`` with ``{values}`` ("label: mean" of each side with values, joined by ", ") and ``{tail}``:
+    ``better`` (``{best}``, and the paired test of the best against the first side: ``{delta}``, ``{lo}``,
+    ``{hi}``, ``{p}``, ``{n}``, ``{word}``) when another side has the highest mean, else ``same``;
+    nothing unless 2 sides have values. A side: ``{ group, method, setting, label }``."""
+    m = _metric(block.get("metric"))
+    got = {}
+    for sd in block["sides"]:
+        if vals := by_seed(b, sd.get("group", block.get("group")), sd["method"], sd.get("setting"), m):
+            got[sd["label"]] = vals
+    if len(got) < 2:
+        return []
+    ref, mean = block["sides"][0]["label"], {k: float(np.mean(list(v.values()))) for k, v in got.items()}
+    best = max(got, key=lambda k: mean[k])
+    tail = block["same"]
+    if best != ref and ref in got:
+        tail = f.fill(block["better"], best=best, **claim_verdict(got[best], got[ref], m["scale"]))
+    values = ", ".join(f"{k}: {m['scale'] * mean[k]:.{m['digits']}f}" for k in got)
+    return [f.fill(block["line"], values=values, tail=f.fill(tail))]
+
+
+def order_line(b, block: dict, f) -> list[str]:
+    """``line`` with ``{order}``: the methods of ``group`` with values at ``setting``, by their mean
+    (highest first), each ``item`` (``{label}``, ``{mean}``: x scale) joined by ``sep`` (default ", "),
+    and ``{ref_order}``: the methods by the block's ``ref = { method = value }`` (highest first),
+    joined by ``ref_sep`` (default " > "); nothing when no method has values."""
+    g, m = block["group"], _metric(block.get("metric"))
+    methods = b.methods(g)
+    got = {mk: np.mean(list(v.values())) for mk in methods if (v := by_seed(b, g, mk, block.get("setting"), m))}
+    if not got:
+        return []
+    item = block.get("item", "{label} ({mean:.1f})")
+    order = block.get("sep", ", ").join(f.fill(item, label=methods[k].label, mean=m["scale"] * got[k])
+                                        for k in sorted(got, key=lambda k: -got[k]))
+    ref = block.get("ref", {})
+    ref_order = block.get("ref_sep", " > ").join(f.fill(item, label=methods[k].label, mean=ref[k])
+                                                 for k in sorted((k for k in methods if k in ref), key=lambda k: -ref[k]))
+    return [f.fill(block["line"], order=order, ref_order=ref_order)]
+
+
+KINDS = {"planned_columns": planned_columns, "value_list": value_list, "item_rows": item_rows, "best_vs": best_vs, "order_line": order_line}
+KEYS = {"labels", "item", "sep", "items", "planned_only", "sides", "better", "same", "ref_sep"}

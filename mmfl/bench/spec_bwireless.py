@@ -149,6 +149,8 @@ def claims(b, block: dict, f) -> list[str]:
             raise ConfigError(f"table spec: claims = {block['claims']!r}: no block with that id")
         block = {**src[0], **{k: v for k, v in block.items() if k != "claims"}}
     rows = claim_rows(b, block)
+    if "summary" in block and not rows and block.get("if_any"):
+        return []  # ``if_any = true``: no sentence when no claim has 2+ paired seeds
     if "summary" in block:  # only the sentence counting the verdicts: "{count}"
         return [f.fill(block["summary"], count=count_sentence([v["word"] for _, v, _ in rows], block.get("what", "")))]
     if not rows:
@@ -183,4 +185,4 @@ def into_section(b, block: dict, f) -> list[str]:
 
 
 KINDS = {"setting_columns": setting_columns, "claim_table": claims, "run_cost": run_cost, "into_section": into_section}
-KEYS = {"settings", "claims", "unit", "summary", "what", "file", "begin", "end", "blocks", "id"}
+KEYS = {"settings", "claims", "unit", "summary", "what", "file", "begin", "end", "blocks", "id", "if_any"}
