@@ -21,11 +21,15 @@ Each kind is ``fn(b, block, f) -> lines`` (docs/benchmarks.md "Table specs")."""
 
 from __future__ import annotations
 
+import os
+from collections import Counter
+
 import numpy as np
 
 from mmfl.bench.render import md_table
 from mmfl.bench.results import finite
 from mmfl.bench.spec_read import _m, value
+from mmfl.errors import ConfigError
 from mmfl.bench.spec_bwireless import _agg, _metric, by_seed, claim_verdict, setting_columns
 
 
@@ -147,5 +151,54 @@ def order_line(b, block: dict, f) -> list[str]:
     return [f.fill(block["line"], order=order, ref_order=ref_order)]
 
 
+def _rel_field(b, rest: str) -> str:
+    """``rel.raw``: the grid's run folder relative to its root (``..`` where outside)."""
+    if rest != "raw":
+        raise ConfigError(f"table spec: rel.{rest}: only rel.raw")
+    return os.path.relpath(b.raw, b.grid.root)
+
+
+def _seeds_field(b, rest: str):
+    """``seeds.n``: the grid's seed count; ``seeds.few``: fewer than a claim needs (MIN_SEEDS_FOR_CLAIM)."""
+    from mmfl.bench.render import MIN_SEEDS_FOR_CLAIM
+
+    return {"n": len(b.grid.seeds), "few": len(b.grid.seeds) < MIN_SEEDS_FOR_CLAIM}[rest]
+
+
+def _federation_field(b, rest: str) -> str | int:
+    """``federation.<group>@<setting>@<method>.holding``: "3× image, 3× audio+image" (the devices per
+    modality set, most first); ``.test_rows``: the test split's size (its federation, built once)."""
+    from mmfl.bench.spec_facts import _resolved, _split
+    from mmfl.data.federation import build_federation
+
+    ref, what = _split(rest)
+    key = (id(b), ref)
+    if key not in _FEDS:
+        _FEDS[key] = build_federation(_resolved(b, ref))
+    fed = _FEDS[key]
+    if what == "test_rows":
+        return len(fed.test)
+    combos = Counter("+".join(fed.modalities_of(c)) for c in range(fed.num_clients))
+    return ", ".join(f"{v}× {k}" for k, v in sorted(combos.items(), key=lambda x: -x[1]))
+
+
+_FEDS: dict = {}
+
+
+def _own_params_field(b, rest: str) -> str:
+    """``own_params.<group>@<setting>@<method>``: its resolved algorithm parameters as "k v, ..." less
+    those FedAvg's aggregation rule has with FedAvg's default value (what the method adds or changes)."""
+    import dataclasses
+
+    from mmfl.algorithms.fedavg import FedAvgParams
+    from mmfl.bench.spec_facts import _resolved
+
+    base = FedAvgParams()
+    family = {x.name for x in dataclasses.fields(FedAvgParams)}
+    p = _resolved(b, rest).algorithm.params
+    return ", ".join(f"{k} {v}" for k, v in vars(p).items() if k not in family or v != getattr(base, k))
+
+
+FIELDS = {"rel": _rel_field, "seeds": _seeds_field, "federation": _federation_field, "own_params": _own_params_field}
 KINDS = {"planned_columns": planned_columns, "value_list": value_list, "item_rows": item_rows, "best_vs": best_vs, "order_line": order_line}
 KEYS = {"labels", "item", "sep", "items", "planned_only", "sides", "better", "same", "ref_sep"}
