@@ -12,6 +12,8 @@
   aggregated, ``{lab.<k>}``...) joined by ``sep`` (default "; "); nothing without values.
 - ``best_vs``: one sentence: the sides' means, and the best one tested against the first (:func:`best_vs`).
 - ``order_line``: one sentence: the methods by their means, and by reference values (:func:`order_line`).
+- ``round_columns``: a column per evaluated round, a row per method, and paired claims on chosen rounds
+  (:func:`round_columns`).
 - ``item_rows``: a row per entry of ``items = [{ group, setting, method, <name> = ... }]`` (``planned_only``:
   only entries with planned runs) of ``cells`` templates of the entry's names and ``{v.<name>}``, each
   of ``values = { name = <metric> }`` (:mod:`mmfl.bench.spec_read` metrics; ``method`` / ``setting`` /
@@ -30,7 +32,7 @@ from mmfl.bench.render import md_table
 from mmfl.bench.results import finite
 from mmfl.bench.spec_read import _m, value
 from mmfl.errors import ConfigError
-from mmfl.bench.spec_bwireless import _agg, _metric, by_seed, claim_verdict, setting_columns
+from mmfl.bench.spec_bwireless import _agg, _metric, by_seed, claim_head, claim_line, claim_verdict, setting_columns
 
 
 def planned_settings(b, g: str, settings: list[str] | None = None) -> list[str]:
@@ -151,6 +153,58 @@ def order_line(b, block: dict, f) -> list[str]:
     return [f.fill(block["line"], order=order, ref_order=ref_order)]
 
 
+def _at(b, name: str, rnd: int, keys: list[str], default=None) -> float | None:
+    """The first of ``keys`` a run's row of round ``rnd`` has (``default`` where none); None if not finite."""
+    for r in b.results.rows(name) or []:
+        if r.get("round") == rnd:
+            v = next((r[k] for k in keys if k in r), default)
+            return float(v) if v is not None and finite(v) else None
+    return None
+
+
+def round_columns(b, block: dict, f) -> list[str]:
+    """A row per method of ``group`` at ``setting``, a column per round that ``ref``'s runs evaluated
+    (their rows with ``accuracy``): the mean over runs of ``key`` (a list: the first a row has) x
+    ``scale``; ``extra = [{ label, method, key, default, digits, scale }]``: more rows; ``claims =
+    [{ text, rounds }]``: ``ref`` > each other method, paired by seed on the mean of the value at
+    ``rounds`` (templates of ``{last}``, the run's rounds, and ``{early}`` = last − ``early``); ``intro``
+    first; nothing when ``ref`` has no runs."""
+    g, st, ref = block["group"], block.get("setting"), block["ref"]
+    m = _metric(block.get("metric"))
+    keys = m["key"] if isinstance(m["key"], list) else [m["key"]]
+    names = {mk: b.names(g, mk, st) for mk in b.methods(g)}
+    if not names.get(ref):
+        return []
+    evals = sorted({r["round"] for n in names[ref].values() for r in b.results.rows(n) or [] if "accuracy" in r})
+
+    def row(label, mk, ks, scale, digits, default=None):
+        cells = [[v for n in names[mk].values() if (v := _at(b, n, x, ks, default)) is not None] for x in evals]
+        return [label, *(f"{scale * np.mean(c):.{digits}f}" if c else "—" for c in cells)]
+    body = [row(b.grid.entry(g, mk).label, mk, keys, m["scale"], m["digits"]) for mk in names]
+    body += [row(e["label"], e["method"], [e["key"]], e.get("scale", 1.0), e.get("digits", 1), e.get("default"))
+             for e in block.get("extra", [])]
+    out = md_table(["method", *(f"round {x}" for x in evals)], body)
+    last = int(b.config(g, ref, st)["rounds"])
+    when = {"last": last, "early": last - block.get("early", 5)}
+    rows = []
+    for c in block.get("claims", []):
+        rounds = [int(f.fill(x, **when)) for x in c["rounds"]]
+
+        def vals(mk):
+            out = {}
+            for seed, n in names[mk].items():
+                v = [_at(b, n, x, keys) for x in rounds]
+                if all(x is not None for x in v):
+                    out[seed] = float(np.mean(v)) if len(v) > 1 else v[0]
+            return out
+        va = vals(ref)
+        for mk in names:
+            if mk != ref and va and (vb := vals(mk)) and (v := claim_verdict(va, vb, m["scale"]))["n"] >= 2:
+                rows.append(claim_line(f.fill(c["text"], label=b.grid.entry(g, mk).label, **when), v, m["digits"]))
+    intro = [f.fill(block["intro"]), ""] if "intro" in block else []
+    return intro + out + (["", *claim_head(block.get("unit", "points")), *rows] if rows else [])
+
+
 def _rel_field(b, rest: str) -> str:
     """``rel.raw``: the grid's run folder relative to its root (``..`` where outside)."""
     if rest != "raw":
@@ -200,5 +254,5 @@ def _own_params_field(b, rest: str) -> str:
 
 
 FIELDS = {"rel": _rel_field, "seeds": _seeds_field, "federation": _federation_field, "own_params": _own_params_field}
-KINDS = {"planned_columns": planned_columns, "value_list": value_list, "item_rows": item_rows, "best_vs": best_vs, "order_line": order_line}
-KEYS = {"labels", "item", "sep", "items", "planned_only", "sides", "better", "same", "ref_sep"}
+KINDS = {"planned_columns": planned_columns, "value_list": value_list, "item_rows": item_rows, "best_vs": best_vs, "order_line": order_line, "round_columns": round_columns}
+KEYS = {"labels", "item", "sep", "items", "planned_only", "sides", "better", "same", "ref_sep", "ref", "early"}
