@@ -9,7 +9,10 @@
   ``labels`` entry (``labels = { <info value> = "<label>" }``; ``{lab.<k>}``: an info value's label).
 - ``value_list``: ``line`` with ``{items}``: per method (``methods``, default the group's) and planned
   setting (``settings``) whose ``metric`` has values, ``item`` (``{label}``, ``{v}``: the values
-  aggregated, ``{lab.<k>}``...) joined by ``sep`` (default "; "); nothing without values.
+  aggregated, ``{lab.<k>}``...) joined by ``sep`` (default "; "); nothing without values (``need_all``:
+  unless every method has values at every such setting); ``method_line`` (``{label}``, ``{items}``
+  joined by ``item_sep``): one part per method instead.
+- ``pooled_line``, ``same_seeds``: one sentence each (:func:`pooled_line`, :func:`same_seeds`).
 - ``best_vs``: one sentence: the sides' means, and the best one tested against the first (:func:`best_vs`).
 - ``order_line``: one sentence: the methods by their means, and by reference values (:func:`order_line`).
 - ``round_columns``: a column per evaluated round, a row per method, and paired claims on chosen rounds
@@ -49,12 +52,48 @@ def _local(b, g: str, s: str, block: dict) -> dict:
 
 def value_list(b, block: dict, f) -> list[str]:
     g, m = block["group"], _metric(block.get("metric"))
-    items = []
+    items, per_method = [], []
     for mk in block.get("methods") or list(b.methods(g)):
+        mine = []
         for s in planned_settings(b, g, block.get("settings")):
             if vals := by_seed(b, g, mk, s, m):
-                items.append(f.fill(block["item"], label=b.grid.entry(g, mk).label, v=_agg(vals, len(b.names(g, mk, s)), m),
-                                    **_local(b, g, s, block)))
+                mine.append(f.fill(block["item"], label=b.grid.entry(g, mk).label, v=_agg(vals, len(b.names(g, mk, s)), m),
+                                   **_local(b, g, s, block)))
+            elif block.get("need_all"):
+                return []
+        items += mine
+        if mine and "method_line" in block:
+            per_method.append(f.fill(block["method_line"], label=b.grid.entry(g, mk).label,
+                                     items=block.get("item_sep", ", ").join(mine)))
+    if per_method:
+        items = per_method
+    return [f.fill(block["line"], items=block.get("sep", "; ").join(items))] if items else []
+
+
+def pooled_line(b, block: dict, f) -> list[str]:
+    """``line`` with ``{mean}``: the mean of ``metric`` over every finished run of ``method`` at every
+    setting of ``settings`` (pooled, not a mean of means; x scale); nothing without values."""
+    g, m = block["group"], _metric(block.get("metric"))
+    vals = [v for s in block["settings"] if s in b.grid.settings(g) for v in by_seed(b, g, block["method"], s, m).values()]
+    return [f.fill(block["line"], mean=m["scale"] * float(np.mean(vals)))] if vals else []
+
+
+def same_seeds(b, block: dict, f) -> list[str]:
+    """``line`` with ``{items}``: per pair ``{ a, b, label }`` (sides ``{ group, method, setting }``) with
+    seeds where both have every ``keys`` metric, ``item`` (``{label}``, ``{same}``: the seeds where
+    every metric agrees within its ``tol``, ``{n}``) joined by ``sep``; nothing without such seeds."""
+    items = []
+    for p in block["pairs"]:
+        sides = []
+        for sd in (p["a"], p["b"]):
+            got = [by_seed(b, sd.get("group", block.get("group")), sd["method"], sd.get("setting"), _metric(k))
+                   for k in ({x: y for x, y in k.items() if x != "tol"} for k in block["keys"])]
+            sides.append({s: [v[s] for v in got] for s in got[0] if all(s in v for v in got)})
+        both = [s for s in sides[0] if s in sides[1]]
+        if both:
+            same = sum(all(abs(x - y) <= k.get("tol", 0.0) for x, y, k in zip(sides[0][s], sides[1][s], block["keys"]))
+                       for s in both)
+            items.append(f.fill(block["item"], label=p["label"], same=same, n=len(both)))
     return [f.fill(block["line"], items=block.get("sep", "; ").join(items))] if items else []
 
 
@@ -254,5 +293,7 @@ def _own_params_field(b, rest: str) -> str:
 
 
 FIELDS = {"rel": _rel_field, "seeds": _seeds_field, "federation": _federation_field, "own_params": _own_params_field}
-KINDS = {"planned_columns": planned_columns, "value_list": value_list, "item_rows": item_rows, "best_vs": best_vs, "order_line": order_line, "round_columns": round_columns}
-KEYS = {"labels", "item", "sep", "items", "planned_only", "sides", "better", "same", "ref_sep", "ref", "early"}
+KINDS = {"planned_columns": planned_columns, "value_list": value_list, "item_rows": item_rows, "best_vs": best_vs, "order_line": order_line, "round_columns": round_columns, "pooled_line": pooled_line,
+         "same_seeds": same_seeds}
+KEYS = {"labels", "item", "sep", "items", "planned_only", "sides", "better", "same", "ref_sep", "ref", "early", "need_all", "method_line", "item_sep", "keys",
+        "settings", "method", "pairs"}
