@@ -27,6 +27,7 @@ Each kind is ``fn(b, block, f) -> lines`` (docs/benchmarks.md "Table specs")."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from collections import Counter
 
 import numpy as np
@@ -246,8 +247,10 @@ def round_columns(b, block: dict, f) -> list[str]:
 
 def _rel_field(b, rest: str) -> str:
     """``rel.raw``: the grid's run folder relative to its root (``..`` where outside)."""
+    if rest == "report_stem":  # ``rel.report_stem``: the report's file name less ".md"
+        return Path(b.grid.report).stem
     if rest != "raw":
-        raise ConfigError(f"table spec: rel.{rest}: only rel.raw")
+        raise ConfigError(f"table spec: rel.{rest}: rel.raw or rel.report_stem")
     return os.path.relpath(b.raw, b.grid.root)
 
 
