@@ -169,3 +169,22 @@ def test_wireless_fig3_over_fixture_xi_histories_is_the_golden(grid, golden, tmp
     assert json.loads(json.dumps(calls)) == json.loads((gold / f"{golden}.plots.json").read_text())
     png = (tmp_path / "raw") / ("wireless-quick_fig3.png" if "quick" in grid else "wireless_fig3.png")
     assert png.is_file()
+
+
+def test_wireless_spec_without_the_scale_lines_renders_the_quick_golden(tmp_path, monkeypatch):
+    """The fast check of tables.toml (no federation built): every section of the quick report but the
+    scale lines, over fixture runs, equals the golden the old Python wrote."""
+    import os
+
+    from mmfl.bench.runner import Bench
+    from mmfl.bench.spec import TableSpec
+
+    g = _wireless("grid-quick.toml", tmp_path, monkeypatch)
+    spec = TableSpec(g.tables)
+    for bl in (bl for bl in spec.spec["blocks"] if "parts" in bl):
+        bl["parts"] = [p for p in bl["parts"] if "federation" not in str(p)]
+    out = "\n".join(spec.report(Bench(g))).replace(f"`{os.path.relpath(tmp_path / 'raw', ROOT)}/`", "`RAW/`")
+    gold = (ROOT / "tests" / "fixtures" / "bench_specs" / "wireless-quick.md").read_text()
+    head, rest = gold.split("## Scale\n\n", 1)
+    gold = head + "## Scale\n\n" + rest[rest.index("- Baselines"):]
+    assert out.rstrip("\n") == gold.rstrip("\n")
