@@ -208,7 +208,7 @@ def round_columns(b, block: dict, f) -> list[str]:
     ``scale``; ``extra = [{ label, method, key, default, digits, scale }]``: more rows; ``claims =
     [{ text, rounds }]``: ``ref`` > each other method, paired by seed on the mean of the value at
     ``rounds`` (templates of ``{last}``, the run's rounds, and ``{early}`` = last − ``early``); ``intro``
-    first; nothing when ``ref`` has no runs."""
+    first; nothing when ``ref`` has no evaluated rows."""
     g, st, ref = block["group"], block.get("setting"), block["ref"]
     m = _metric(block.get("metric"))
     keys = m["key"] if isinstance(m["key"], list) else [m["key"]]
@@ -216,6 +216,8 @@ def round_columns(b, block: dict, f) -> list[str]:
     if not names.get(ref):
         return []
     evals = sorted({r["round"] for n in names[ref].values() for r in b.results.rows(n) or [] if "accuracy" in r})
+    if not evals:  # no run of ref evaluated yet (the old script wrote a table without columns)
+        return []
 
     def row(label, mk, ks, scale, digits, default=None):
         cells = [[v for n in names[mk].values() if (v := _at(b, n, x, ks, default)) is not None] for x in evals]
