@@ -188,3 +188,17 @@ def test_wireless_spec_without_the_scale_lines_renders_the_quick_golden(tmp_path
     head, rest = gold.split("## Scale\n\n", 1)
     gold = head + "## Scale\n\n" + rest[rest.index("- Baselines"):]
     assert out.rstrip("\n") == gold.rstrip("\n")
+
+
+def test_wireless_hooks_come_through_the_spec_and_a_bad_field_is_one_error(tmp_path):
+    """grid.toml's post-run step is tables.toml's ``hooks`` (xi_history.py): a Fig. 3 run is finished
+    only with its xi_history.json; ``{rel.x}`` names what it lacks in one ConfigError."""
+    from mmfl.bench.runner import Bench, load_spec
+    from mmfl.bench.spec import Fields
+
+    g = load_grid(ROOT / "benchmarks/wireless/grid.toml")
+    spec = load_spec(g.tables)
+    (tmp_path / "summary.json").write_text("{}")
+    assert spec.done(tmp_path, {}) and not spec.done(tmp_path, {"keep_checkpoints": 20}) and callable(spec.post)
+    with pytest.raises(ConfigError, match="rel.raw or rel.report_stem"):
+        Fields(Bench(g), {"blocks": []}).fill("{rel.nope}")
