@@ -298,7 +298,7 @@ def _own_params_field(b, rest: str) -> str:
 
 
 FIELDS = {"rel": _rel_field, "seeds": _seeds_field, "federation": _federation_field, "own_params": _own_params_field}
-KINDS = {"planned_columns": planned_columns, "value_list": value_list, "item_rows": item_rows, "best_vs": best_vs, "order_line": order_line, "round_columns": round_columns, "pooled_line": pooled_line,
-         "same_seeds": same_seeds}
-KEYS = {"labels", "item", "sep", "items", "planned_only", "sides", "better", "same", "ref_sep", "ref", "early", "need_all", "method_line", "item_sep", "keys",
-        "settings", "method", "pairs"}
+KINDS = {"planned_columns": planned_columns, "value_list": value_list, "item_rows": item_rows, "best_vs": best_vs,
+         "order_line": order_line, "round_columns": round_columns, "pooled_line": pooled_line, "same_seeds": same_seeds}
+KEYS = {"labels", "item", "sep", "items", "planned_only", "sides", "better", "same", "ref_sep", "ref", "early", "need_all",
+        "method_line", "item_sep", "keys", "settings", "method", "pairs"}
