@@ -5,6 +5,7 @@ over fixture runs its sections equal what the old scripts rendered over the same
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -122,19 +123,82 @@ WIRELESS_KEYS = ["personal/accuracy", "sim_time_s", "xi_self/shared", "xi_self/a
                  "fomo_positive", "amp_self_weight", "uploads", "uploads_forced"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("grid,golden", [("grid.toml", "wireless.md"), ("grid-quick.toml", "wireless-quick.md")])
-def test_wireless_report_over_fixture_runs_is_the_golden(grid, golden, tmp_path, monkeypatch):
-    """benchmarks/wireless/tables.py (the full report, grid.toml; its committed wireless.md cannot be
-    rebuilt: its runs are lost) over fixture runs: the golden it wrote in issue 28, the reference a
-    TOML spec replacing it must render (~20 s: the report's scale lines build the federations)."""
-    import os
-
+def _wireless(grid: str, tmp_path, monkeypatch, xi: bool = False):
     import mmfl.sweep
+    from wireless_xi_fixture import write_xi_histories
 
     monkeypatch.setattr(mmfl.sweep, "machine", lambda: MACHINE)
     g = redirect(load_grid(ROOT / "benchmarks/wireless" / grid), tmp_path / "raw")
     make_runs(g, keys=WIRELESS_KEYS)
+    if xi:
+        assert write_xi_histories(g) == (4 if grid == "grid.toml" else 2)
     _SPECS.clear()
+    return g
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grid,golden", [("grid.toml", "wireless.md"), ("grid-quick.toml", "wireless-quick.md")])
+def test_wireless_report_over_fixture_runs_is_the_golden(grid, golden, tmp_path, monkeypatch):
+    """benchmarks/wireless/tables.toml (the full report; its committed wireless.md cannot be rebuilt: its
+    runs are lost) over fixture runs renders what the Python it replaced (tables.py, sections.py,
+    readings.py, header.py, fig3.py, claims.py; in git before this test's commit) wrote over them, the
+    golden (~20 s: the report's scale lines build the federations)."""
+    import os
+
+    g = _wireless(grid, tmp_path, monkeypatch)
+    assert g.tables.name == "tables.toml"
     out = Path(render(g)).read_text().replace(f"`{os.path.relpath(tmp_path / 'raw', ROOT)}/`", "`RAW/`")
     assert out == (ROOT / "tests" / "fixtures" / "bench_specs" / golden).read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grid,golden", [("grid.toml", "wireless-fig3"), ("grid-quick.toml", "wireless-fig3-quick")])
+def test_wireless_fig3_over_fixture_xi_histories_is_the_golden(grid, golden, tmp_path, monkeypatch):
+    """With the Fig. 3 runs' xi_history.json (tests/wireless_xi_fixture.py): the Fig. 3 section, its
+    lines of the ordering summary, the run count (a Fig. 3 run is finished with its history: the
+    hooks' ``done``) and the plotted series (every ``plot`` call) equal the old fig3.py's."""
+    from test_bench_spec_btables import _record
+
+    g = _wireless(grid, tmp_path, monkeypatch, xi=True)
+    calls = _record(monkeypatch)
+    out = Path(render(g)).read_text().replace(str(tmp_path / "raw"), "RAW")
+    sec = out.split("## Fig. 3: the aggregation coefficients of one device\n")[1].split("\n## ")[0]
+    summ = [ln for ln in out.split("\n") if ln.startswith(("- **Fig. 3", "- Runs:"))]
+    gold = ROOT / "tests" / "fixtures" / "bench_specs"
+    assert sec.strip("\n") + "\n=====\n" + "\n".join(summ) + "\n" == (gold / f"{golden}.md").read_text()
+    assert json.loads(json.dumps(calls)) == json.loads((gold / f"{golden}.plots.json").read_text())
+    png = (tmp_path / "raw") / ("wireless-quick_fig3.png" if "quick" in grid else "wireless_fig3.png")
+    assert png.is_file()
+
+
+def test_wireless_spec_without_the_scale_lines_renders_the_quick_golden(tmp_path, monkeypatch):
+    """The fast check of tables.toml (no federation built): every section of the quick report but the
+    scale lines, over fixture runs, equals the golden the old Python wrote."""
+    import os
+
+    from mmfl.bench.runner import Bench
+    from mmfl.bench.spec import TableSpec
+
+    g = _wireless("grid-quick.toml", tmp_path, monkeypatch)
+    spec = TableSpec(g.tables)
+    for bl in (bl for bl in spec.spec["blocks"] if "parts" in bl):
+        bl["parts"] = [p for p in bl["parts"] if "federation" not in str(p)]
+    out = "\n".join(spec.report(Bench(g))).replace(f"`{os.path.relpath(tmp_path / 'raw', ROOT)}/`", "`RAW/`")
+    gold = (ROOT / "tests" / "fixtures" / "bench_specs" / "wireless-quick.md").read_text()
+    head, rest = gold.split("## Scale\n\n", 1)
+    gold = head + "## Scale\n\n" + rest[rest.index("- Baselines"):]
+    assert out.rstrip("\n") == gold.rstrip("\n")
+
+
+def test_wireless_hooks_come_through_the_spec_and_a_bad_field_is_one_error(tmp_path):
+    """grid.toml's post-run step is tables.toml's ``hooks`` (xi_history.py): a Fig. 3 run is finished
+    only with its xi_history.json; ``{rel.x}`` names what it lacks in one ConfigError."""
+    from mmfl.bench.runner import Bench, load_spec
+    from mmfl.bench.spec import Fields
+
+    g = load_grid(ROOT / "benchmarks/wireless/grid.toml")
+    spec = load_spec(g.tables)
+    (tmp_path / "summary.json").write_text("{}")
+    assert spec.done(tmp_path, {}) and not spec.done(tmp_path, {"keep_checkpoints": 20}) and callable(spec.post)
+    with pytest.raises(ConfigError, match="rel.raw or rel.report_stem"):
+        Fields(Bench(g), {"blocks": []}).fill("{rel.nope}")

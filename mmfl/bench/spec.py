@@ -46,6 +46,8 @@ KIND_MODULES = (
     "mmfl.bench.spec_claims",
     "mmfl.bench.spec_facts",
     "mmfl.bench.spec_bmissing",
+    "mmfl.bench.spec_bwire2",
+    "mmfl.bench.spec_coefs",
 )
 
 BLOCK_KEYS = {"text", "kind", "group", "rows", "extra", "header", "cells", "metric", "row", "pairs", "scale",

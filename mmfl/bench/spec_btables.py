@@ -99,7 +99,9 @@ def run_status(b, block: dict, f) -> list[str]:
     cmd = f.fill(block["rerun"]) if "rerun" in block else None
     out = [runs_line(len(st["finished"]), st["planned"], st["run_s"], b.last_invocation())]
     probs = problem_lines(st["failed"], st["nonfinite"], cmd)
-    return out + ([""] + probs[:-1] if probs else [])
+    if block.get("part") == "problems":  # only the failed / non-finite runs (``part = "runs"``: only the line)
+        return probs[:-1]
+    return out + ([""] + probs[:-1] if probs and block.get("part") != "runs" else [])
 
 
 def reading(b, block: dict, f) -> list[str]:
@@ -203,4 +205,4 @@ FIELDS = {"group": _group_field, "stat": _stat_field, "invocation": _invocation_
 KINDS = {"sweep": sweep, "run_sums": run_sums, "run_status": run_status, "reading": reading, "rows": rows}
 KEYS = {"split", "x", "col_head", "title", "row_label", "empty", "final_keys", "rerun", "file", "row_when",
         "split_field", "info_col", "extra_rows", "complete", "items", "planned_only", "setting",
-        "nonfinite"}
+        "nonfinite", "part"}

@@ -117,18 +117,21 @@ def claim_line(text: str, v: dict, digits: int) -> str:
             f"| {v['n']} | {v['word']} |")
 
 
-def claim_rows(b, block: dict) -> list[tuple[str, dict]]:
-    """``(text, claim_verdict)`` of each claim both sides have 2+ paired seeds for."""
+def claim_rows(b, block: dict) -> list[tuple[str, dict, int]]:
+    """``(text, claim_verdict, digits)`` of each claim both sides have 2+ paired seeds for (a claim's own
+    ``metric`` over the block's; a side ``{method, setting, group, metric}``)."""
     g, base = block["group"], _metric(block.get("metric"))
     out = []
     for c in block["claims"]:
+        cm = _metric(c.get("metric"), base)
         sides = []
         for side in (c["a"], c["b"]):
             side = side if isinstance(side, dict) else {"method": side}
-            sides.append(by_seed(b, g, side["method"], side.get("setting"), _metric(side.get("metric"), base)))
+            sides.append(by_seed(b, side.get("group", g), side["method"], side.get("setting"),
+                                 _metric(side.get("metric"), cm)))
         va, vb = sides
-        if va and vb and (v := claim_verdict(va, vb, base["scale"]))["n"] >= 2:
-            out.append((c["text"], v))
+        if va and vb and (v := claim_verdict(va, vb, cm["scale"]))["n"] >= 2:
+            out.append((c["text"], v, cm["digits"]))
     return out
 
 
@@ -146,12 +149,13 @@ def claims(b, block: dict, f) -> list[str]:
             raise ConfigError(f"table spec: claims = {block['claims']!r}: no block with that id")
         block = {**src[0], **{k: v for k, v in block.items() if k != "claims"}}
     rows = claim_rows(b, block)
+    if "summary" in block and not rows and block.get("if_any"):
+        return []  # ``if_any = true``: no sentence when no claim has 2+ paired seeds
     if "summary" in block:  # only the sentence counting the verdicts: "{count}"
-        return [f.fill(block["summary"], count=count_sentence([v["word"] for _, v in rows], block.get("what", "")))]
+        return [f.fill(block["summary"], count=count_sentence([v["word"] for _, v, _ in rows], block.get("what", "")))]
     if not rows:
         return []
-    d = _metric(block.get("metric"))["digits"]
-    lines = claim_head(block.get("unit", "points")) + [claim_line(f.fill(text), v, d) for text, v in rows]
+    lines = claim_head(block.get("unit", "points")) + [claim_line(f.fill(text), v, d) for text, v, d in rows]
     return ([f.fill(block["intro"]), ""] if "intro" in block else []) + lines
 
 
@@ -181,4 +185,4 @@ def into_section(b, block: dict, f) -> list[str]:
 
 
 KINDS = {"setting_columns": setting_columns, "claim_table": claims, "run_cost": run_cost, "into_section": into_section}
-KEYS = {"settings", "claims", "unit", "summary", "what", "file", "begin", "end", "blocks", "id"}
+KEYS = {"settings", "claims", "unit", "summary", "what", "file", "begin", "end", "blocks", "id", "if_any"}

@@ -127,14 +127,14 @@ def _stats(b, block: dict, spec, f, m: dict) -> dict | None:
     if not got:
         return None
     x, v = max(got, key=lambda xv: float(np.mean(xv[1])))
-    return {"label": side(b, block, x, f, mm)[0], "mean": mm["scale"] * float(np.mean(v)),
+    return {"label": side(b, block, x, f, mm)[0], "mean": mm["scale"] * float(np.mean(v)), "method": x["method"],
             "std": mm["scale"] * float(np.std(v)), "raw": float(np.mean(v))}
 
 
 def compare_line(b, block: dict, f) -> list[str]:
     """A sentence of comparisons: ``sides = { name = <method> | { method | best_of, setting, key, scale } }``
     (:func:`_stats`: ``{name.label}``, ``{name.mean}``, ``{name.std}``), ``clauses = [{ text, needs = [names],
-    diff = [x, y] ({d}: x − y of the means), ratio = [x, y] ({r}: x / y of the raw means) }]``, those whose
+    diff = [x, y] ({d}: x − y of the means), differ = [x, y] (only when not the same method), ratio = [x, y] ({r}: x / y of the raw means) }]``, those whose
     sides have values joined by ``sep`` into ``line`` (``{clauses}``); nothing when none (or a side of the
     line's ``needs``) has values."""
     m = _m(block.get("metric"), agg="mean")
@@ -143,8 +143,9 @@ def compare_line(b, block: dict, f) -> list[str]:
         return []
     out = []
     for c in block["clauses"]:
-        if any(st[k] is None for k in c.get("needs", [])):
-            continue
+        if any(st[k] is None for k in c.get("needs", [])) or (
+                "differ" in c and st[c["differ"][0]]["method"] == st[c["differ"][1]]["method"]):
+            continue  # ``differ = [x, y]``: only when the two sides are different methods
         extra = {"d": st[c["diff"][0]]["mean"] - st[c["diff"][1]]["mean"]} if "diff" in c else {}
         if "ratio" in c:
             extra["r"] = st[c["ratio"][0]]["raw"] / st[c["ratio"][1]]["raw"]

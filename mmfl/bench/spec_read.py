@@ -20,7 +20,8 @@ from mmfl.errors import ConfigError
 DIVERGED = ("diverged", "non-finite", "nan")
 METRIC = {"key": "accuracy", "reader": "final", "agg": "outcome", "scale": 100.0, "digits": 1, "keep_failed": False,
           "fail_words": list(DIVERGED), "eval_key": None, "minus": None, "div": 1.0}
-ROW_STATS = {"first": lambda v: v[0] if v else None, "mean": lambda v: float(np.mean(v)) if v else None,
+ROW_STATS = {"first": lambda v: v[0] if v else None, "sum": lambda v: float(sum(v)) if v else None,
+             "mean": lambda v: float(np.mean(v)) if v else None,
              "later": lambda v: float(np.mean(v[1:])) if len(v) > 1 else float("nan")}
 
 
@@ -59,6 +60,11 @@ def by_seed(b, names: dict[int, str], m: dict, info: dict | None = None) -> dict
     """``{seed: value}`` of the finished runs with a finite value (divided by ``div``); ``reader =
     "last:N"``: the mean of the key over a run's last N rows; ``"rows"``: :func:`_row_stat`; else a
     reader of :meth:`mmfl.bench.Results.value`."""
+    if isinstance(m["key"], list):  # per seed, the first key the run has a value of
+        out: dict = {}
+        for k in m["key"]:
+            out.update({s: v for s, v in by_seed(b, names, {**m, "key": k}, info).items() if s not in out})
+        return {s: out[s] for s in names if s in out}
     key, res = _key(m, info or {}), b.results
     if m["minus"]:  # per seed: key − minus
         va, vb = by_seed(b, names, {**m, "minus": None}, info), by_seed(b, names, {**m, "minus": None, "key": m["minus"]}, info)
@@ -76,7 +82,7 @@ def by_seed(b, names: dict[int, str], m: dict, info: dict | None = None) -> dict
 
 def value(b, names: dict[int, str], m: dict, info: dict | None = None) -> str:
     """One cell: the metric of the runs ``names`` ({seed: run}) aggregated over seeds."""
-    key, res = _key(m, info or {}), b.results
+    key, res = (m["key"] if isinstance(m["key"], list) else _key(m, info or {})), b.results
     if m["agg"] == "first":
         for n in names.values():
             v = res.value(n, key, m["reader"], m["eval_key"]) if res.finished(n) else None
