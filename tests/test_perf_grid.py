@@ -122,3 +122,22 @@ row = "{{len(repeats)}} runs, last: {{extra_kb / 1024:.1f}} MB above {{rss_kb / 
     for c in cells.values():
         assert len(c["repeats"]) == 2 and c["rss_kb"] > 50_000 and c["extra_kb"] > 0 and c["cpu"] > 0
     assert (tmp_path / "m.md").read_text().startswith("2 runs, last: ")
+
+
+def test_one_renderer_expr_blocks_in_a_table_spec_and_spec_kinds_in_a_perf_report(tmp_path):
+    """perf_render is a table-spec kind (``expr``): a tables.toml over a JSON document mixes it with
+    ``records`` / ``{data.*}`` text, and a perf grid's report may use those kinds beside its default."""
+    from mmfl.bench.spec_data import render_doc
+
+    data = {"c": {"cells": {"a": {"cpu": {"median": 2.0, "q1": 1.5, "q3": 2.5}}, "b": {"cpu": {"median": 1.0}}}}}
+    spec = tmp_path / "t.toml"
+    spec.write_text('[[blocks]]\ntext = "load {data.c.cells.a.cpu:spread/1}"\n'
+                    '[[blocks]]\nkind = "expr"\ntext = "ratio {c.cells.a.cpu.median / c.cells.b.cpu.median:.1f}x"\n'
+                    '[[blocks]]\n[[blocks.parts]]\nkind = "expr"\nrows = "[1, 2]"\nrow = "- {r * 10}"\n'
+                    '[[blocks.parts]]\nkind = "records"\nsource = "data.c.cells"\nline = "- {key}"\n')
+    assert render_doc(spec, data) == ["load 2.0 (1.5–2.5)", "", "ratio 2.0x", "", "- 10", "- 20", "- a", "- b", ""]
+    mixed = [{"text": "{len(c.cells)} cells"}, {"kind": "records", "source": "data.c.cells", "keys": ["a"],
+                                                 "header": ["v", "cpu"], "cells": ["{key}", "{value.cpu:spread/2}"]}]
+    assert render_blocks(mixed, data) == ["2 cells", "", "| v | cpu |", "|---|---|", "| a | 2.00 (1.50–2.50) |", ""]
+    with pytest.raises(ConfigError, match="sep. is gone"):
+        render_blocks([{"text": "x", "sep": []}], data)

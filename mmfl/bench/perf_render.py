@@ -1,8 +1,9 @@
 """A measurement's report as data: ``[[cells.<name>.blocks]]`` of a perf grid rendered from the
 measurement's JSON (:mod:`mmfl.bench.perf`), so a committed result regenerates from its data.
 
-A block is ``text`` (a template) or ``rows`` + ``row`` (one line per element of a list, after an
-optional ``text`` head). A template's ``{...}`` field is an expression over the data, then an
+A block (table-spec kind ``expr``, the default in a perf grid's report) is ``text`` (a template) or
+``rows`` + ``row`` (one line per element of a list, after an optional ``text`` head); the report is
+rendered by the table-spec renderer (:mod:`mmfl.bench.spec`), so its other kinds work too. A template's ``{...}`` field is an expression over the data, then an
 optional format spec: ``{runs[0].cells.after.cpu.median:.2f}``, ``{before[-1].written / before[0].written:.1f}``,
 ``{max(after.written) / 1e6:.2f}``. In an expression a dotted name reads a key of a dict and, on a list,
 that key of every element (``after.written``: a list); ``[i]`` indexes; ``+ - * / // %`` and the
@@ -100,18 +101,42 @@ def fill(template: str, names: dict) -> str:
     return _Fmt().vformat(template, (), names)
 
 
+def expr(b, block: dict, f) -> list[str]:
+    """Table-spec kind ``expr``: ``text`` and/or ``rows`` + ``row`` whose ``{...}`` fields are
+    expressions over the JSON document (``b.data``'s top-level names), as the module says."""
+    data = b.data
+    lines = fill(block["text"], data).split("\n") if "text" in block else []
+    if "rows" in block:
+        for j, r in enumerate(evaluate(block["rows"], data)):
+            lines.append(fill(block["row"], {**data, **(r if isinstance(r, dict) else {}), "r": r, "i": j}))
+    return lines
+
+
+KINDS = {"expr": expr}
+KEYS: set = set()  # text, rows, row, when, parts: the shared block keys
+
+
+def as_spec(blocks: list[dict]) -> dict:
+    """A perf report's blocks as a table spec: a block without ``kind`` (also inside ``parts``) is an
+    ``expr`` block; other kinds (``records``, ``each``, ... over ``{data.<path>}``) render as in any spec."""
+    def conv(bl):
+        if "sep" in bl:  # what perf reports had before they were table specs
+            raise ConfigError("perf report: a block's 'sep' is gone: blocks whose lines follow each other are "
+                              "the parts of one block (parts = [...])")
+        bl = dict(bl)
+        if "parts" in bl:
+            bl["parts"] = [conv(p) for p in bl["parts"]]
+        elif "kind" not in bl:
+            bl["kind"] = "expr"
+        return bl
+    return {"blocks": [conv(bl) for bl in blocks]}
+
+
 def render_blocks(blocks: list[dict], data: dict) -> list[str]:
-    """The report's lines: every block's lines; ``sep`` (default one empty line) after each block."""
-    out: list[str] = []
-    for i, bl in enumerate(blocks):
-        if bad := set(bl) - {"text", "rows", "row", "sep", "when"}:
-            raise ConfigError(f"perf report: blocks[{i}]: unknown key {sorted(bad)[0]!r}")
-        if "when" in bl and not evaluate(bl["when"], data):
-            continue
-        lines = fill(bl["text"], data).split("\n") if "text" in bl else []
-        if "rows" in bl:
-            for j, r in enumerate(evaluate(bl["rows"], data)):
-                local = {**data, **(r if isinstance(r, dict) else {}), "r": r, "i": j}
-                lines.append(fill(bl["row"], local))
-        out += lines + bl.get("sep", [""])
-    return out
+    """The report's lines, rendered by the one table-spec renderer (:class:`mmfl.bench.spec.TableSpec`):
+    every block's lines, then one empty line (``parts``: blocks whose lines follow each other)."""
+    from types import SimpleNamespace
+
+    from mmfl.bench.spec import TableSpec
+
+    return TableSpec("perf report", spec=as_spec(blocks)).report(SimpleNamespace(data=data, grid=None))

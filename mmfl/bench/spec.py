@@ -45,6 +45,7 @@ KIND_MODULES = (
     "mmfl.bench.spec_figures",
     "mmfl.bench.spec_claims",
     "mmfl.bench.spec_facts",
+    "mmfl.bench.perf_render",
 )
 
 BLOCK_KEYS = {"text", "kind", "group", "rows", "extra", "header", "cells", "metric", "row", "pairs", "scale",
@@ -173,9 +174,9 @@ def _arith(text: str):
 class TableSpec:
     """A loaded ``tables.toml``; :meth:`report` is what a Python spec's ``report(b)`` was."""
 
-    def __init__(self, path: Path):
-        self.path = path
-        self.spec = load_raw(path)
+    def __init__(self, path: Path, spec: dict | None = None):
+        self.path = path  # ``spec``: the spec itself (``path`` then names it in errors)
+        self.spec = load_raw(path) if spec is None else spec
         blocks = self.spec.get("blocks")
         if not isinstance(blocks, list) or not blocks:
             raise ConfigError(f"{path}: a table spec needs [[blocks]]")
@@ -189,7 +190,7 @@ class TableSpec:
             if "kind" not in bl and "text" not in bl and "parts" not in bl:
                 raise ConfigError(f"{path}: {i}: needs text, kind or parts")
         self.FILES = tuple(self.spec.get("files", ()))
-        self._hooks = path.parent / self.spec["hooks"] if "hooks" in self.spec else None
+        self._hooks = Path(path).parent / self.spec["hooks"] if "hooks" in self.spec else None
 
     def __getattr__(self, name: str):
         """The post-run hooks (``done``, ``post``, a group's ``post.call``) of the Python file the spec's
