@@ -8,7 +8,8 @@ optional format spec: ``{runs[0].cells.after.cpu.median:.2f}``, ``{before[-1].wr
 ``{max(after.written) / 1e6:.2f}``. In an expression a dotted name reads a key of a dict and, on a list,
 that key of every element (``after.written``: a list); ``[i]`` indexes; ``+ - * / // %`` and the
 functions ``min max sum len median range round abs zip spread`` (median, quartiles, min, max of a list) plus ``iqr(spread, digits)`` ("median (q1–q3)"),
-``mmr(spread, digits[, fmt])`` ("median (min–max)") and ``pct(x)`` ("24%"). In a ``rows`` block the element is
+``mmr(spread, digits[, fmt])`` ("median (min–max)") and ``pct(x)`` ("24%"), ``items(mapping[, prefix])`` (``key`` / ``value`` rows of the keys
+starting with ``prefix``, without it), ``same(a, b)``, ``int``, ``load(measurement)`` ("12.0 → 14.2"); arithmetic on a list is element by element. In a ``rows`` block the element is
 ``r`` (its keys also as names) and its index ``i``. Format: docs/benchmarks.md "Performance grids".
 """
 
@@ -21,7 +22,7 @@ import string
 
 from mmfl.errors import ConfigError
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+_OPS = {ast.Pow: operator.pow, ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.USub: operator.neg}
 
 
@@ -44,9 +45,15 @@ def _mmr(d: dict, digits: int = 2, fmt: str = "") -> str:
     return f"{f.format(d['median'])} ({f.format(d['min'])}–{f.format(d['max'])})"
 
 
+def _load(d: dict) -> str:
+    """A measurement's load average, "start → end" (those it has)."""
+    return " → ".join(f"{x:.1f}" for x in (d.get("load_start"), d.get("load_end")) if x is not None) or "—"
+
+
 FUNCS = {"min": min, "max": max, "sum": sum, "len": len, "median": statistics.median, "range": range,
          "round": round, "abs": abs, "zip": lambda *a: [list(x) for x in zip(*a)], "iqr": _iqr, "mmr": _mmr, "spread": lambda v: _spread(v),
-         "pct": lambda x: f"{x:.0%}"}
+         "pct": lambda x: f"{x:.0%}", "int": int, "load": _load, "same": lambda a, b: a == b,
+         "items": lambda d, prefix="": [{"key": k[len(prefix):], "value": v} for k, v in d.items() if k.startswith(prefix)]}
 
 
 def _key(obj, name):
@@ -75,8 +82,12 @@ def evaluate(expr: str, names: dict):
         if isinstance(n, ast.Subscript):
             obj, k = ev(n.value), ev(n.slice)
             return obj[str(k)] if isinstance(obj, dict) and str(k) in obj and k not in obj else obj[k]
-        if isinstance(n, ast.BinOp) and type(n.op) in _OPS:
-            return _OPS[type(n.op)](ev(n.left), ev(n.right))
+        if isinstance(n, ast.BinOp) and type(n.op) in _OPS:  # over lists: element by element
+            op, a, b = _OPS[type(n.op)], ev(n.left), ev(n.right)
+            if isinstance(a, list) or isinstance(b, list):
+                a, b = (a if isinstance(a, list) else [a] * len(b)), (b if isinstance(b, list) else [b] * len(a))
+                return [op(x, y) for x, y in zip(a, b)]
+            return op(a, b)
         if isinstance(n, ast.UnaryOp) and type(n.op) in _OPS:
             return _OPS[type(n.op)](ev(n.operand))
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in FUNCS and not n.keywords:
