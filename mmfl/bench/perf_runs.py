@@ -157,3 +157,29 @@ def contrastive_agg(clients: int, public: int, dim: int, chunk: int, threads: in
         global_local_contrastive_aggregation(local, glob, chunk=chunk)
         return {"inputs": (local.numel() + glob.numel()) * 4, "full_matrix_per_client": public * public * 4}
     return run
+
+
+RUN_ONLY = {"name", "output_dir", "rounds", "eval_every", "threads", "device", "precision", "checkpoint_every",
+            "keep_checkpoints", "batch_clients", "state_store", "stream_aggregation", "train", "algorithm"}
+
+
+def memo_federation() -> None:
+    """Make every Experiment of this process reuse one decoded federation per data configuration
+    (read-only tensors), so a benchmark building a fresh Experiment per repeat does not time the
+    data set's decoding (benchmarks/perf/accelerator.py)."""
+    import mmfl.engine.runner as runner
+
+    if getattr(runner.build_federation, "_memo", False):
+        return
+    orig, cache = runner.build_federation, {}
+
+    def build(cfg, pooled=False):
+        # every config value except those that cannot change the federation (a key too wide only
+        # misses the memo; one too narrow would hand a run another config's clients)
+        key = (json.dumps({k: v for k, v in cfg.to_dict().items() if k not in RUN_ONLY}, sort_keys=True, default=str), pooled)
+        if key not in cache:
+            cache[key] = orig(cfg, pooled)
+        return cache[key]
+
+    build._memo = True
+    runner.build_federation = build
