@@ -140,5 +140,10 @@ def test_one_renderer_expr_blocks_in_a_table_spec_and_spec_kinds_in_a_perf_repor
     mixed = [{"text": "{len(c.cells)} cells"}, {"kind": "records", "source": "data.c.cells", "keys": ["a"],
                                                  "header": ["v", "cpu"], "cells": ["{key}", "{value.cpu:spread/2}"]}]
     assert render_blocks(mixed, data) == ["2 cells", "", "| v | cpu |", "|---|---|", "| a | 2.00 (1.50–2.50) |", ""]
+    plot = [{"kind": "expr_plot", "figure": "f.png", "text": "![f](f.png)",
+             "panels": [{"x": "items(c.cells).key", "y": "items(c.cells).value.cpu.median", "xlog": True}]}]
+    assert render_blocks(plot, {"c": {"cells": {"10": {"cpu": {"median": 1.0}}, "100": {"cpu": {"median": 1.5}}}}},
+                         tmp_path) == ["![f](f.png)", ""]
+    assert (tmp_path / "f.png").stat().st_size > 1000
     with pytest.raises(ConfigError, match="sep. is gone"):
         render_blocks([{"text": "x", "sep": []}], data)

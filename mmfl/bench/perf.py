@@ -106,7 +106,7 @@ def run(grid: dict, only: list[str] | None = None, tables_only: bool = False) ->
                 print(f"mmfl: note: {rname}: no data yet for {', '.join(missing)}; report not written", flush=True)
             continue
         out = report_path(grid, rep)
-        write_report(out, render_blocks(rep["blocks"], data), keep_below=rep.get("keep_below"))
+        write_report(out, render_blocks(rep["blocks"], data, out.parent), keep_below=rep.get("keep_below"))
         wrote.append(out)
     return wrote
 

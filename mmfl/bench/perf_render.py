@@ -19,6 +19,7 @@ import ast
 import operator
 import statistics
 import string
+from pathlib import Path
 
 from mmfl.errors import ConfigError
 
@@ -123,8 +124,33 @@ def expr(b, block: dict, f) -> list[str]:
     return lines
 
 
-KINDS = {"expr": expr}
-KEYS: set = set()  # text, rows, row, when, parts: the shared block keys
+def expr_plot(b, block: dict, f) -> list[str]:
+    """Table-spec kind ``expr_plot``: a PNG ``figure`` beside the report, a panel per entry of ``panels``
+    (``x``, ``y``: expressions giving lists; ``title``, ``xlabel``, ``ylabel``, ``xlog``, ``y0`` (y from 0));
+    its lines: ``text`` (the link), if any. Written only when the report is (``b.out``, the folder)."""
+    if getattr(b, "out", None) is not None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        panels = block["panels"]
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
+        for ax, p in zip(axes[0], panels):
+            ax.plot([float(v) for v in evaluate(p["x"], b.data)], evaluate(p["y"], b.data), marker="o")
+            ax.set_xscale("log" if p.get("xlog") else "linear")
+            if p.get("y0"):
+                ax.set_ylim(bottom=0)
+            ax.set(xlabel=p.get("xlabel", ""), ylabel=p.get("ylabel", ""), title=p.get("title", ""))
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(Path(b.out) / block["figure"], dpi=110)
+        plt.close(fig)
+    return fill(block["text"], b.data).split("\n") if "text" in block else []
+
+
+KINDS = {"expr": expr, "expr_plot": expr_plot}
+KEYS = {"panels"}  # and text, rows, row, when, parts, figure: keys other kinds share
 
 
 def as_spec(blocks: list[dict]) -> dict:
@@ -143,11 +169,12 @@ def as_spec(blocks: list[dict]) -> dict:
     return {"blocks": [conv(bl) for bl in blocks]}
 
 
-def render_blocks(blocks: list[dict], data: dict) -> list[str]:
+def render_blocks(blocks: list[dict], data: dict, out=None) -> list[str]:
     """The report's lines, rendered by the one table-spec renderer (:class:`mmfl.bench.spec.TableSpec`):
-    every block's lines, then one empty line (``parts``: blocks whose lines follow each other)."""
+    every block's lines, then one empty line (``parts``: blocks whose lines follow each other);
+    ``out``: the report's folder (figures are written there)."""
     from types import SimpleNamespace
 
     from mmfl.bench.spec import TableSpec
 
-    return TableSpec("perf report", spec=as_spec(blocks)).report(SimpleNamespace(data=data, grid=None))
+    return TableSpec("perf report", spec=as_spec(blocks)).report(SimpleNamespace(data=data, grid=None, out=out))
