@@ -27,7 +27,8 @@ from mmfl.errors import ConfigError
 
 CELL_KEYS = {"measure", "variants", "repeats", "warmup", "same", "params", "over", "hook", "kept", "round_arg",
              "lengths", "threads", "python", "printed", "call", "args", "set", "config", "patch", "diff", "ratios"}
-REPORT_KEYS = {"file", "cells", "blocks", "keep_below"}  # keep_below: hand-written text under a marker stays
+REPORT_KEYS = {"file", "cells", "blocks", "keep_below", "reset"}  # keep_below: hand-written text under a marker
+# stays; reset: top-level keys of the data dropped when a cell of the report is measured again
 
 
 def is_perf_grid(path) -> bool:
@@ -97,6 +98,8 @@ def run(grid: dict, only: list[str] | None = None, tables_only: bool = False) ->
         path = data_path(grid, rep)
         data = json.loads(path.read_text()) if path.is_file() else {}
         todo = [] if tables_only else [c for c in rep["cells"] if not only or c in only or rname in only]
+        if todo:  # figures of an earlier measurement that a new one replaces (none is left stale)
+            data = {k: v for k, v in data.items() if k not in rep.get("reset", [])}
         for c in todo:
             data[c] = measure_cell(grid["cells"][c])
             path.parent.mkdir(parents=True, exist_ok=True)
