@@ -1,60 +1,52 @@
-"""benchmarks/perf/run.py: the perf cells as one grid (cells.toml) and perf.md rendered from perf.json."""
+"""benchmarks/results/perf.md as [reports.perf] of the perf grid (benchmarks/perf/measures.toml), and the
+table specs over a JSON document (mmfl/bench/spec_data.py; the accelerator report)."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PERF = ROOT / "benchmarks" / "perf"
-
-
-def test_every_profile_names_existing_scripts_and_the_same_cells():
-    grid = tomllib.loads((PERF / "cells.toml").read_text())
-    names = {p: set(cells) for p, cells in grid["profiles"].items()}
-    assert names["small"] == names["full"]
-    for cells in grid["profiles"].values():
-        for script, args in cells.values():
-            assert (PERF / script).is_file(), script
-            assert "--repeats" in args, f"{script}: every cell repeats (median and spread)"
-
-
-def test_render_only_writes_every_section_with_cpu_time_and_load(tmp_path):
-    shutil.copy(ROOT / "tests" / "fixtures" / "perf.json", tmp_path / "perf.json")  # a small run's figures
-    out = subprocess.run([sys.executable, str(PERF / "run.py"), "--render-only", "--out", str(tmp_path)],
-                         cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    md = (tmp_path / "perf.md").read_text()
-    data = json.loads((tmp_path / "perf.json").read_text())
-    for sec in data.get("details", {}):
-        assert f"### {sec}" in md
-    assert "CPU s" in md and "load" in md and "<!-- analysis -->" in md
-
-
-def test_an_unknown_profile_is_one_line(tmp_path):
-    out = subprocess.run([sys.executable, str(PERF / "run.py"), "--profile", "huge", "--out", str(tmp_path)],
-                         cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode != 0 and out.stderr.strip().splitlines() == [
-        "mmfl: error: no profile 'huge' in cells.toml (have: small, full)"]
-
-
-# ----------------------------------------------------------------------------- the table specs (golden reports)
-
 GOLDEN = ROOT / "tests" / "fixtures" / "perf_render"  # rendered by the hand-written Python before it was deleted
 
 
-def test_the_perf_spec_renders_the_golden_report_and_the_committed_one():
-    from mmfl.bench.spec_data import render_doc
+def _perf_report():
+    from mmfl.bench.perf import load_perf
 
-    assert "\n".join(render_doc(PERF / "tables.toml", ROOT / "tests" / "fixtures" / "perf.json")) == (
-        GOLDEN / "perf.md").read_text()
-    committed = (ROOT / "benchmarks" / "results" / "perf.md").read_text()
-    new = "\n".join(render_doc(PERF / "tables.toml", ROOT / "benchmarks" / "results" / "perf.json"))
-    assert new.split("<!-- analysis -->")[0] == committed.split("<!-- analysis -->")[0]
+    return load_perf(PERF / "measures.toml")["reports"]["perf"]
+
+
+def test_perf_md_renders_from_the_perf_grid_data_as_the_deleted_scripts_rendered_it():
+    """tests/fixtures/perf.json (what the deleted run.py scripts wrote), converted by the committed
+    converter, renders through [reports.perf] byte for byte as the old spec did (GOLDEN/perf.md),
+    but for the one line that names the command (now `mmfl bench`); the committed perf.md too."""
+    sys.path.insert(0, str(GOLDEN))
+    from convert_perf_json import convert
+
+    from mmfl.bench.perf_render import render_blocks
+
+    rep = _perf_report()
+    new = "\n".join(render_blocks(rep["blocks"], convert(json.loads((ROOT / "tests" / "fixtures" / "perf.json").read_text()))))
+    old = (GOLDEN / "perf.md").read_text()
+    changed = [(a, b) for a, b in zip(new.split("\n"), old.split("\n")) if a != b]
+    assert len(new.split("\n")) == len(old.split("\n")) and len(changed) == 1
+    assert changed[0][0].startswith("Regenerate: `nice -n 10 .venv/bin/mmfl bench benchmarks/perf/measures.toml --group perf`")
+    committed = (ROOT / rep["file"]).read_text()
+    data = json.loads((ROOT / rep["file"]).with_suffix(".json").read_text())
+    assert "\n".join(render_blocks(rep["blocks"], data)).split(rep["keep_below"])[0] == committed.split(rep["keep_below"])[0]
+
+
+def test_perf_cells_measure_cpu_time_with_interleaved_repeats():
+    from mmfl.bench.perf import load_perf
+
+    grid = load_perf(PERF / "measures.toml")
+    for name in _perf_report()["cells"]:
+        cell = grid["cells"][name]
+        if cell["measure"] != "value":
+            assert cell.get("repeats", 1) >= 3, f"{name}: median and spread need repeats"
 
 
 def test_the_accelerator_spec_renders_the_golden_reports(tmp_path):

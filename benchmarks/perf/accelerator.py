@@ -30,9 +30,10 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
+RESULTS = HERE.parent / "results"
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))  # this checkout's mmfl
-from common import RESULTS, memo_federation  # noqa: E402
+from mmfl.bench.perf_runs import memo_federation  # noqa: E402
 from timing import Sample, interleave, measure, spread  # noqa: E402
 
 import mmfl  # noqa: E402

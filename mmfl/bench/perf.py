@@ -15,16 +15,20 @@ Guide: docs/benchmarks.md "Performance grids".
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from pathlib import Path
 
 from mmfl.bench.perf_measures import MEASURES
 from mmfl.bench.perf_render import render_blocks
+from mmfl.bench.render import write_report
 from mmfl.config_raw import apply_overrides, load_raw
 from mmfl.errors import ConfigError
 
 CELL_KEYS = {"measure", "variants", "repeats", "warmup", "same", "params", "over", "hook", "kept", "round_arg",
-             "lengths", "threads", "python", "printed", "call", "args", "set", "config", "patch"}
-REPORT_KEYS = {"file", "cells", "blocks"}
+             "lengths", "threads", "python", "printed", "call", "args", "set", "config", "patch", "diff", "ratios"}
+REPORT_KEYS = {"file", "cells", "blocks", "keep_below", "reset"}  # keep_below: hand-written text under a marker
+# stays; reset: top-level keys of the data dropped when a cell of the report is measured again
 
 
 def is_perf_grid(path) -> bool:
@@ -67,7 +71,7 @@ def measure_cell(cell: dict) -> dict:
     base = cell.get("params", {})
     kind = MEASURES[cell["measure"]]
     head = {"params": base, "repeats": cell.get("repeats"), "warmup": cell.get("warmup"),
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "command": "mmfl " + shlex.join(sys.argv[1:])}
     if "over" not in cell:
         return {**head, **kind(cell, base)}
     runs = []
@@ -94,6 +98,8 @@ def run(grid: dict, only: list[str] | None = None, tables_only: bool = False) ->
         path = data_path(grid, rep)
         data = json.loads(path.read_text()) if path.is_file() else {}
         todo = [] if tables_only else [c for c in rep["cells"] if not only or c in only or rname in only]
+        if todo:  # figures of an earlier measurement that a new one replaces (none is left stale)
+            data = {k: v for k, v in data.items() if k not in rep.get("reset", [])}
         for c in todo:
             data[c] = measure_cell(grid["cells"][c])
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,7 +109,7 @@ def run(grid: dict, only: list[str] | None = None, tables_only: bool = False) ->
                 print(f"mmfl: note: {rname}: no data yet for {', '.join(missing)}; report not written", flush=True)
             continue
         out = report_path(grid, rep)
-        out.write_text("\n".join(render_blocks(rep["blocks"], data)))
+        write_report(out, render_blocks(rep["blocks"], data, out.parent), keep_below=rep.get("keep_below"))
         wrote.append(out)
     return wrote
 

@@ -4,10 +4,15 @@ cell's ``over`` (its sizes), filled into the variants' templates.
 
 - ``cpu``: CPU time, interleaved repeats (:func:`mmfl.bench.timing.interleave`): per variant the
   median and spread of CPU, wall, user and system seconds, minor page faults and the system share,
-  the load average around them; ``same = true`` asserts the variants return equal results.
+  the load average around them; ``same = true`` asserts the variants return equal results;
+  ``diff = "<variant>"``: each other variant's ``max_abs_diff`` from that one's returned tensor(s) (a
+  model's state); ``ratios = [[a, b], ...]``: ``ratios["a/b"]``, the median of the repeat-by-repeat
+  CPU (and wall) ratios and min / min; a target returning ``{"samples": [Sample, ...], ...}`` timed itself (e.g. per round):
+  those samples count, the rest is the variant's ``result``.
 - ``peak_memory`` (``repeats``, interleaved; default 1): each variant in a fresh process: its
   target's setup, then the peak resident memory during the timed call (``VmHWM``, reset through /proc/self/clear_refs) minus the resident
-  memory before it; ``same`` compares the calls' returned metrics.
+  memory before it; ``same`` compares the calls' returned metrics; ``ratios`` as ``cpu``'s, of the
+  peak, the extra memory and the CPU seconds, repeat by repeat.
 - ``per_call`` (``repeats`` as ``peak_memory``): an mmfl run per variant, one row per call of the
   ``hook`` function (e.g. ``mmfl.engine.checkpoint:save``): its CPU and wall seconds, the bytes the process wrote during
   it (``wchar``, /proc/self/io), the size of its first argument's folder (``kept``) and the length
@@ -26,6 +31,7 @@ import contextlib
 import importlib
 import json
 import os
+from statistics import median
 import subprocess
 import sys
 import tempfile
@@ -134,12 +140,34 @@ def cpu(cell: dict, params: dict) -> dict:
     def keep(name, fn):
         def run():
             outs[name] = fn()
+            if isinstance(outs[name], dict) and "samples" in outs[name]:  # samples timed inside (per round)
+                return outs[name]["samples"]
             return outs[name]
         return run
     res = interleave({n: keep(n, f) for n, f in fns.items()}, cell.get("repeats", 3), cell.get("warmup", 1),
-                     log=lambda m: print(m, flush=True))
+                     log=lambda m: print(m, flush=True)).to_dict()
     _same(cell, list(outs.values()))
-    return res.to_dict()
+    for name, out in outs.items():
+        if isinstance(out, dict) and "samples" in out:
+            res["cells"][name]["result"] = {k: v for k, v in out.items() if k != "samples"}
+        if cell.get("diff") and name != cell["diff"]:
+            res["cells"][name]["max_abs_diff"] = _max_diff(out, outs[cell["diff"]])
+    res["ratios"] = {f"{a}/{b}": _paired(res["cells"][a]["samples"], res["cells"][b]["samples"])
+                     for a, b in cell.get("ratios", [])}
+    return res
+
+
+def _paired(a: list, b: list) -> dict:
+    """a / b of two variants' (CPU, wall) samples: the median of the repeat-by-repeat ratios (adjacent
+    runs share the machine's load) and min / min."""
+    return {"cpu": median(x[0] / y[0] for x, y in zip(a, b)), "wall": median(x[1] / y[1] for x, y in zip(a, b)),
+            "cpu_min_over_min": min(x[0] for x in a) / min(y[0] for y in b)}
+
+
+def _max_diff(a, b) -> float:
+    """The largest absolute difference of two returned tensors or dicts of tensors (a model's state)."""
+    a, b = (a, b) if isinstance(a, dict) else ({"": a}, {"": b})
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
 def _same(cell: dict, outs: list) -> None:
@@ -172,7 +200,7 @@ def child(spec: str) -> None:
         Path("/proc/self/clear_refs").write_text("5")  # reset the peak
         rss = _kb("VmRSS")
         s, out = measure(fn)
-        print(json.dumps({"extra_kb": _kb("VmHWM") - rss, "rss_kb": rss, "cpu": s.cpu, "result": out}, default=str))
+        print(json.dumps({"extra_kb": _kb("VmHWM") - rss, "rss_kb": rss, "peak_kb": _kb("VmHWM"), "cpu": s.cpu, "result": out}, default=str))
 
 
 def _repeated(cell: dict, params: dict, one) -> dict:
@@ -198,6 +226,9 @@ def peak_memory(cell: dict, params: dict) -> dict:
         return json.loads(p.stdout.strip().splitlines()[-1])
     res = _repeated(cell, params, one)
     _same(cell, [c["result"] for c in res["cells"].values()])
+    reps = {n: c.get("repeats", [c]) for n, c in res["cells"].items()}
+    res["ratios"] = {f"{a}/{b}": {f: median(x[f] / y[f] for x, y in zip(reps[a], reps[b])) for f in ("peak_kb", "extra_kb", "cpu")}
+                     for a, b in cell.get("ratios", [])}
     return res
 
 

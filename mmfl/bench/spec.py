@@ -48,6 +48,7 @@ KIND_MODULES = (
     "mmfl.bench.spec_bmissing",
     "mmfl.bench.spec_bwire2",
     "mmfl.bench.spec_coefs",
+    "mmfl.bench.perf_render",
 )
 
 BLOCK_KEYS = {"text", "kind", "group", "rows", "extra", "header", "cells", "metric", "row", "pairs", "scale",
@@ -176,9 +177,9 @@ def _arith(text: str):
 class TableSpec:
     """A loaded ``tables.toml``; :meth:`report` is what a Python spec's ``report(b)`` was."""
 
-    def __init__(self, path: Path):
-        self.path = path
-        self.spec = load_raw(path)
+    def __init__(self, path: Path, spec: dict | None = None):
+        self.path = path  # ``spec``: the spec itself (``path`` then names it in errors)
+        self.spec = load_raw(path) if spec is None else spec
         blocks = self.spec.get("blocks")
         if not isinstance(blocks, list) or not blocks:
             raise ConfigError(f"{path}: a table spec needs [[blocks]]")
@@ -193,7 +194,7 @@ class TableSpec:
                 raise ConfigError(f"{path}: {i}: needs text, kind or parts")
         self.FILES = tuple(self.spec.get("files", ()))
         hooks = self.spec.get("hooks")  # a file next to the spec, or a module's dotted name (mmfl.bench.split_eval)
-        self._hooks = None if hooks is None else hooks if not hooks.endswith(".py") else path.parent / hooks
+        self._hooks = None if hooks is None else hooks if not hooks.endswith(".py") else Path(path).parent / hooks
 
     def __getattr__(self, name: str):
         """The post-run hooks (``done``, ``post``, a group's ``post.call``) of the Python file the spec's
