@@ -68,7 +68,7 @@ def render_lines(grid, monkeypatch) -> str:
 
 
 # ----------------------------------------------------------------------------- the fixture sets of
-# benchmarks/{robust,fedcmi,partialfl} (tests/test_bench_spec_btables.py; goldens rendered by the
+# benchmarks/{robust,fedcmi,partialfl} (tests/test_bench_spec_sweeps.py; goldens rendered by the
 # hand-written table scripts these specs replaced)
 
 FEDCMI_KEYS = ["accuracy/image", "accuracy/audio", "accuracy/features", "uar", "global/accuracy",
@@ -104,7 +104,7 @@ def _split(grid) -> None:
 
 
 CUSTOM = {"missing": _split, "robust": _robust, "diagnose": _diag, "diagnose-missing": _diag}
-CASES_BT = [  # (name, grid, make_runs keywords)
+CASES_SWEEPS = [  # (name, grid, make_runs keywords)
     ("robust", "benchmarks/robust/grid.toml",
      dict(keys=["replies_rejected", "dp/epsilon"], summary_keys=["final_r1_sum"], skip_every=11)),
     ("fedcmi", "benchmarks/fedcmi/grid.toml",

@@ -1,4 +1,4 @@
-"""benchmarks/missing: the grid's table spec (tables.toml, kinds of mmfl/bench/spec_bmissing.py) over
+"""benchmarks/missing: the grid's table spec (tables.toml, kinds of mmfl/bench/spec_setting_rows.py) over
 fixture runs (tests/bench_spec_fixtures.py) writes, section by section, exactly what the script it
 replaced wrote over the same runs (benchmarks/missing/paired.py, commit 853cc14; goldens
 tests/fixtures/bench_specs/missing-{audio,long,image}.md, rendered by that script); and the post-run

@@ -1,4 +1,4 @@
-"""The block kinds of mmfl/bench/spec_bwireless.py and the wireless benchmark's paired report spec
+"""The block kinds of mmfl/bench/spec_paired.py and the wireless benchmark's paired report spec
 (benchmarks/wireless/grid-paired.toml + tables-paired.toml, which replaced paired.py + splice.py):
 over fixture runs its sections equal what the old scripts rendered over the same folders
 (tests/fixtures/bench_specs/wireless-paired-rerun.md, written by them before they were deleted)."""
@@ -13,7 +13,7 @@ from bench_spec_fixtures import MACHINE, make_runs
 
 from mmfl.bench import load_grid
 from mmfl.bench.runner import _SPECS, redirect, render
-from mmfl.bench.spec_bwireless import claims, count_sentence, setting_columns
+from mmfl.bench.spec_paired import claims, count_sentence, setting_columns
 from mmfl.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,7 +157,7 @@ def test_wireless_fig3_over_fixture_xi_histories_is_the_golden(grid, golden, tmp
     """With the Fig. 3 runs' xi_history.json (tests/wireless_xi_fixture.py): the Fig. 3 section, its
     lines of the ordering summary, the run count (a Fig. 3 run is finished with its history: the
     hooks' ``done``) and the plotted series (every ``plot`` call) equal the old fig3.py's."""
-    from test_bench_spec_btables import _record
+    from test_bench_spec_sweeps import _record
 
     g = _wireless(grid, tmp_path, monkeypatch, xi=True)
     calls = _record(monkeypatch)

@@ -39,14 +39,14 @@ from mmfl.errors import ConfigError
 KIND_MODULES = (
     "mmfl.bench.spec_kinds",
     "mmfl.bench.spec_data",
-    "mmfl.bench.spec_bwireless",
-    "mmfl.bench.spec_btables",
+    "mmfl.bench.spec_paired",
+    "mmfl.bench.spec_sweeps",
     "mmfl.bench.spec_verdicts",
     "mmfl.bench.spec_figures",
     "mmfl.bench.spec_claims",
     "mmfl.bench.spec_facts",
-    "mmfl.bench.spec_bmissing",
-    "mmfl.bench.spec_bwire2",
+    "mmfl.bench.spec_setting_rows",
+    "mmfl.bench.spec_planned",
     "mmfl.bench.spec_coefs",
     "mmfl.bench.perf_render",
 )

@@ -2,7 +2,7 @@
 report (``figure``: its file name, a template) from the finished runs and returns its markdown link
 (with ``title``: the title line, an empty line, the link; no link when nothing was drawn).
 
-- ``sweep_figure``: a panel per split of :func:`mmfl.bench.spec_btables.axes` (the ``sweep`` kind's
+- ``sweep_figure``: a panel per split of :func:`mmfl.bench.spec_sweeps.axes` (the ``sweep`` kind's
   settings), a line per method: x = the setting's ``info[x]`` x ``x_scale``, y = the mean over seeds of
   the metric, a failed run whose message says it diverged counted as ``fail_value``;
 - ``xy_figure``: lines of methods grouped by an info key (``series = { info = "mode", lines = [[value,

@@ -1,4 +1,4 @@
-"""What the table-spec kinds of :mod:`mmfl.bench.spec_btables`, :mod:`mmfl.bench.spec_verdicts` and
+"""What the table-spec kinds of :mod:`mmfl.bench.spec_sweeps`, :mod:`mmfl.bench.spec_verdicts` and
 :mod:`mmfl.bench.spec_figures` read: a block's metric (``metric = { key, reader, agg, ... }``) over the
 runs of a method, aggregated into one cell, and the settings of a group split by an info key.
 

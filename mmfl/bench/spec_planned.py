@@ -1,6 +1,6 @@
 """Block kinds of a TOML table spec (:mod:`mmfl.bench.spec`) for columns that follow the grid:
 
-- ``planned_columns``: :func:`mmfl.bench.spec_bwireless.setting_columns` over only the settings of
+- ``planned_columns``: :func:`mmfl.bench.spec_paired.setting_columns` over only the settings of
   ``group`` (or ``settings``) where some method has planned runs (a quick grid that leaves settings
   out drops their columns); a ``header`` entry ``{ per_setting = "<template>" }`` becomes one heading
   per such setting, with ``{sinfo.<k>}`` (the setting's info) and ``{setting}`` (its key);
@@ -36,7 +36,7 @@ from mmfl.bench.render import md_table
 from mmfl.bench.results import finite
 from mmfl.bench.spec_read import _m, value
 from mmfl.errors import ConfigError
-from mmfl.bench.spec_bwireless import _agg, _metric, by_seed, claim_head, claim_line, claim_verdict, setting_columns
+from mmfl.bench.spec_paired import _agg, _metric, by_seed, claim_head, claim_line, claim_verdict, setting_columns
 
 
 def planned_settings(b, g: str, settings: list[str] | None = None) -> list[str]:

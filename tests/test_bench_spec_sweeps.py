@@ -1,7 +1,7 @@
 """The TOML table specs of benchmarks/robust, benchmarks/fedcmi and benchmarks/partialfl (kinds of
-mmfl/bench/spec_btables.py and spec_figures.py), rendered over fixture run folders
-(tests/bench_spec_fixtures.py: CASES_BT), equal what the hand-written table scripts they replaced
-rendered over the same folders (goldens in tests/fixtures/bench_specs/btables-*; the scripts are in
+mmfl/bench/spec_sweeps.py and spec_figures.py), rendered over fixture run folders
+(tests/bench_spec_fixtures.py: CASES_SWEEPS), equal what the hand-written table scripts they replaced
+rendered over the same folders (goldens in tests/fixtures/bench_specs/sweeps-*; the scripts are in
 commit 127b321: benchmarks/robust/tables.py, benchmarks/fedcmi/tables.py and diagnose_tables.py,
 benchmarks/partialfl/tables.py with sections/readings/header.py), and their figures plot the same
 data (the recorded plot / bar calls)."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bench_spec_fixtures import CASES_BT, CUSTOM, fixture_grid, render_lines
+from bench_spec_fixtures import CASES_SWEEPS, CUSTOM, fixture_grid, render_lines
 
 from mmfl.bench.spec import TableSpec
 from mmfl.errors import ConfigError
@@ -48,7 +48,7 @@ def _record(monkeypatch) -> list:
 
 
 SLOW = {"partialfl", "partialfl-quick"}  # they build both settings' federations and load their data sets
-PARAMS = [pytest.param(*c, id=c[0], marks=[pytest.mark.slow] if c[0] in SLOW else []) for c in CASES_BT if c[0] in CONVERTED]
+PARAMS = [pytest.param(*c, id=c[0], marks=[pytest.mark.slow] if c[0] in SLOW else []) for c in CASES_SWEEPS if c[0] in CONVERTED]
 
 
 @pytest.mark.parametrize("name,grid,kw", PARAMS)
@@ -59,11 +59,11 @@ def test_spec_renders_what_the_hand_written_script_rendered(name, grid, kw, tmp_
     assert g.tables.suffix == ".toml"
     calls = _record(monkeypatch)
     text = render_lines(g, monkeypatch).replace(os.path.relpath(g.raw_dir, g.root), "RAW").replace(str(g.raw_dir), "RAW")
-    golden = (GOLDEN / f"btables-{name}.md").read_text()
+    golden = (GOLDEN / f"sweeps-{name}.md").read_text()
     for old, new in COMMANDS.get(name, COMMANDS.get(name.split("-")[0], [])):
         golden = golden.replace(old, new)
     assert text == golden
-    plots = GOLDEN / f"btables-{name}.plots.json"
+    plots = GOLDEN / f"sweeps-{name}.plots.json"
     if plots.is_file():
         assert json.loads(json.dumps(calls)) == json.loads(plots.read_text())
 
