@@ -38,6 +38,7 @@ from mmfl.errors import ConfigError
 # and one line here.
 KIND_MODULES = (
     "mmfl.bench.spec_kinds",
+    "mmfl.bench.spec_bcream", "mmfl.bench.spec_bcream_figure",
 )
 
 BLOCK_KEYS = {"text", "kind", "group", "rows", "extra", "header", "cells", "metric", "row", "pairs", "scale",
@@ -159,6 +160,15 @@ class TableSpec:
             if "kind" not in bl and "text" not in bl:
                 raise ConfigError(f"{path}: blocks[{i}]: needs text or kind")
         self.FILES = tuple(self.spec.get("files", ()))
+
+    def __getattr__(self, name: str):
+        """A post-run step of the spec's ``[post.<name>]`` (``function = "module:fn"``, ``args``):
+        ``fn(run_dir, **args)``, what a grid group's ``post = { call = "<name>", ... }`` runs."""
+        step = self.__dict__.get("spec", {}).get("post", {}).get(name)
+        if step is None:
+            raise AttributeError(name)
+        mod, _, fn = step["function"].partition(":")
+        return lambda raw, cfg, run_dir, exp: getattr(importlib.import_module(mod), fn)(run_dir, **step.get("args", {}))
 
     def report(self, b) -> list[str]:
         f = Fields(b, self.spec)
