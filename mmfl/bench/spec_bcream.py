@@ -172,9 +172,14 @@ def each_setting(b, block: dict, f) -> list[str]:
     once, at the enclosing setting); ``empty``: the text when no setting was rendered."""
     from mmfl.bench.spec import ALL_KEYS, KINDS
 
+    for sub in block["blocks"]:
+        if bad := set(sub) - ALL_KEYS:
+            raise ConfigError(f"table spec: each_setting: unknown key {sorted(bad)[0]!r}")
     cur = f.lookup("setting") if _has(f, "setting") else None
     if "group" in block:
-        settings = list(b.grid.settings(block["group"])) if block["group"] in b.grid.groups else []
+        if block["group"] not in b.grid.groups:  # a grid variant without the group (grid-quick.toml)
+            return []
+        settings = list(b.grid.settings(block["group"]))
     else:
         settings = [cur or None]
     out = []
@@ -183,8 +188,6 @@ def each_setting(b, block: dict, f) -> list[str]:
             continue
         g = _fields(b, f, st, block.get("group"))
         for sub in block["blocks"]:
-            if bad := set(sub) - ALL_KEYS:
-                raise ConfigError(f"table spec: each_setting: unknown key {sorted(bad)[0]!r}")
             if "need" in sub and sub.get("kind") != "each_setting" and not _need(b, sub["need"], st):
                 continue
             if "kind" in sub:
