@@ -33,7 +33,7 @@ def _grid(path: str, tmp: Path):
     return dataclasses.replace(g, params={**g.params, "analysis": ""})
 
 
-@pytest.mark.parametrize("grid,golden", [("benchmarks/creamfl/grid.toml", "creamfl.md"),
+@pytest.mark.parametrize("grid,golden", [pytest.param("benchmarks/creamfl/grid.toml", "creamfl.md", marks=pytest.mark.slow),
                                          ("benchmarks/creamfl/grid-quick.toml", "creamfl-quick.md")])
 def test_creamfl_spec_renders_what_tables_py_rendered(grid, golden, tmp_path, monkeypatch):
     g = _grid(grid, tmp_path)
