@@ -162,13 +162,21 @@ class TableSpec:
         self.FILES = tuple(self.spec.get("files", ()))
 
     def __getattr__(self, name: str):
-        """A post-run step of the spec's ``[post.<name>]`` (``function = "module:fn"``, ``args``):
-        ``fn(run_dir, **args)``, what a grid group's ``post = { call = "<name>", ... }`` runs."""
+        """A post-run step of the spec's ``[post.<name>]`` (``function = "module:fn"``, ``args``,
+        ``writes``): ``fn(run_dir, **args)``, its result written as JSON to ``run_dir/<writes>`` when
+        given; what a grid group's ``post = { call = "<name>", ... }`` runs."""
         step = self.__dict__.get("spec", {}).get("post", {}).get(name)
         if step is None:
             raise AttributeError(name)
-        mod, _, fn = step["function"].partition(":")
-        return lambda raw, cfg, run_dir, exp: getattr(importlib.import_module(mod), fn)(run_dir, **step.get("args", {}))
+
+        def post(raw, cfg, run_dir, exp):
+            mod, _, fn = step["function"].partition(":")
+            out = getattr(importlib.import_module(mod), fn)(run_dir, **step.get("args", {}))
+            if "writes" in step:
+                import json
+
+                (Path(run_dir) / step["writes"]).write_text(json.dumps(out, indent=1) + "\n")
+        return post
 
     def report(self, b) -> list[str]:
         f = Fields(b, self.spec)

@@ -7,161 +7,16 @@ its table), ``runs_status`` and ``file_text``. Format: docs/benchmarks.md "Table
 
 from __future__ import annotations
 
-import copy
-import fnmatch
 import os
 from pathlib import Path
 
 import numpy as np
 
 from mmfl.bench.grid import dotted_get
-from mmfl.bench.render import md_table, ms, paired
+from mmfl.bench.render import md_table, paired
+from mmfl.bench.spec_bcream_values import V, Lazy, Stat, _entries, _fields, _label, _need, scoped, seed_vals, setting_of
 from mmfl.bench.status import problem_lines, runs_line
 from mmfl.errors import ConfigError
-
-# ----------------------------------------------------------------------------- values in templates
-
-
-class V(dict):
-    """A value a template formats: ``{x.a.b}`` walks dicts, lists and attributes (``a|b``: the first
-    truthy); format specs: a number's (``.2f``), ``?yes|no`` (truthiness), ``pre=TEXT`` (TEXT + the
-    value, or nothing when it is None), ``paren`` (a list as `` (a, b)``, nothing when empty),
-    ``kv=k1,k2`` (a dict's ``k=v`` of those keys, in the dict's order), ``/SPEC`` (a list joined by
-    `` / ``, each item by SPEC; any other spec on a list: joined by ``, ``). None shows as ``—``."""
-
-    def __init__(self, v=None):
-        super().__init__()
-        self.v = v
-
-    def __contains__(self, k):
-        return True
-
-    def __getitem__(self, k):
-        for part in k.split("|"):
-            x = self.v.get(part) if isinstance(self.v, dict) else getattr(self.v, part, None)
-            if x or part == k.split("|")[-1]:
-                return x if isinstance(x, V) else V(x)
-
-    def __bool__(self):
-        return bool(self.v)
-
-    def __format__(self, spec):
-        v = self.v
-        if spec.startswith("?"):
-            yes, _, no = spec[1:].partition("|")
-            return yes if v else no
-        if spec.startswith("pre="):
-            return "" if v is None else spec[4:] + str(v)
-        if spec == "paren":
-            return f" ({', '.join(map(str, v))})" if v else ""
-        if spec.startswith("kv="):
-            keys = spec[3:].split(",")
-            return ", ".join(f"{k}={x}" for k, x in (v or {}).items() if k in keys)
-        if v is None or (isinstance(v, list) and not v and spec.startswith("/")):
-            return "—"
-        if isinstance(v, list) and spec:
-            sep, spec = (" / ", spec[1:]) if spec.startswith("/") else (", ", spec)
-            return sep.join(format(x, spec) for x in v)
-        return format(v, spec) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
-
-
-class Stat(dict):
-    """Values over seeds: ``{s}`` "mean ± std" (one value: the mean), ``{s:ms}`` / ``{s:ms2}``
-    :func:`mmfl.bench.render.ms` (1 / 2 digits, "(n/N)" when seeds are missing), ``{s:.1f}`` the
-    mean; ``{s.mean}``, ``{s.std}``, ``{s.n}``; "—" without values; false when empty."""
-
-    def __init__(self, vals: list[float], expected: int = 0):
-        super().__init__(n=len(vals), mean=float(np.mean(vals)) if vals else None,
-                         std=float(np.std(vals)) if vals else None)
-        self.vals, self.expected = vals, expected
-
-    def __bool__(self):
-        return bool(self.vals)
-
-    def __format__(self, spec):
-        if not self.vals:
-            return "—"
-        if spec in ("ms", "ms2"):
-            return ms(self.vals, self.expected, 2 if spec == "ms2" else 1)
-        if not spec:
-            return f"{self['mean']:.1f} ± {self['std']:.1f}" if len(self.vals) > 1 else f"{self['mean']:.1f}"
-        return format(self["mean"], spec)
-
-
-class Lazy(dict):
-    """A namespace whose ``{ns.<name>}`` is ``fn(name)``, computed when a template asks."""
-
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def __contains__(self, k):
-        return True
-
-    def __getitem__(self, k):
-        if not dict.__contains__(self, k):
-            dict.__setitem__(self, k, self.fn(k))
-        return dict.__getitem__(self, k)
-
-
-def scoped(f, **extra):
-    """The spec's fields ``f`` with ``extra`` names added (a setting's, a row's)."""
-    g = copy.copy(f)
-    g._vars = {}
-    base = f.lookup
-    g.lookup = lambda name, local=None: base(name, {**extra, **(local or {})})
-    return g
-
-
-def _fields(b, f, setting, group=None):
-    group = group or next((g for g in b.grid.groups if setting in b.grid.settings(g)), None)
-    label = b.grid.settings(group)[setting].label if setting else ""
-    return scoped(f, setting=setting or "", setting_label=label,
-                  seeds={k: g.seeds for k, g in b.grid.groups.items()})
-
-
-# ----------------------------------------------------------------------------- reading values
-
-
-def seed_vals(b, group: str, method: str, setting, key: str, reader: str = "final") -> dict:
-    """``{seed: value}`` of one entry; a ``key`` with ``*`` is the mean of the final row's keys it
-    matches (``target_cos/*``). An entry the grid does not have gives ``{}``."""
-    try:
-        names = b.names(group, method, setting)
-    except ConfigError:
-        return {}
-    if "*" not in key:
-        return b.results.by_seed(names, key, reader, False, b.grid.eval_key)
-    out = {}
-    for seed, name in names.items():
-        r = b.results.final(name, b.grid.eval_key or key) or {}
-        got = [v for k, v in r.items() if fnmatch.fnmatchcase(k, key)]
-        if got:
-            out[seed] = float(np.mean(got))
-    return out
-
-
-def _entries(b, group: str, which) -> list[str]:
-    g = b.grid.groups[group]
-    if which in ("methods", "extra", "all"):
-        return [*(g.methods if which != "extra" else ()), *(g.extra if which != "methods" else ())]
-    return [m for m in which if m in g.methods or m in g.extra]
-
-
-def _label(b, group, method) -> str:
-    return b.grid.entry(group, method).label
-
-
-def _need(b, need, setting) -> bool:
-    """True when one condition of ``need`` (a table or a list of them: ``group``, ``key``, ``reader``,
-    ``entries`` "methods" (default) | "all" | [keys]) has a value at ``setting``."""
-    for c in need if isinstance(need, list) else [need]:
-        if c["group"] in b.grid.groups and setting in b.grid.settings(c["group"]) and any(
-                seed_vals(b, c["group"], m, setting, c["key"], c.get("reader", "final"))
-                for m in _entries(b, c["group"], c.get("entries", "methods"))):
-            return True
-    return False
-
 
 # ----------------------------------------------------------------------------- kinds
 
@@ -212,9 +67,12 @@ def _has(f, name) -> bool:
 def stat_table(b, block: dict, f) -> list[str]:
     """A markdown table of ``rows`` (each ``{group, entries = "methods" | "extra" | [keys], cells}``)
     at the block's setting; per row ``{label}``, ``{key}``, ``{info.<k>}``, ``{overrides}`` (the
-    algorithm, then the entry's other ``set`` overrides as `key=value`) and ``{ms.<metric key>}``
-    (a :class:`Stat` over the row's seeds, ``metric.reader``); a row without a value of every
-    ``skip`` key is left out. ``intro`` / ``outro``: text around the table, only when it has rows."""
+    algorithm, then the entry's other ``set`` overrides as `key=value`), ``{ms.<metric key>}`` (a
+    :class:`Stat` over the row's seeds, ``metric.reader``), ``{runs}`` (its runs with a value) and
+    ``{<name>.<path>}`` of ``files = { name = "audit.json" }`` (a :class:`V` of its first run's file).
+    A cell ``{ text, when, else }``: ``text`` when the field ``when`` is truthy, else ``else`` ("—").
+    A row without a value of every ``skip`` key is left out. ``intro`` / ``outro``: text around the
+    table, only when it has rows."""
     st, reader = block.get("setting"), block.get("metric", {}).get("reader", "final")
     rows = []
     for rs in block["rows"]:
@@ -228,10 +86,17 @@ def stat_table(b, block: dict, f) -> list[str]:
             e = b.grid.entry(grp, m)
             over = dict(e.over.set)
             algo = over.pop("algorithm.name", None)
-            local = {"label": e.label, "key": m, "info": V(e.info),
+            names = b.names(grp, m, setting_of(b, grp, m, st)).values()
+            files = {k: V(next((x for x in (b.results.file(nm, fn) for nm in names) if x is not None), None))
+                     for k, fn in block.get("files", {}).items()}
+            local = {"label": e.label, "key": m, "info": V(e.info), **files,
+                     "runs": sum(b.results.file(nm, reader) is not None if reader.endswith(".json")
+                                 else b.results.finished(nm) for nm in names),
                      "overrides": " ".join([f"`{algo}`"] * bool(algo) + [f"`{k}={str(v).lower()}`" for k, v in over.items()]),
                      "ms": Lazy(lambda k, grp=grp, m=m: Stat(list(seed_vals(b, grp, m, st, k, reader).values()), n))}
-            rows.append([f.fill(c, **local) for c in rs.get("cells", block.get("cells"))])
+            g = scoped(f, **local)
+            rows.append([g.fill(c) if isinstance(c, str) else g.fill(c["text"] if g.lookup(c["when"]) else c.get("else", "—"))
+                         for c in rs.get("cells", block.get("cells"))])
     if not rows:
         return []
     out = f.fill(block["intro"]).split("\n") if "intro" in block else []
@@ -407,7 +272,29 @@ def file_text(b, block: dict, f) -> list[str]:
     return f.fill(block["text"], content=p.read_text().strip()).split("\n")
 
 
-KINDS = {"each_setting": each_setting, "stat_table": stat_table, "claims": claims, "stat_lines": stat_lines,
+def json_lines(b, block: dict, f) -> list[str]:
+    """Lines from a JSON file of each run (``file``, e.g. ``audit.json``) of the entries ``methods`` of
+    ``group`` at the block's setting: per run, ``line`` (before its items), ``item`` for each item of
+    the list or dict at ``each`` (a ``/`` path) and ``after``. Fields: ``{run.<path>}`` (the file, a
+    :class:`V`), ``{item.<path>}``, ``{id}`` (the item's key or index), ``{label}``, ``{seed}``,
+    ``{info.<k>}``. A run without the file (or the path) gives nothing."""
+    g, out = block["group"], []
+    for m in _entries(b, g, block.get("methods", "methods")):
+        e = b.grid.entry(g, m)
+        for seed, name in b.names(g, m, setting_of(b, g, m, block.get("setting"))).items():
+            doc = b.results.file(name, block["file"])
+            items = dotted_get(doc or {}, block["each"].replace("/", ".")) if "each" in block else []
+            if doc is None or items is None:
+                continue
+            local = {"run": V(doc), "label": e.label, "seed": seed, "info": V(e.info)}
+            pairs = items.items() if isinstance(items, dict) else enumerate(items)
+            out += [f.fill(block["line"], **local)] if "line" in block else []
+            out += [f.fill(block["item"], id=k, item=V(x), **local) for k, x in pairs] if "item" in block else []
+            out += [f.fill(block["after"], **local)] if "after" in block else []
+    return out
+
+
+KINDS = {"each_setting": each_setting, "json_lines": json_lines, "stat_table": stat_table, "claims": claims, "stat_lines": stat_lines,
          "config_lines": config_lines, "runs_status": runs_status, "file_text": file_text}
 KEYS = {"blocks", "need", "empty", "setting", "rows", "skip", "outro", "untestable", "after", "count", "min_n",
-        "rankings", "lines", "lets", "lists", "file", "filter", "nested"}
+        "rankings", "lines", "lets", "lists", "file", "filter", "nested", "files", "each", "item"}

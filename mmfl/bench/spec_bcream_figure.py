@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from mmfl.bench.render import md_table
-from mmfl.bench.spec_bcream import _fields
+from mmfl.bench.spec_bcream_values import _fields
 
 
 def points(b, block: dict, setting: str) -> dict[str, list[dict]]:
