@@ -121,8 +121,8 @@ def _claims(b, block, f) -> list[tuple[dict, dict]]:
     g, st = block["group"], block.get("setting")
     m = block.get("metric", {})
     key, reader = m.get("key", "accuracy"), m.get("reader", "final")
-    out = []
-    for p in block["pairs"]:
+    out, pairs = [], block["pairs"]
+    for p in f.spec.get("pairs", {})[pairs] if isinstance(pairs, str) else pairs:  # a list of the spec's [pairs]
         d = p if isinstance(p, dict) else {"a": p[0], "b": p[1], **({"label": p[2]} if len(p) > 2 else {})}
         sides = [{**d, "a": x} for x in _entries(b, g, "methods")] if d["a"] == "*" else [d]
         for d in sides:
@@ -144,7 +144,8 @@ def _claims(b, block, f) -> list[tuple[dict, dict]]:
 
 def claims(b, block: dict, f) -> list[str]:
     """Paired claims "a > b" over seeds (:func:`mmfl.bench.render.paired`): ``pairs`` of
-    ``[a, b]``, ``[a, b, label]`` or ``{a, b, label, count = false, <field> = ...}`` (``a = "*"``: every
+    ``[a, b]``, ``[a, b, label]`` or ``{a, b, label, count = false, <field> = ...}`` (or the name of
+    a list in the spec's ``[pairs]``) (``a = "*"``: every
     method of the group); a side without values is left out, as is a pair under ``min_n`` (2)
     seeds unless ``untestable`` gives its row. Rows: ``line`` ({label} {a} {b} {delta} {lo} {hi} {p}
     {n} {word} {diffs}) under ``header``; then ``after``; then ``count`` (a sentence of {n} {held}
