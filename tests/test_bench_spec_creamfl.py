@@ -15,7 +15,7 @@ import pytest
 from bench_spec_fixtures import fixture_grid, render_lines
 
 from mmfl.bench.spec import TableSpec
-from mmfl.bench.spec_bcream import V, Stat
+from mmfl.bench.spec_bcream_values import V, Stat
 from mmfl.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
