@@ -1,5 +1,5 @@
 """CreamFL paper benchmark (Tables 1, 2 and 3, Figure 4) on two small image-pair settings: the
-grid ``grid.toml`` (groups, methods, seeds; Table 2's VQA step) and its tables ``tables.py``,
+grid ``grid.toml`` (groups, methods, seeds) and its table spec ``tables.toml`` (and Table 2's VQA step),
 run by the benchmark toolkit (``mmfl bench``, docs/benchmarks.md).
 
     .venv/bin/python benchmarks/creamfl/run.py               # everything -> benchmarks/results/creamfl.md

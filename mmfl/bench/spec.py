@@ -49,6 +49,8 @@ KIND_MODULES = (
     "mmfl.bench.spec_planned",
     "mmfl.bench.spec_coefs",
     "mmfl.bench.perf_render",
+    "mmfl.bench.spec_by_setting",
+    "mmfl.bench.spec_errorbar",
 )
 
 BLOCK_KEYS = {"text", "kind", "group", "rows", "extra", "header", "cells", "metric", "row", "pairs", "scale",
@@ -197,9 +199,14 @@ class TableSpec:
         self._hooks = None if hooks is None else hooks if not hooks.endswith(".py") else Path(path).parent / hooks
 
     def __getattr__(self, name: str):
-        """The post-run hooks (``done``, ``post``, a group's ``post.call``) of the Python file the spec's
-        ``hooks = "probe.py"`` names: what runs after a run is code; the report stays data."""
-        if name.startswith("_") or self.__dict__.get("_hooks") is None:
+        """The post-run hooks (``done``, ``post``, a group's ``post.call``): a step of the spec's own
+        ``[post.<name>]`` (:meth:`_post_step`), else a function of the Python file or module the
+        spec's ``hooks = "probe.py"`` names: what runs after a run is code; the report stays data."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in self.__dict__.get("spec", {}).get("post", {}):
+            return self._post_step(name)
+        if self.__dict__.get("_hooks") is None:
             raise AttributeError(name)
         import importlib.util
 
@@ -210,6 +217,21 @@ class TableSpec:
             self._hooks_mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(self._hooks_mod)
         return getattr(self._hooks_mod, name)
+
+    def _post_step(self, name: str):
+        """A post-run step of the spec's ``[post.<name>]`` (``function = "module:fn"``, ``args``,
+        ``writes``): ``fn(run_dir, **args)``, its result written as JSON to ``run_dir/<writes>`` when
+        given; what a grid group's ``post = { call = "<name>", ... }`` runs."""
+        step = self.spec["post"][name]
+
+        def post(raw, cfg, run_dir, exp):
+            mod, _, fn = step["function"].partition(":")
+            out = getattr(importlib.import_module(mod), fn)(run_dir, **step.get("args", {}))
+            if "writes" in step:
+                import json
+
+                (Path(run_dir) / step["writes"]).write_text(json.dumps(out, indent=1) + "\n")
+        return post
 
     def report(self, b) -> list[str]:
         f = Fields(b, self.spec)
