@@ -60,9 +60,6 @@ def test_bench_options_set_device_and_batch_clients_and_plan_runs_nothing(tmp_pa
     assert "grid-paper.toml: 45 runs" in capsys.readouterr().out and not any(tmp_path.iterdir())
     assert bench_main(grid, ["--plan", "--batch-clients", "maybe"]) == 2  # one error line
     assert "mmfl: error: --batch-clients: true or false" in capsys.readouterr().err
-    prof = _module(BENCH / "profiles.py", "bench_profiles")  # fedcmi's / creamfl's run.py: --profile picks the file
-    assert prof.main(BENCH / "moon", ["--profile", "paper", "--plan"]) == 0
-    assert "grid-paper.toml: 45 runs" in capsys.readouterr().out
 
 
 def test_accelerator_plan_checks_every_cell_config_on_cpu(tmp_path):
