@@ -136,7 +136,7 @@ def _claims(b, block, f) -> list[tuple[dict, dict]]:
             seeds = [s for s in sorted(a[0]) if s in c[0]]
             local = {**extra, "a": a[1], "b": c[1], "diffs": V([a[0][s] - c[0][s] for s in seeds]),
                      **{k: v.get(k) for k in ("delta", "lo", "hi", "p", "n")},
-                     "word": v.get("text", "").split(" (")[0]}
+                     "word": v.get("word", "")}
             local["label"] = f.fill(d.get("label", "{a} > {b}"), **local)
             out.append((d, local, v))
     return out
@@ -166,8 +166,8 @@ def claims(b, block: dict, f) -> list[str]:
                  if (x := seed_vals(b, block["group"], m, block.get("setting"), key))}
         order = " > ".join(f"{_label(b, block['group'], m)} ({means[m]:.1f})" for m in sorted(means, key=lambda m: -means[m]))
         out += f.fill(block["count"], n=len(counted), held=sum(v["delta"] > 0 for v in counted), order=order,
-                      holds=sum(v["text"].startswith("holds") for v in counted),
-                      reversed=sum(v["text"].startswith("**reversed**") for v in counted)).split("\n")
+                      holds=sum(v["word"] == "holds" for v in counted),
+                      reversed=sum(v["word"] == "**reversed**" for v in counted)).split("\n")
     return out
 
 

@@ -274,7 +274,7 @@ def paired_rows(b, block: dict, f) -> list[str]:
                 continue
             a, c = [va[k] for k in seeds], [vb[k] for k in seeds]
             v = paired_verdict(a, c, sc)
-            word = v["text"].split(" (")[0] if len(seeds) >= n_min else f"not claimed ({len(seeds)} seeds)"
+            word = v["word"] if len(seeds) >= n_min else f"not claimed ({len(seeds)} seeds)"
             rows.append([f"{s.label}: {what}", cell(c), cell(a), f"{v['delta']:+.{dg}f}",
                          f"[{v['lo']:+.{dg}f}, {v['hi']:+.{dg}f}]", f"{v['p']:.3g}", len(seeds), word])
             if key == block.get("per_seed"):

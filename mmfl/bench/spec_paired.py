@@ -21,10 +21,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from mmfl.bench.render import MIN_SEEDS_FOR_CLAIM, md_table
 from mmfl.bench.results import finite
+from mmfl.bench.spec_kinds import _aggregate
 from mmfl.errors import ConfigError
 
 METRIC = {"key": "accuracy", "reader": "final", "agg": "ms", "scale": 100.0, "digits": 1}
@@ -58,14 +57,11 @@ def _eval_key(b, key: str) -> str | None:
 
 
 def _agg(vals: dict, n_expected: int, m: dict) -> str:
-    from mmfl.bench.render import ms
-
-    v = list(vals.values())
-    if m["agg"] == "ms":  # "mean ± std" (population), "(n/N)" when seeds are missing, "—" for none
-        return ms(v, n_expected, m["digits"], m["scale"])
-    if m["agg"] == "mean":
-        return f"{m['scale'] * np.mean(v):.{m['digits']}f}" if v else "—"
-    raise ConfigError(f"table spec: metric.agg: 'ms' or 'mean', got {m['agg']!r}")
+    """``ms``: "mean ± std" (population), "(n/N)" when seeds are missing; ``mean``
+    (:func:`mmfl.bench.spec_kinds._aggregate`); "—" for none."""
+    if m["agg"] not in ("ms", "mean"):
+        raise ConfigError(f"table spec: metric.agg: 'ms' or 'mean', got {m['agg']!r}")
+    return _aggregate(vals, n_expected, m)
 
 
 def setting_columns(b, block: dict, f) -> list[str]:
@@ -91,12 +87,6 @@ def setting_columns(b, block: dict, f) -> list[str]:
     return md_table([f.fill(h) for h in block["header"]], body)
 
 
-def _word(v: dict) -> str:
-    if v["n"] < MIN_SEEDS_FOR_CLAIM:
-        return f"not claimed ({v['n']} seeds)"
-    return "holds" if v["text"].startswith("holds") else "**reversed**" if "reversed" in v["text"] else "unresolved"
-
-
 def claim_verdict(va: dict, vb: dict, scale: float) -> dict:
     """:func:`mmfl.sweep.paired_verdict` of a − b over the seeds both ``{seed: value}`` have (in a's
     order), with ``word``: holds / **reversed** / unresolved / not claimed (n seeds)."""
@@ -104,7 +94,7 @@ def claim_verdict(va: dict, vb: dict, scale: float) -> dict:
 
     common = [k for k in va if k in vb]
     v = paired_verdict([va[k] for k in common], [vb[k] for k in common], scale)
-    return {**v, "word": _word(v)}
+    return {**v, "word": v["word"] if v["n"] >= MIN_SEEDS_FOR_CLAIM else f"not claimed ({v['n']} seeds)"}
 
 
 def claim_head(unit: str) -> list[str]:
