@@ -22,8 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from mmfl.bench.render import MIN_SEEDS_FOR_CLAIM, md_table
-from mmfl.bench.results import finite
 from mmfl.bench.spec_kinds import _aggregate
+from mmfl.bench.spec_read import _m, by_seed as read_by_seed
 from mmfl.errors import ConfigError
 
 METRIC = {"key": "accuracy", "reader": "final", "agg": "ms", "scale": 100.0, "digits": 1}
@@ -37,18 +37,14 @@ def _metric(m: dict | None, base: dict | None = None) -> dict:
 
 
 def by_seed(b, group: str, method: str, setting: str | None, m: dict) -> dict[int, float]:
-    """``{seed: value}`` of the finished runs with a finite value (``key`` a list: the first one present)."""
-    keys = m["key"] if isinstance(m["key"], list) else [m["key"]]
-    out = {}
-    for seed, name in b.names(group, method, setting).items():
-        if m["reader"] == "sum":
-            v = sum(r.get(keys[0], 0.0) for r in b.results.rows(name)) if b.results.final(name) else None
-        else:
-            v = next((x for k in keys if (x := b.results.value(name, k, m["reader"], _eval_key(b, k))) is not None),
-                     None)
-        if finite(v):
-            out[seed] = float(v)
-    return out
+    """``{seed: value}`` of the finished runs with a finite value (:func:`mmfl.bench.spec_read.by_seed`;
+    ``key`` a list: per seed the first one present; ``reader = "sum"``: the key summed over a run's rows)."""
+    names, out = b.names(group, method, setting), {}
+    for k in m["key"] if isinstance(m["key"], list) else [m["key"]]:
+        mk = _m(None, key=f"sum:{k}", reader="rows") if m["reader"] == "sum" else \
+            _m(None, key=k, reader=m["reader"], eval_key=_eval_key(b, k))
+        out.update({s: v for s, v in read_by_seed(b, names, mk).items() if s not in out})
+    return {s: out[s] for s in names if s in out}
 
 
 def _eval_key(b, key: str) -> str | None:
