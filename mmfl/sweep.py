@@ -159,11 +159,11 @@ def verdict(a: list[float], b: list[float], scale: float = 1.0) -> tuple[float, 
 
 
 def paired_verdict(a: list[float], b: list[float], scale: float = 1.0, n_boot: int = 10_000,
-                   level: float = 0.95) -> dict:
+                   level: float = 0.95, rng=None) -> dict:
     """A claim "a > b" over *paired* seeds (``a[i]`` and ``b[i]`` ran with the same seed: same
     partition, initialisation and sampling). Returns ``delta`` (mean of the per-seed differences
     x ``scale``), ``lo``/``hi`` (the percentile bootstrap ``level`` confidence interval of that
-    mean, ``n_boot`` resamples of the seeds, a fixed generator), ``p`` (two-sided paired t-test,
+    mean, ``n_boot`` resamples of the seeds, a fixed generator, or ``rng`` to draw a table's rows from one), ``p`` (two-sided paired t-test,
     ``scipy.stats.ttest_rel``), ``n`` and ``text``: the claim *holds* when the interval lies
     above 0 and p < 0.05, is **reversed** when the interval lies below 0 and p < 0.05, else it
     is *unresolved*; ``word`` is that verdict alone (holds / **reversed** / unresolved / not testable),
@@ -182,7 +182,7 @@ def paired_verdict(a: list[float], b: list[float], scale: float = 1.0, n_boot: i
         out["word"] = "not testable"
         out["text"] = f"not testable ({n} paired seed{'s' if n != 1 else ''})"
         return out
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(0) if rng is None else rng
     means = d[rng.integers(0, n, size=(n_boot, n))].mean(axis=1)
     out["lo"], out["hi"] = (float(np.quantile(means, q)) for q in ((1 - level) / 2, (1 + level) / 2))
     if np.ptp(d) > 0:

@@ -141,20 +141,13 @@ def pairs(b, block: dict, f) -> list[str]:
 def _pair_stats(va: dict, vb: dict, scale: float, rng) -> dict | None:
     """mean, 95% bootstrap CI (10,000 resamples; from ``rng``, else :func:`mmfl.sweep.paired_verdict`'s
     own generator) and paired t-test p of a − b over the seeds both have; None under 2 seeds."""
-    from scipy.stats import ttest_rel
-
     from mmfl.sweep import paired_verdict
 
     seeds = sorted(k for k in va if k in vb and va[k] is not None and vb[k] is not None)
     if len(seeds) < 2:
         return None
-    a, c = [va[k] for k in seeds], [vb[k] for k in seeds]
-    if rng is None:
-        v = paired_verdict(a, c, scale)
-        return {"mean": v["delta"], "lo": v["lo"], "hi": v["hi"], "p": v["p"], "n": len(seeds)}
-    d = np.array([scale * (x - y) for x, y in zip(a, c)])
-    lo, hi = np.quantile(d[rng.integers(0, len(d), (10000, len(d)))].mean(1), [0.025, 0.975])
-    return {"mean": d.mean(), "lo": lo, "hi": hi, "p": ttest_rel(a, c).pvalue, "n": len(seeds)}
+    v = paired_verdict([va[k] for k in seeds], [vb[k] for k in seeds], scale, rng=rng)
+    return {"mean": v["delta"], "lo": v["lo"], "hi": v["hi"], "p": v["p"], "n": len(seeds)}
 
 
 def rounds_to_reach(b, block: dict, f) -> list[str]:
