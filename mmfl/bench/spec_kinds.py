@@ -45,14 +45,14 @@ def _aggregate(vals: dict, n_expected: int, m: dict) -> str:
 
 def _compare(vals: dict, base: dict, m: dict) -> dict:
     """``{diff}``: the per-seed differences to the base method (x scale) as "mean [min, max]";
-    ``{p}``: their paired t-test (``scipy.stats.ttest_rel``), over the seeds both have."""
-    from scipy.stats import ttest_rel
+    ``{p}``: their paired t-test (:func:`mmfl.sweep.paired_verdict`'s), over the seeds both have."""
+    from mmfl.sweep import paired_verdict
 
     seeds = [k for k in vals if k in base and vals[k] is not None and base[k] is not None]
     if len(seeds) < 2:
         return {"diff": "—", "p": "—"}
     d, dg = [m["scale"] * (vals[k] - base[k]) for k in seeds], m["digits"]
-    p = ttest_rel([vals[k] for k in seeds], [base[k] for k in seeds]).pvalue
+    p = paired_verdict([vals[k] for k in seeds], [base[k] for k in seeds])["p"]
     return {"diff": f"{statistics.mean(d):+.{dg}f} [{min(d):+.{dg}f}, {max(d):+.{dg}f}]", "p": f"{p:.3g}"}
 
 
