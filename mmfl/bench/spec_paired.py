@@ -26,7 +26,7 @@ from mmfl.bench.spec_kinds import _aggregate
 from mmfl.bench.spec_read import _m, by_seed as read_by_seed
 from mmfl.errors import ConfigError
 
-METRIC = {"key": "accuracy", "reader": "final", "agg": "ms", "scale": 100.0, "digits": 1}
+METRIC = {"key": "accuracy", "reader": "final", "agg": "ms", "scale": 100.0, "digits": 1, "eval_key": None}
 
 
 def _metric(m: dict | None, base: dict | None = None) -> dict:
@@ -42,7 +42,7 @@ def by_seed(b, group: str, method: str, setting: str | None, m: dict) -> dict[in
     names, out = b.names(group, method, setting), {}
     for k in m["key"] if isinstance(m["key"], list) else [m["key"]]:
         mk = _m(None, key=f"sum:{k}", reader="rows") if m["reader"] == "sum" else \
-            _m(None, key=k, reader=m["reader"], eval_key=_eval_key(b, k))
+            _m(None, key=k, reader=m["reader"], eval_key=m["eval_key"] or _eval_key(b, k))
         out.update({s: v for s, v in read_by_seed(b, names, mk).items() if s not in out})
     return {s: out[s] for s in names if s in out}
 
