@@ -159,14 +159,15 @@ def verdict(a: list[float], b: list[float], scale: float = 1.0) -> tuple[float, 
 
 
 def paired_verdict(a: list[float], b: list[float], scale: float = 1.0, n_boot: int = 10_000,
-                   level: float = 0.95) -> dict:
+                   level: float = 0.95, rng=None) -> dict:
     """A claim "a > b" over *paired* seeds (``a[i]`` and ``b[i]`` ran with the same seed: same
     partition, initialisation and sampling). Returns ``delta`` (mean of the per-seed differences
     x ``scale``), ``lo``/``hi`` (the percentile bootstrap ``level`` confidence interval of that
-    mean, ``n_boot`` resamples of the seeds, a fixed generator), ``p`` (two-sided paired t-test,
+    mean, ``n_boot`` resamples of the seeds, a fixed generator, or ``rng`` to draw a table's rows from one), ``p`` (two-sided paired t-test,
     ``scipy.stats.ttest_rel``), ``n`` and ``text``: the claim *holds* when the interval lies
     above 0 and p < 0.05, is **reversed** when the interval lies below 0 and p < 0.05, else it
-    is *unresolved*. Both are asked for because a bootstrap over 5 seeds alone is too narrow
+    is *unresolved*; ``word`` is that verdict alone (holds / **reversed** / unresolved / not testable),
+    the one place the kinds of :mod:`mmfl.bench` take it from. Both are asked for because a bootstrap over 5 seeds alone is too narrow
     (it never reaches beyond the observed differences). Fewer than 2 pairs: ``text`` says so."""
     import numpy as np
     from scipy import stats
@@ -178,9 +179,10 @@ def paired_verdict(a: list[float], b: list[float], scale: float = 1.0, n_boot: i
     out = {"delta": float(d.mean()) if n else float("nan"), "lo": float("nan"), "hi": float("nan"),
            "p": float("nan"), "n": n}
     if n < 2:
+        out["word"] = "not testable"
         out["text"] = f"not testable ({n} paired seed{'s' if n != 1 else ''})"
         return out
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(0) if rng is None else rng
     means = d[rng.integers(0, n, size=(n_boot, n))].mean(axis=1)
     out["lo"], out["hi"] = (float(np.quantile(means, q)) for q in ((1 - level) / 2, (1 + level) / 2))
     if np.ptp(d) > 0:
@@ -191,11 +193,12 @@ def paired_verdict(a: list[float], b: list[float], scale: float = 1.0, n_boot: i
         out["p"] = 1.0
     ci = f"95% CI [{out['lo']:+.1f}, {out['hi']:+.1f}], p = {out['p']:.3f}, n = {n}"
     if out["lo"] > 0 and out["p"] < 0.05:
-        out["text"] = f"holds ({ci})"
+        out["word"] = "holds"
     elif out["hi"] < 0 and out["p"] < 0.05:
-        out["text"] = f"**reversed** ({ci})"
+        out["word"] = "**reversed**"
     else:
-        out["text"] = f"unresolved ({ci})"
+        out["word"] = "unresolved"
+    out["text"] = f"{out['word']} ({ci})"
     return out
 
 

@@ -12,6 +12,7 @@ import pytest
 from bench_spec_fixtures import MACHINE, make_runs
 
 from mmfl.bench import load_grid
+from mmfl.bench.results import Results
 from mmfl.bench.runner import _SPECS, redirect, render
 from mmfl.bench.spec_paired import claims, count_sentence, setting_columns
 from mmfl.errors import ConfigError
@@ -63,6 +64,11 @@ class _Results:
 
     def rows(self, name):
         return [self.vals[name]] if name in self.vals else []
+
+    def finished(self, name):
+        return name in self.vals
+
+    by_seed = Results.by_seed  # the real per-seed reader, over these values
 
 
 class _Grid:

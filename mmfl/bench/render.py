@@ -45,7 +45,7 @@ def paired(a: dict[int, float | None], b: dict[int, float | None], scale: float 
     div = sum(a[k] is None for k in seeds) + sum(b[k] is None for k in seeds)
     fill = lambda v: fail_value if v is None else v  # noqa: E731
     v = paired_verdict([scale * fill(a[k]) for k in seeds], [scale * fill(b[k]) for k in seeds])
-    v["claim"] = "a > b" if v["text"].startswith("holds") else "a < b" if "reversed" in v["text"] else "no ordering"
+    v["claim"] = {"holds": "a > b", "**reversed**": "a < b"}.get(v["word"], "no ordering")
     v["seeds"], v["diverged"] = seeds, div
     return v
 
@@ -74,8 +74,7 @@ def verdict_cell(v: dict, digits: int = 1) -> str:
     under 2 pairs)."""
     if v["n"] < 2:
         return "—"
-    word = "holds" if v["text"].startswith("holds") else "**reversed**" if "reversed" in v["text"] else "unresolved"
-    return f"{v['delta']:+.{digits}f} [{v['lo']:+.{digits}f}, {v['hi']:+.{digits}f}], p {v['p']:.3f}: {word}"
+    return f"{v['delta']:+.{digits}f} [{v['lo']:+.{digits}f}, {v['hi']:+.{digits}f}], p {v['p']:.3f}: {v['word']}"
 
 
 def verdict_count(verdicts: list[str], what: str) -> str:

@@ -3,7 +3,7 @@
 entries, cells of ``{ms.<key>}`` statistics), ``claims`` (paired "a > b" claims over seeds, with a
 count sentence), ``stat_lines`` (sentences of rankings and statistics), ``config_lines`` (a
 setting's resolved config as text), ``errorbar_figure`` (points of series over seeds, a plot and
-its table), ``runs_status`` and ``file_text``. Format: docs/benchmarks.md "Table specs"."""
+its table) and ``file_text`` (runs finished and failed: ``run_status`` of :mod:`mmfl.bench.spec_sweeps`). Format: docs/benchmarks.md "Table specs"."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import numpy as np
 from mmfl.bench.grid import dotted_get
 from mmfl.bench.render import md_table, paired
 from mmfl.bench.spec_values import V, Lazy, Stat, _entries, _fields, _label, _need, scoped, seed_vals, setting_of
-from mmfl.bench.status import problem_lines, runs_line
 from mmfl.errors import ConfigError
 
 # ----------------------------------------------------------------------------- kinds
@@ -136,7 +135,7 @@ def _claims(b, block, f) -> list[tuple[dict, dict]]:
             seeds = [s for s in sorted(a[0]) if s in c[0]]
             local = {**extra, "a": a[1], "b": c[1], "diffs": V([a[0][s] - c[0][s] for s in seeds]),
                      **{k: v.get(k) for k in ("delta", "lo", "hi", "p", "n")},
-                     "word": v.get("text", "").split(" (")[0]}
+                     "word": v.get("word", "")}
             local["label"] = f.fill(d.get("label", "{a} > {b}"), **local)
             out.append((d, local, v))
     return out
@@ -166,8 +165,8 @@ def claims(b, block: dict, f) -> list[str]:
                  if (x := seed_vals(b, block["group"], m, block.get("setting"), key))}
         order = " > ".join(f"{_label(b, block['group'], m)} ({means[m]:.1f})" for m in sorted(means, key=lambda m: -means[m]))
         out += f.fill(block["count"], n=len(counted), held=sum(v["delta"] > 0 for v in counted), order=order,
-                      holds=sum(v["text"].startswith("holds") for v in counted),
-                      reversed=sum(v["text"].startswith("**reversed**") for v in counted)).split("\n")
+                      holds=sum(v["word"] == "holds" for v in counted),
+                      reversed=sum(v["word"] == "**reversed**" for v in counted)).split("\n")
     return out
 
 
@@ -252,17 +251,6 @@ def _fill_obj(template, obj) -> str:
     return F().vformat(template, (), {})
 
 
-def runs_status(b, block: dict, f) -> list[str]:
-    """The "- Runs: n of N planned finished; summed run time ..." line (the finished runs' summed
-    round wall times, read off their last row with ``metric.key``; the last invocation's record),
-    then the failed runs (:func:`mmfl.bench.status.problem_lines`)."""
-    key = block.get("metric", {}).get("key", "accuracy")
-    done = b.finished()
-    run_s = sum((b.results.final(n, key) or {}).get("_wall", 0.0) for n in done)
-    out = [runs_line(len(done), len(b.runs), run_s, b.last_invocation()), "", *problem_lines(b.failed())]
-    return out[:-1] if out[-1] == "" else out
-
-
 def file_text(b, block: dict, f) -> list[str]:
     """``text`` with ``{content}``: the stripped text of ``file`` (a template, relative to the grid's
     root); nothing when ``file`` is empty or missing."""
@@ -296,6 +284,6 @@ def json_lines(b, block: dict, f) -> list[str]:
 
 
 KINDS = {"each_setting": each_setting, "json_lines": json_lines, "stat_table": stat_table, "seed_claims": claims, "stat_lines": stat_lines,
-         "config_lines": config_lines, "runs_status": runs_status, "file_text": file_text}
+         "config_lines": config_lines, "file_text": file_text}
 KEYS = {"blocks", "need", "empty", "setting", "rows", "skip", "outro", "untestable", "after", "count", "min_n",
         "rankings", "lines", "lets", "lists", "file", "filter", "nested", "files", "each", "item"}

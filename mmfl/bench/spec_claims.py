@@ -1,6 +1,6 @@
 """Table-spec kinds of claims "a > b" judged by the seed spread (:func:`mmfl.sweep.verdict`; a paired
 test is :mod:`mmfl.bench.spec_verdicts`'): ``claims`` (a table, or with ``count`` one sentence counting
-its verdicts), ``ranking`` (the methods ordered by their means), ``gap_trend`` (a − b along an axis, and
+its verdicts), ``gap_trend`` (a − b along an axis, and
 whether it grows) and ``same_check`` (pairs that should agree: their means and largest per-seed
 difference). A side is a method key or ``{ method, setting, group, label }``; its values are the metric
 over its seeds (:func:`mmfl.bench.spec_read.by_seed`). Format: docs/benchmarks.md "Table specs"."""
@@ -68,19 +68,6 @@ def claims(b, block: dict, f) -> list[str]:
         return []
     intro = [f.fill(block["intro"]), ""] if "intro" in block else []
     return intro + md_table([f.fill(h) for h in block.get("header", CLAIM_HEAD)], []) + [line for line, _ in rows]
-
-
-def ranking(b, block: dict, f) -> list[str]:
-    """``line`` with ``{order}``: the methods of ``group`` at ``setting`` with values, by their mean
-    (descending), as "label (mean)" joined by " > "; nothing when none has values."""
-    m = _m(block.get("metric"), agg="mean")
-    vals = {mk: v for mk in b.methods(block["group"]) if (v := side(b, block, mk, f, m)[1])}
-    order = sorted(vals, key=lambda k: -np.mean(vals[k]))
-    if not order:
-        return []
-    text = " > ".join(f"{b.methods(block['group'])[k].label} ({m['scale'] * np.mean(vals[k]):.{m['digits']}f})"
-                      for k in order)
-    return [f.fill(block["line"], order=text)]
 
 
 def gap_trend(b, block: dict, f) -> list[str]:
@@ -166,7 +153,7 @@ def method_diffs(b, block: dict, f) -> list[str]:
     return [f.fill(block["line"], items=", ".join(items))] if items else []
 
 
-KINDS = {"claims": claims, "ranking": ranking, "gap_trend": gap_trend, "same_check": same_check,
+KINDS = {"claims": claims, "gap_trend": gap_trend, "same_check": same_check,
          "compare_line": compare_line, "method_diffs": method_diffs}
 KEYS = {"id", "of", "chain", "chain_label", "always", "count", "what", "points", "item", "grows", "not", "setting",
         "sides", "clauses", "needs", "sep"}

@@ -45,14 +45,14 @@ def _aggregate(vals: dict, n_expected: int, m: dict) -> str:
 
 def _compare(vals: dict, base: dict, m: dict) -> dict:
     """``{diff}``: the per-seed differences to the base method (x scale) as "mean [min, max]";
-    ``{p}``: their paired t-test (``scipy.stats.ttest_rel``), over the seeds both have."""
-    from scipy.stats import ttest_rel
+    ``{p}``: their paired t-test (:func:`mmfl.sweep.paired_verdict`'s), over the seeds both have."""
+    from mmfl.sweep import paired_verdict
 
     seeds = [k for k in vals if k in base and vals[k] is not None and base[k] is not None]
     if len(seeds) < 2:
         return {"diff": "—", "p": "—"}
     d, dg = [m["scale"] * (vals[k] - base[k]) for k in seeds], m["digits"]
-    p = ttest_rel([vals[k] for k in seeds], [base[k] for k in seeds]).pvalue
+    p = paired_verdict([vals[k] for k in seeds], [base[k] for k in seeds])["p"]
     return {"diff": f"{statistics.mean(d):+.{dg}f} [{min(d):+.{dg}f}, {max(d):+.{dg}f}]", "p": f"{p:.3g}"}
 
 
@@ -141,20 +141,13 @@ def pairs(b, block: dict, f) -> list[str]:
 def _pair_stats(va: dict, vb: dict, scale: float, rng) -> dict | None:
     """mean, 95% bootstrap CI (10,000 resamples; from ``rng``, else :func:`mmfl.sweep.paired_verdict`'s
     own generator) and paired t-test p of a − b over the seeds both have; None under 2 seeds."""
-    from scipy.stats import ttest_rel
-
     from mmfl.sweep import paired_verdict
 
     seeds = sorted(k for k in va if k in vb and va[k] is not None and vb[k] is not None)
     if len(seeds) < 2:
         return None
-    a, c = [va[k] for k in seeds], [vb[k] for k in seeds]
-    if rng is None:
-        v = paired_verdict(a, c, scale)
-        return {"mean": v["delta"], "lo": v["lo"], "hi": v["hi"], "p": v["p"], "n": len(seeds)}
-    d = np.array([scale * (x - y) for x, y in zip(a, c)])
-    lo, hi = np.quantile(d[rng.integers(0, len(d), (10000, len(d)))].mean(1), [0.025, 0.975])
-    return {"mean": d.mean(), "lo": lo, "hi": hi, "p": ttest_rel(a, c).pvalue, "n": len(seeds)}
+    v = paired_verdict([va[k] for k in seeds], [vb[k] for k in seeds], scale, rng=rng)
+    return {"mean": v["delta"], "lo": v["lo"], "hi": v["hi"], "p": v["p"], "n": len(seeds)}
 
 
 def rounds_to_reach(b, block: dict, f) -> list[str]:
@@ -274,7 +267,7 @@ def paired_rows(b, block: dict, f) -> list[str]:
                 continue
             a, c = [va[k] for k in seeds], [vb[k] for k in seeds]
             v = paired_verdict(a, c, sc)
-            word = v["text"].split(" (")[0] if len(seeds) >= n_min else f"not claimed ({len(seeds)} seeds)"
+            word = v["word"] if len(seeds) >= n_min else f"not claimed ({len(seeds)} seeds)"
             rows.append([f"{s.label}: {what}", cell(c), cell(a), f"{v['delta']:+.{dg}f}",
                          f"[{v['lo']:+.{dg}f}, {v['hi']:+.{dg}f}]", f"{v['p']:.3g}", len(seeds), word])
             if key == block.get("per_seed"):

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from mmfl.bench.render import MIN_SEEDS_FOR_CLAIM, md_table
-from mmfl.bench.results import finite
+from mmfl.bench.spec_kinds import _aggregate
+from mmfl.bench.spec_read import _m, by_seed as read_by_seed
 from mmfl.errors import ConfigError
 
-METRIC = {"key": "accuracy", "reader": "final", "agg": "ms", "scale": 100.0, "digits": 1}
+METRIC = {"key": "accuracy", "reader": "final", "agg": "ms", "scale": 100.0, "digits": 1, "eval_key": None}
 
 
 def _metric(m: dict | None, base: dict | None = None) -> dict:
@@ -38,18 +37,14 @@ def _metric(m: dict | None, base: dict | None = None) -> dict:
 
 
 def by_seed(b, group: str, method: str, setting: str | None, m: dict) -> dict[int, float]:
-    """``{seed: value}`` of the finished runs with a finite value (``key`` a list: the first one present)."""
-    keys = m["key"] if isinstance(m["key"], list) else [m["key"]]
-    out = {}
-    for seed, name in b.names(group, method, setting).items():
-        if m["reader"] == "sum":
-            v = sum(r.get(keys[0], 0.0) for r in b.results.rows(name)) if b.results.final(name) else None
-        else:
-            v = next((x for k in keys if (x := b.results.value(name, k, m["reader"], _eval_key(b, k))) is not None),
-                     None)
-        if finite(v):
-            out[seed] = float(v)
-    return out
+    """``{seed: value}`` of the finished runs with a finite value (:func:`mmfl.bench.spec_read.by_seed`;
+    ``key`` a list: per seed the first one present; ``reader = "sum"``: the key summed over a run's rows)."""
+    names, out = b.names(group, method, setting), {}
+    for k in m["key"] if isinstance(m["key"], list) else [m["key"]]:
+        mk = _m(None, key=f"sum:{k}", reader="rows") if m["reader"] == "sum" else \
+            _m(None, key=k, reader=m["reader"], eval_key=m["eval_key"] or _eval_key(b, k))
+        out.update({s: v for s, v in read_by_seed(b, names, mk).items() if s not in out})
+    return {s: out[s] for s in names if s in out}
 
 
 def _eval_key(b, key: str) -> str | None:
@@ -58,14 +53,11 @@ def _eval_key(b, key: str) -> str | None:
 
 
 def _agg(vals: dict, n_expected: int, m: dict) -> str:
-    from mmfl.bench.render import ms
-
-    v = list(vals.values())
-    if m["agg"] == "ms":  # "mean ± std" (population), "(n/N)" when seeds are missing, "—" for none
-        return ms(v, n_expected, m["digits"], m["scale"])
-    if m["agg"] == "mean":
-        return f"{m['scale'] * np.mean(v):.{m['digits']}f}" if v else "—"
-    raise ConfigError(f"table spec: metric.agg: 'ms' or 'mean', got {m['agg']!r}")
+    """``ms``: "mean ± std" (population), "(n/N)" when seeds are missing; ``mean``
+    (:func:`mmfl.bench.spec_kinds._aggregate`); "—" for none."""
+    if m["agg"] not in ("ms", "mean"):
+        raise ConfigError(f"table spec: metric.agg: 'ms' or 'mean', got {m['agg']!r}")
+    return _aggregate(vals, n_expected, m)
 
 
 def setting_columns(b, block: dict, f) -> list[str]:
@@ -91,12 +83,6 @@ def setting_columns(b, block: dict, f) -> list[str]:
     return md_table([f.fill(h) for h in block["header"]], body)
 
 
-def _word(v: dict) -> str:
-    if v["n"] < MIN_SEEDS_FOR_CLAIM:
-        return f"not claimed ({v['n']} seeds)"
-    return "holds" if v["text"].startswith("holds") else "**reversed**" if "reversed" in v["text"] else "unresolved"
-
-
 def claim_verdict(va: dict, vb: dict, scale: float) -> dict:
     """:func:`mmfl.sweep.paired_verdict` of a − b over the seeds both ``{seed: value}`` have (in a's
     order), with ``word``: holds / **reversed** / unresolved / not claimed (n seeds)."""
@@ -104,7 +90,7 @@ def claim_verdict(va: dict, vb: dict, scale: float) -> dict:
 
     common = [k for k in va if k in vb]
     v = paired_verdict([va[k] for k in common], [vb[k] for k in common], scale)
-    return {**v, "word": _word(v)}
+    return {**v, "word": v["word"] if v["n"] >= MIN_SEEDS_FOR_CLAIM else f"not claimed ({v['n']} seeds)"}
 
 
 def claim_head(unit: str) -> list[str]:

@@ -55,7 +55,7 @@ def setting_pairs(b, block: dict, f) -> list[str]:
         for a, c in block["pairs"]:
             v = paired(_by_seed(b, g, mk, a, m), _by_seed(b, g, mk, c, m), scale=m["scale"])
             out.append(f.fill(block["line"], method=e.label, a=settings[a].label, b=settings[c].label,
-                              verdict=v["text"].split(" (")[0], **{k: v[k] for k in ("delta", "lo", "hi", "p", "n")}))
+                              verdict=v["word"], **{k: v[k] for k in ("delta", "lo", "hi", "p", "n")}))
     return out
 
 

@@ -75,10 +75,11 @@ def list_rows(b, block: dict, f) -> list[str]:
 def pair_verdicts(b, block: dict, f) -> list[str]:
     """Rows of ``pairs = [{a, b, ...}, ...]`` (methods of ``group`` whose every seed finished; more keys:
     fields of the row), ``cells`` templates over ``{a}``, ``{b}``, the pair's keys and ``{v.<name>}``:
-    per named metric of ``values`` the paired verdict of a − b over seeds (:func:`mmfl.sweep.paired_verdict`)
+    per named metric of ``values`` the paired verdict of a − b over the seeds both have
+    (:func:`mmfl.bench.spec_paired.claim_verdict`)
     through ``verdict`` (``{delta}``, ``{lo}``, ``{hi}``, ``{p}``, ``{n}``, ``{text}``; ``text``'s
     "holds" / "**reversed**" replaced by ``holds`` / ``reversed`` templates of ``{a}``, ``{b}``)."""
-    from mmfl.sweep import paired_verdict
+    from mmfl.bench.spec_paired import claim_verdict
 
     g, out = block["group"], []
     done = {mk for mk in b.methods(g) if all(b.results.finished(n) for n in b.names(g, mk).values())}
@@ -89,7 +90,7 @@ def pair_verdicts(b, block: dict, f) -> list[str]:
         for name, spec in block["values"].items():
             m = _m(spec)
             va, vb = (by_seed(b, b.names(g, x), {**m, "keep_failed": False}) for x in (p["a"], p["b"]))
-            r = paired_verdict(list(va.values()), list(vb.values()), scale=m["scale"])
+            r = claim_verdict(va, vb, m["scale"])
             text = r["text"].replace("holds", f.fill(block.get("holds", "holds"), **p)).replace(
                 "**reversed**", f.fill(block.get("reversed", "**reversed**"), **p))
             local["v"][name] = f.fill(block["verdict"], **{**r, "text": text})
