@@ -133,15 +133,10 @@ def batch_dpsgd_train(model: nn.Module, data, train, clip_norm: float, noise_mul
 
     Returns ``train_loss`` (mean over the steps with a loss), ``steps`` and ``sample_rate`` q;
     the accountant takes (z / 2, q, steps) (sensitivity 2C, module docstring)."""
-    from mmfl.core.dpsgd import poisson_batches, sample_rate, steps_per_epoch
-    from mmfl.core.training import make_optimizer
+    from mmfl.core.dpsgd import dp_loop, poisson_batches
 
     n = len(data)
-    q = sample_rate(n, train.batch_size)
-    steps = steps_per_epoch(n, train.batch_size) * (epochs or train.local_epochs)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = make_optimizer(params, train)
+    q, steps, params, opt = dp_loop(model, n, train, epochs)
     total, seen = 0.0, 0
     with fixed_batchnorm(model):
         for rows in poisson_batches(n, q, steps, generator):

@@ -140,6 +140,17 @@ def model_blocker(model: nn.Module) -> str | None:
     return None
 
 
+def dp_loop(model: nn.Module, n: int, train, epochs: int | None = None) -> tuple[float, int, list, object]:
+    """What a DP-SGD loop over ``n`` rows starts from: the sample rate q, the number of steps
+    (:func:`steps_per_epoch` x ``epochs`` or ``train.local_epochs``), the trainable parameters and
+    ``train``'s optimizer over them; the model in train mode."""
+    q = sample_rate(n, train.batch_size)
+    steps = steps_per_epoch(n, train.batch_size) * (epochs or train.local_epochs)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    return q, steps, params, make_optimizer(params, train)
+
+
 def dpsgd_train(model: nn.Module, data: ArrayDataset, train, clip_norm: float, noise_multiplier: float,
                 generator: torch.Generator, noise_generator: torch.Generator, sample_loss: SampleLoss,
                 penalty: Penalty | None = None, epochs: int | None = None) -> dict:
@@ -151,11 +162,7 @@ def dpsgd_train(model: nn.Module, data: ArrayDataset, train, clip_norm: float, n
 
     Returns ``train_loss`` (mean per-sample loss over the rows drawn), ``steps``, ``sample_rate`` q."""
     n = len(data)
-    q = sample_rate(n, train.batch_size)
-    steps = steps_per_epoch(n, train.batch_size) * (epochs or train.local_epochs)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = make_optimizer(params, train)
+    q, steps, params, opt = dp_loop(model, n, train, epochs)
     total, seen = 0.0, 0
     with per_sample_gradients(model):
         for rows in poisson_batches(n, q, steps, generator):
