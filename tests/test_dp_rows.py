@@ -25,6 +25,7 @@ from mmfl.errors import ConfigError
 from mmfl.report import load_metrics
 
 from helpers import experiment, run_config
+from test_partialfl import raw_config  # its federation: mfeat_pair, the image private, the features shareable
 
 
 def opacus_epsilon(z, q, steps, delta):
@@ -163,19 +164,6 @@ def test_split_learning_rows_dp_clips_and_noises_every_activation_gradient_and_w
     # client 0 holds 2 modalities: 2 epochs x (2 activations + 1 grad_rep) + the weights = 7 releases
     assert row["dp/epsilon"] == pytest.approx(row_epsilon(z, 7, 1e-5), rel=1e-9)
     assert row["dp/epsilon"] == pytest.approx(opacus_epsilon(z / 2, 1.0, 7, 1e-5), rel=1e-6)
-
-
-def raw_config(tmp_path, algo="partialfl", **over):
-    """tests/test_partialfl.py's federation: mfeat_pair, the image private, the features shareable."""
-    raw = {"name": algo, "rounds": 2, "seed": 0, "output_dir": str(tmp_path), "threads": 1,
-           "data": {"name": "mfeat_pair"}, "partition": {"name": "iid", "num_clients": 3},
-           "modalities": {"name": "explicit", "holds": [["image", "features"], ["image", "features"], ["image"]]},
-           "model": {"name": "multimodal", "feat_dim": 16, "cnn_channels": [8], "mlp_hidden": [32]},
-           "algorithm": {"name": algo, "shareable": "features"},
-           "privacy": {"modalities": {"image": "private", "features": "shareable"}, "labels": "private"},
-           "train": {"local_epochs": 1, "batch_size": 32, "optimizer": "adam", "lr": 0.001}}
-    raw.update(over)
-    return raw
 
 
 def test_partialfl_rows_dp_clips_and_noises_the_shared_rows_embeddings_and_model(tmp_path):
