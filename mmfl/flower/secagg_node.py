@@ -77,7 +77,8 @@ def node_update(request: FlowerMessage, reply: FlowerMessage) -> tuple[list[np.n
     floats = [k for k in names if ok[first].arrays[k].is_floating_point()]
     ints = [k for k in names if k not in floats]
     delta = [k for k in floats if _same_shape(sent[first].arrays.get(k), ok[first].arrays[k])]
-    acc = {k: torch.zeros(ok[first].arrays[k].shape, dtype=torch.float64) for k in floats}
+    acc = {k: torch.zeros(ok[first].arrays[k].shape, dtype=torch.float64,
+                        device=ok[first].arrays[k].device) for k in floats}
     top: dict[str, torch.Tensor] = {}
     total = 0.0
     for cid, r in ok.items():
